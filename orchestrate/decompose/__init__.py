@@ -1,0 +1,213 @@
+"""Operator fission: every ONNX operator becomes primitives.
+
+One function per ONNX op type, named after the op, grouped by family in the
+modules of this package and collected in :data:`TABLE`.  A function takes the
+:class:`~orchestrate.decompose.builder.Builder`, the node's inputs as
+:class:`Value` handles (``None`` for an omitted optional input) and the
+node's attributes as keyword arguments whose defaults are the spec's.  It
+returns the output Value, or a tuple of them for several outputs.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import Counter
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from orchestrate import ir
+from orchestrate.decompose import conv, elementwise, layout, linalg, normalization, reduce
+from orchestrate.decompose.builder import Builder, Value
+from orchestrate.errors import GraphError, UnsupportedError
+
+Decomposition = Callable[..., Value | tuple[Value | None, ...]]
+
+
+def _merge(*tables: Mapping[str, Decomposition]) -> dict[str, Decomposition]:
+    merged: dict[str, Decomposition] = {}
+    for t in tables:
+        dup = merged.keys() & t.keys()
+        assert not dup, f"ops decomposed twice: {sorted(dup)}"
+        merged.update(t)
+    return dict(sorted(merged.items()))
+
+
+TABLE: dict[str, Decomposition] = _merge(
+    elementwise.OPS, reduce.OPS, normalization.OPS, layout.OPS, linalg.OPS, conv.OPS
+)
+SUPPORTED_OPS = tuple(TABLE)
+
+
+def fission(model: onnx.ModelProto, source: str = "<model>") -> ir.Graph:
+    """The primitive graph of a prepared (static-shaped, folded) ONNX model."""
+    g = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    _check_supported(g, source)
+    reserved = {i.name for i in g.input} | {t.name for t in g.initializer}
+    reserved |= {o for n in g.node for o in n.output} | {o.name for o in g.output}
+    b = Builder(reserved, opset)
+    env: dict[str, Value] = {}
+    inits = {t.name for t in g.initializer}
+    inputs: list[ir.Input] = []
+    for vi in g.input:
+        if vi.name in inits:
+            continue
+        t = _value_type(vi, source)
+        inputs.append(ir.Input(vi.name, t))
+        env[vi.name] = Value(vi.name, t)
+    outputs = {o.name for o in g.output}
+    for vi in inputs:
+        if vi.name in outputs:
+            raise UnsupportedError(f"{source}: input {vi.name!r} is also an output", {"io": 1})
+    for t in g.initializer:
+        arr = numpy_helper.to_array(t)
+        _check_dtype(arr.dtype.name, f"{source}: initializer {t.name!r}")
+        # a constant that is a graph output keeps its name free for the output node
+        env[t.name] = b.constant(arr, name=None if t.name in outputs else t.name)
+    for index, node in enumerate(g.node):
+        _decompose_node(b, node, index, env, source)
+    nodes, constants = _finish(b, env, [o.name for o in g.output])
+    graph = ir.Graph(
+        tuple(nodes), tuple(inputs), tuple(o.name for o in g.output), constants,
+        name=g.name or "graph",
+    )  # fmt: skip
+    return ir.validate(eliminate_dead_code(graph))
+
+
+def _check_supported(g: onnx.GraphProto, source: str) -> None:
+    missing = Counter(
+        n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
+        for n in g.node
+        if n.domain not in ("", "ai.onnx") or n.op_type not in TABLE
+    )
+    if missing:
+        listing = ", ".join(f"{op} (x{k})" for op, k in sorted(missing.items()))
+        raise UnsupportedError(f"{source}: no decomposition for {listing}", dict(missing))
+
+
+def _check_dtype(dtype: str, where: str) -> None:
+    if dtype not in ir.ALL_DTYPES:
+        raise UnsupportedError(f"{where}: dtype {dtype} is not supported", {dtype: 1})
+
+
+def _value_type(vi: onnx.ValueInfoProto, source: str) -> ir.TensorType:
+    tt = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type"):
+        raise UnsupportedError(f"{source}: input {vi.name!r} is not a tensor", {"non-tensor": 1})
+    dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else "?"
+    _check_dtype(dtype, f"{source}: input {vi.name!r}")
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+    if not tt.HasField("shape") or None in dims:
+        raise GraphError(f"{source}: input {vi.name!r} has no static shape")
+    return ir.TensorType(tuple(dims), dtype)
+
+
+def node_label(node: onnx.NodeProto, index: int) -> str:
+    return node.name or f"{node.op_type}_{index}"
+
+
+def onnx_attrs(node: onnx.NodeProto) -> dict:
+    out = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        if isinstance(v, bytes):
+            v = v.decode()
+        elif isinstance(v, onnx.TensorProto):
+            v = numpy_helper.to_array(v)
+        elif isinstance(v, list) and v and isinstance(v[0], bytes):
+            v = [x.decode() for x in v]
+        out[a.name] = v
+    return out
+
+
+def _decompose_node(b: Builder, node, index: int, env: dict[str, Value], source: str) -> None:
+    label = node_label(node, index)
+    where = f"{source}: node {label!r} ({node.op_type})"
+    fn = TABLE[node.op_type]
+    attrs = onnx_attrs(node)
+    params = inspect.signature(fn).parameters
+    unknown = [k for k in attrs if k not in params]
+    if unknown:
+        item = f"{node.op_type}.{unknown[0]}"
+        raise UnsupportedError(f"{where}: attribute {unknown[0]!r} is not supported", {item: 1})
+    args = []
+    for name in node.input:
+        if not name:
+            args.append(None)
+            continue
+        v = env[name]
+        args.append(v)
+    while args and args[-1] is None:
+        args.pop()
+    b.begin(label, next((o for o in node.output if o), label))
+    try:
+        result = fn(b, *args, **attrs)
+    except UnsupportedError as e:
+        raise UnsupportedError(
+            f"{where}: {_strip(e, label)}", e.items or {node.op_type: 1}
+        ) from None
+    except GraphError as e:
+        raise GraphError(f"{where}: {_strip(e, label)}") from None
+    results = result if isinstance(result, tuple) else (result,)
+    renamed: dict[str, Value] = {}
+    for k, out in enumerate(node.output):
+        if not out:
+            continue
+        if k >= len(results) or results[k] is None:
+            raise UnsupportedError(f"{where}: output {k} is not supported", {node.op_type: 1})
+        v = results[k]
+        if v.name in renamed:
+            v = renamed[v.name]
+        elif b.made_here(v):
+            renamed[v.name] = v = b.rename(v, out)
+        env[out] = v
+
+
+def _strip(e: Exception, label: str) -> str:
+    text = str(e)
+    return text[len(label) + 2 :] if text.startswith(label + ": ") else text
+
+
+def _finish(b: Builder, env: dict[str, Value], outputs: list[str]):
+    """Make sure each graph output is a node of that exact name."""
+    produced = {n.name for n in b.nodes}
+    seen: set[str] = set()
+    for o in outputs:
+        v = env[o]
+        if v.name == o and o in produced and o not in seen:
+            seen.add(o)
+            continue
+        if o in produced:  # the name is taken by a different value
+            raise GraphError(f"output {o!r} is ambiguous")
+        b.begin("output", o)
+        b.nodes.append(ir.Node(ir.Op.IDENTITY, o, (v.name,), v.type, ir.Attrs(), f"output:{o}"))
+        produced.add(o)
+        seen.add(o)
+    return b.nodes, b.constants
+
+
+def eliminate_dead_code(graph: ir.Graph) -> ir.Graph:
+    needed = set(graph.outputs)
+    kept = []
+    for n in reversed(graph.nodes):
+        if n.name in needed:
+            kept.append(n)
+            needed.update(n.inputs)
+    kept.reverse()
+    constants = {k: v for k, v in graph.constants.items() if k in needed}
+    return ir.Graph(tuple(kept), graph.inputs, graph.outputs, constants, graph.name)
+
+
+def decompose(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None = None):
+    """The primitive-level ONNX model of ``model`` (same input and output names)."""
+    from orchestrate.export import to_onnx
+    from orchestrate.frontend import prepare
+
+    prepared = prepare(model, shapes)
+    return to_onnx(fission(prepared), name=model.graph.name or "graph")
+
+
+__all__ = ["TABLE", "SUPPORTED_OPS", "fission", "decompose", "Builder", "Value", "np"]

@@ -1,0 +1,371 @@
+"""The builder that decompositions write primitives through.
+
+A decomposition receives :class:`Value` handles (name, static type and, for
+constants, the array) and calls builder methods such as ``b.sub(x, m)``.  The
+builder infers every result type with :func:`orchestrate.ir.infer`, names the
+result after the ONNX node it comes from, and folds a primitive whose inputs
+are all constants into a new constant (weights preprocessing such as
+BatchNormalization's ``scale / sqrt(var + eps)`` happens here, once).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from orchestrate import ir
+from orchestrate.errors import GraphError, UnsupportedError
+from orchestrate.ir import Attrs, Node, Op, TensorType
+from orchestrate.reference import evaluate
+
+# A constant-only primitive is folded unless its result is both larger than
+# this many elements and larger than its inputs together (Expand of a scalar
+# mask to [B, H, S, S] stays a node and becomes index arithmetic later).
+FOLD_LIMIT = 1 << 16
+
+
+@dataclass(frozen=True)
+class Value:
+    """A tensor during decomposition: its name, type and (if known) value."""
+
+    name: str
+    type: TensorType
+    const: np.ndarray | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.type.shape
+
+    @property
+    def dtype(self) -> str:
+        return self.type.dtype
+
+    @property
+    def rank(self) -> int:
+        return len(self.type.shape)
+
+    @property
+    def is_const(self) -> bool:
+        return self.const is not None
+
+
+Scalar = int | float | bool
+Operand = Value | Scalar
+
+
+class Builder:
+    """Collects primitive nodes and constants in topological order."""
+
+    def __init__(self, reserved: Iterable[str] = (), opset: int = 18):
+        self.nodes: list[Node] = []
+        self.constants: dict[str, np.ndarray] = {}
+        self.opset = opset
+        self.origin = ""
+        self.hint = "t"
+        self._used: set[str] = set(reserved)
+        self._small_consts: dict[tuple, str] = {}
+        self._step_start = 0
+
+    # -- naming -------------------------------------------------------------
+
+    def begin(self, origin: str, hint: str) -> None:
+        """Start decomposing the ONNX node ``origin`` whose first output is ``hint``."""
+        self.origin, self.hint = origin, hint or origin or "t"
+        self._step_start = len(self.nodes)
+
+    def fresh(self, stem: str) -> str:
+        name = f"{self.hint}/{stem}"
+        k = 1
+        while name in self._used:
+            k += 1
+            name = f"{self.hint}/{stem}_{k}"
+        self._used.add(name)
+        return name
+
+    def rename(self, v: Value, new: str) -> Value:
+        """Give ``v`` (made during the current ONNX node) the ONNX tensor name ``new``."""
+        if v.name == new:
+            return v
+        if v.is_const:
+            if v.name not in self.constants or v.name in self._small_consts.values():
+                return self.constant(v.const, name=new)
+            self.constants[new] = self.constants.pop(v.name)
+            return replace(v, name=new)
+        for i in range(self._step_start, len(self.nodes)):
+            n = self.nodes[i]
+            if n.name == v.name:
+                self.nodes[i] = replace(n, name=new)
+            elif v.name in n.inputs:
+                self.nodes[i] = replace(
+                    n, inputs=tuple(new if x == v.name else x for x in n.inputs)
+                )
+        return replace(v, name=new)
+
+    def made_here(self, v: Value) -> bool:
+        """Whether ``v`` was produced by a node of the current ONNX node."""
+        return any(n.name == v.name for n in self.nodes[self._step_start :])
+
+    # -- constants ----------------------------------------------------------
+
+    def constant(self, value, dtype: str | None = None, *, name: str | None = None) -> Value:
+        arr = np.array(value, dtype=dtype) if dtype is not None else np.array(value)
+        if arr.dtype.name not in ir.ALL_DTYPES:
+            raise UnsupportedError(f"dtype {arr.dtype.name} is not supported")
+        arr = np.ascontiguousarray(arr)
+        small = name is None and arr.size <= 16
+        if small:
+            key = (arr.dtype.name, arr.shape, arr.tobytes())
+            if key in self._small_consts:
+                return Value(self._small_consts[key], _type_of(arr), arr)
+        if name is None:
+            name = self.fresh("const")
+        else:
+            self._used.add(name)
+        self.constants[name] = arr
+        if small:
+            self._small_consts[key] = name
+        return Value(name, _type_of(arr), arr)
+
+    def scalar(self, x: Scalar, like: Value) -> Value:
+        return self.constant(np.array(x, dtype=like.dtype))
+
+    def _operand(self, x: Operand, like: Value) -> Value:
+        return x if isinstance(x, Value) else self.scalar(x, like)
+
+    # -- the one place nodes are made ----------------------------------------
+
+    def emit(self, op: Op, inputs: Sequence[Value], **attrs) -> Value:
+        a = Attrs(attrs)
+        try:
+            t = ir.infer(op, tuple(v.type for v in inputs), a)
+        except GraphError as e:
+            raise GraphError(f"{self.origin}: {e}") from None
+        except UnsupportedError as e:
+            raise UnsupportedError(f"{self.origin}: {e}", {str(e): 1}) from None
+        if inputs and all(v.is_const for v in inputs):
+            if t.size <= max(FOLD_LIMIT, sum(v.const.size for v in inputs)):
+                node = Node(op, "", tuple(v.name for v in inputs), t, a, self.origin)
+                return self.constant(evaluate(node, [v.const for v in inputs]))
+        node = Node(op, self.fresh(op.value), tuple(v.name for v in inputs), t, a, self.origin)
+        self.nodes.append(node)
+        return Value(node.name, t)
+
+    # -- elementwise ----------------------------------------------------------
+
+    def unary(self, op: Op, x: Value) -> Value:
+        return self.emit(op, [x])
+
+    def binary(self, op: Op, x: Operand, y: Operand) -> Value:
+        if not isinstance(x, Value):
+            x = self.scalar(x, y)
+        y = self._operand(y, x)
+        return self.emit(op, [x, y])
+
+    def exp(self, x):
+        return self.unary(Op.EXP, x)
+
+    def log(self, x):
+        return self.unary(Op.LOG, x)
+
+    def sqrt(self, x):
+        return self.unary(Op.SQRT, x)
+
+    def recip(self, x):
+        return self.unary(Op.RECIP, x)
+
+    def tanh(self, x):
+        return self.unary(Op.TANH, x)
+
+    def erf(self, x):
+        return self.unary(Op.ERF, x)
+
+    def sigmoid(self, x):
+        return self.unary(Op.SIGMOID, x)
+
+    def neg(self, x):
+        return self.unary(Op.NEG, x)
+
+    def abs(self, x):
+        return self.unary(Op.ABS, x)
+
+    def not_(self, x):
+        return self.unary(Op.NOT, x)
+
+    def add(self, x, y):
+        return self.binary(Op.ADD, x, y)
+
+    def sub(self, x, y):
+        return self.binary(Op.SUB, x, y)
+
+    def mul(self, x, y):
+        return self.binary(Op.MUL, x, y)
+
+    def div(self, x, y):
+        return self.binary(Op.DIV, x, y)
+
+    def pow(self, x, y):
+        return self.binary(Op.POW, x, y)
+
+    def max(self, x, y):
+        return self.binary(Op.MAX, x, y)
+
+    def min(self, x, y):
+        return self.binary(Op.MIN, x, y)
+
+    def eq(self, x, y):
+        return self.binary(Op.EQ, x, y)
+
+    def lt(self, x, y):
+        return self.binary(Op.LT, x, y)
+
+    def le(self, x, y):
+        return self.binary(Op.LE, x, y)
+
+    def gt(self, x, y):
+        return self.binary(Op.LT, y, x) if isinstance(y, Value) else self._flip(Op.LT, x, y)
+
+    def ge(self, x, y):
+        return self.binary(Op.LE, y, x) if isinstance(y, Value) else self._flip(Op.LE, x, y)
+
+    def _flip(self, op: Op, x: Value, y: Scalar) -> Value:
+        return self.emit(op, [self.scalar(y, x), x])
+
+    def and_(self, x, y):
+        return self.binary(Op.AND, x, y)
+
+    def or_(self, x, y):
+        return self.binary(Op.OR, x, y)
+
+    def where(self, c: Value, x: Operand, y: Operand) -> Value:
+        if not isinstance(x, Value):
+            x = self.scalar(x, y)
+        y = self._operand(y, x)
+        return self.emit(Op.WHERE, [c, x, y])
+
+    def cast(self, x: Value, dtype: str) -> Value:
+        if x.dtype == dtype:
+            return x
+        return self.emit(Op.CAST, [x], to=dtype)
+
+    def relu(self, x: Value) -> Value:
+        return self.max(x, 0)
+
+    # -- reductions -----------------------------------------------------------
+
+    def reduce(self, op: Op, x: Value, axes: Iterable[int], keepdims: bool = True) -> Value:
+        axes = normalize_axes(axes, x.rank)
+        if not axes:
+            return x
+        return self.emit(op, [x], axes=axes, keepdims=bool(keepdims))
+
+    def sum(self, x, axes, keepdims=True):
+        return self.reduce(Op.SUM, x, axes, keepdims)
+
+    def reduce_max(self, x, axes, keepdims=True):
+        return self.reduce(Op.RMAX, x, axes, keepdims)
+
+    def reduce_min(self, x, axes, keepdims=True):
+        return self.reduce(Op.RMIN, x, axes, keepdims)
+
+    def prod(self, x, axes, keepdims=True):
+        return self.reduce(Op.PROD, x, axes, keepdims)
+
+    def mean(self, x: Value, axes, keepdims=True) -> Value:
+        """Mean as a sum and a scale (no composite mean primitive exists)."""
+        axes = normalize_axes(axes, x.rank)
+        n = math.prod(x.shape[a] for a in axes)
+        return self.div(self.sum(x, axes, keepdims), n)
+
+    # -- layout ---------------------------------------------------------------
+
+    def reshape(self, x: Value, shape: Sequence[int]) -> Value:
+        shape = tuple(int(d) for d in shape)
+        if shape == x.shape:
+            return x
+        return self.emit(Op.RESHAPE, [x], shape=shape)
+
+    def transpose(self, x: Value, perm: Sequence[int]) -> Value:
+        perm = tuple(int(p) for p in perm)
+        if perm == tuple(range(x.rank)):
+            return x
+        return self.emit(Op.TRANSPOSE, [x], perm=perm)
+
+    def slice(self, x: Value, starts: Sequence[int], steps: Sequence[int], shape: Sequence[int]):
+        starts, steps, shape = (tuple(int(v) for v in s) for s in (starts, steps, shape))
+        if shape == x.shape and all(s == 0 for s in starts) and all(s == 1 for s in steps):
+            return x
+        return self.emit(Op.SLICE, [x], starts=starts, steps=steps, shape=shape)
+
+    def slice_axis(self, x: Value, axis: int, start: int, stop: int, step: int = 1) -> Value:
+        """``x[..., start:stop:step, ...]`` along one axis, Python slice semantics."""
+        axis = normalize_axis(axis, x.rank)
+        idx = range(*slice(start, stop, step).indices(x.shape[axis]))
+        starts = [0] * x.rank
+        steps = [1] * x.rank
+        shape = list(x.shape)
+        starts[axis] = idx.start if len(idx) else 0
+        steps[axis] = step
+        shape[axis] = len(idx)
+        return self.slice(x, starts, steps, shape)
+
+    def concat(self, xs: Sequence[Value], axis: int) -> Value:
+        xs = [x for x in xs if x.shape[axis] != 0] or list(xs[:1])
+        if len(xs) == 1:
+            return xs[0]
+        return self.emit(Op.CONCAT, list(xs), axis=normalize_axis(axis, xs[0].rank))
+
+    def pad(self, x: Value, pads: Sequence[int], mode: str = "constant", value: float = 0.0):
+        pads = tuple(int(p) for p in pads)
+        if not any(pads):
+            return x
+        return self.emit(Op.PAD, [x], pads=pads, mode=mode, value=float(value))
+
+    def expand(self, x: Value, shape: Sequence[int]) -> Value:
+        """Broadcast ``x`` to ``shape`` (numpy rules; rank may grow)."""
+        shape = tuple(int(d) for d in shape)
+        if x.rank < len(shape):
+            x = self.reshape(x, (1,) * (len(shape) - x.rank) + x.shape)
+        if x.shape == shape:
+            return x
+        return self.emit(Op.EXPAND, [x], shape=shape)
+
+    def gather(self, x: Value, indices: Value, axis: int) -> Value:
+        return self.emit(Op.GATHER, [x, indices], axis=normalize_axis(axis, x.rank))
+
+    def identity(self, x: Value) -> Value:
+        return self.emit(Op.IDENTITY, [x])
+
+    # -- compute --------------------------------------------------------------
+
+    def matmul(self, a: Value, b: Value) -> Value:
+        return self.emit(Op.MATMUL, [a, b])
+
+    def conv(self, x: Value, w: Value, *, strides, pads, dilations, group: int = 1) -> Value:
+        return self.emit(
+            Op.CONV, [x, w], strides=tuple(strides), pads=tuple(pads),
+            dilations=tuple(dilations), group=int(group),
+        )  # fmt: skip
+
+    def pool(self, x: Value, kind: str, *, kernel, strides, pads, dilations) -> Value:
+        return self.emit(
+            Op.POOL, [x], kind=kind, kernel=tuple(kernel), strides=tuple(strides),
+            pads=tuple(pads), dilations=tuple(dilations),
+        )  # fmt: skip
+
+
+def _type_of(arr: np.ndarray) -> TensorType:
+    return TensorType(tuple(int(d) for d in arr.shape), arr.dtype.name)
+
+
+def normalize_axis(axis: int, rank: int) -> int:
+    axis = int(axis)
+    if not -rank <= axis < max(rank, 1):
+        raise GraphError(f"axis {axis} is out of range for rank {rank}")
+    return axis % rank if rank else 0
+
+
+def normalize_axes(axes: Iterable[int], rank: int) -> tuple[int, ...]:
+    return tuple(sorted({normalize_axis(a, rank) for a in axes}))

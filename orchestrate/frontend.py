@@ -1,0 +1,328 @@
+"""ONNX in: load, check, bind shapes, infer shapes, fold constants.
+
+``load`` turns a path into a checked ``ModelProto`` (external data included,
+but never from outside the model's folder).  ``prepare`` makes every shape
+static (``--shape NAME=1x128`` binds dynamic dimensions), runs ONNX shape
+inference and folds every computation on constants: the shape arithmetic of
+exported transformers (Shape, Gather, Concat, Range, ConstantOfShape, Cast, ...)
+disappears here, so fission only ever sees tensors of known shape.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import numpy_helper
+from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+
+from orchestrate.errors import InputError, OrchestrateError
+
+# Folding a constant computation is skipped when its result is larger than
+# this many elements and larger than its inputs (it stays a node to fuse).
+FOLD_LIMIT = 1 << 20
+NONDETERMINISTIC = frozenset(
+    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+     "Bernoulli"}
+)  # fmt: skip
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def load(path: str | os.PathLike) -> onnx.ModelProto:
+    """Read and check an ONNX file; raise InputError naming the file on any problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, RuntimeWarning, ValueError, OSError) as e:
+        raise InputError(f"{path}: not a valid ONNX file ({_short(e)})") from None
+    if not model.graph.node and not model.graph.output:
+        raise InputError(f"{path}: not a valid ONNX file (empty graph)")
+    _load_external(model, path)
+    check(model, str(path))
+    return model
+
+
+def _load_external(model: onnx.ModelProto, path: Path) -> None:
+    base = path.parent.resolve()
+    tensors = [t for t in _all_tensors(model.graph) if uses_external_data(t)]
+    for t in tensors:
+        loc = next((e.value for e in t.external_data if e.key == "location"), "")
+        target = (base / loc).resolve()
+        if not loc or os.path.isabs(loc) or base not in target.parents:
+            raise InputError(
+                f"{path}: tensor {t.name!r} points at external data {loc!r} "
+                "outside the model's folder"
+            )
+        if not target.is_file():
+            raise InputError(f"{path}: external data file {loc!r} of {t.name!r} is missing")
+    if tensors:
+        try:
+            load_external_data_for_model(model, str(base))
+        except Exception as e:  # noqa: BLE001 - any failure here is a bad file
+            raise InputError(f"{path}: cannot read external data ({_short(e)})") from None
+
+
+def _all_tensors(graph: onnx.GraphProto):
+    yield from graph.initializer
+    for node in graph.node:
+        for a in node.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            if a.HasField("g"):
+                yield from _all_tensors(a.g)
+            for g in a.graphs:
+                yield from _all_tensors(g)
+
+
+def check(model: onnx.ModelProto, source: str = "<model>") -> None:
+    try:
+        onnx.checker.check_model(model)
+    except (onnx.checker.ValidationError, ValueError) as e:
+        raise InputError(f"{source}: invalid ONNX model ({_short(e)})") from None
+
+
+def _short(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text[:200] + ("..." if len(text) > 200 else "") if text else type(e).__name__
+
+
+def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """``NAME=1x128`` (or ``1,128``) -> ("NAME", (1, 128)); raise InputError otherwise."""
+    name, sep, dims = text.partition("=")
+    try:
+        if not sep or not name:
+            raise ValueError
+        shape = tuple(int(d) for d in dims.replace(",", "x").split("x")) if dims else ()
+        if any(d < 0 for d in shape):
+            raise ValueError
+    except ValueError:
+        raise InputError(f"--shape {text!r}: expected NAME=DIMS such as x=1x128") from None
+    return name, shape
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The real inputs: graph inputs that are not initializers."""
+    inits = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def prepare(
+    model: onnx.ModelProto,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    source: str = "<model>",
+) -> onnx.ModelProto:
+    """A static-shaped, shape-inferred, constant-folded copy of ``model``."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    if m.functions:
+        try:
+            m = onnx.inliner.inline_local_functions(m)
+        except Exception as e:  # noqa: BLE001
+            raise InputError(f"{source}: cannot inline local functions ({_short(e)})") from None
+    _bind_shapes(m, dict(shapes or {}), source)
+    for _ in range(8):
+        m = _infer(m, source)
+        folded, changed = fold_constants(m)
+        m = folded
+        if not changed:
+            break
+    return _prune(m)
+
+
+def _bind_shapes(m: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], source: str) -> None:
+    inputs = {i.name: i for i in graph_inputs(m)}
+    for name in shapes:
+        if name not in inputs:
+            known = ", ".join(inputs) or "none"
+            raise InputError(
+                f"--shape {name}=...: the model has no input {name!r} (inputs: {known})"
+            )
+    for name, vi in inputs.items():
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            raise InputError(f"{source}: input {name!r} is not a tensor")
+        if name in shapes:
+            want = shapes[name]
+            if tt.HasField("shape") and len(tt.shape.dim) != len(want):
+                raise InputError(
+                    f"--shape {name}={'x'.join(map(str, want))}: input {name!r} has rank "
+                    f"{len(tt.shape.dim)}, not {len(want)}"
+                )
+            for k, d in enumerate(tt.shape.dim):
+                if d.HasField("dim_value") and d.dim_value != want[k]:
+                    raise InputError(
+                        f"--shape {name}=...: axis {k} of input {name!r} is fixed at {d.dim_value}"
+                    )
+            tt.ClearField("shape")
+            for d in want:
+                tt.shape.dim.add().dim_value = d
+            continue
+        if not tt.HasField("shape"):
+            raise InputError(f"{source}: input {name!r} has unknown rank; pass --shape {name}=...")
+        for k, d in enumerate(tt.shape.dim):
+            if not d.HasField("dim_value"):
+                what = f"dimension {d.dim_param!r}" if d.dim_param else "a dynamic dimension"
+                raise InputError(
+                    f"{source}: input {name!r} has {what} at axis {k}; "
+                    f"pass --shape {name}="
+                    + "x".join(
+                        str(x.dim_value) if x.HasField("dim_value") else "N" for x in tt.shape.dim
+                    )
+                )
+
+
+def _infer(m: onnx.ModelProto, source: str) -> onnx.ModelProto:
+    try:
+        return onnx.shape_inference.infer_shapes(
+            m, check_type=False, strict_mode=False, data_prop=True
+        )
+    except Exception as e:  # noqa: BLE001 - a model ONNX cannot type is a bad model
+        raise InputError(f"{source}: shape inference failed ({_short(e)})") from None
+
+
+def static_shapes(m: onnx.ModelProto) -> dict[str, tuple[tuple[int, ...], int]]:
+    """Every tensor whose shape is fully known: name -> (shape, elem_type)."""
+    out = {}
+    for vi in list(m.graph.input) + list(m.graph.value_info) + list(m.graph.output):
+        tt = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and tt.HasField("shape"):
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+            if None not in dims:
+                out[vi.name] = (tuple(dims), tt.elem_type)
+    for t in m.graph.initializer:
+        out[t.name] = (tuple(t.dims), t.data_type)
+    return out
+
+
+def fold_constants(m: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
+    """Replace every node computed from constants alone (and every Shape / Size
+    of a static tensor) by an initializer.  Returns (model, whether anything
+    changed)."""
+    from onnx.reference import ReferenceEvaluator  # noqa: PLC0415 - slow import
+
+    g = m.graph
+    consts = _LazyArrays({t.name: t for t in g.initializer})
+    known = static_shapes(m)
+    opsets = list(m.opset_import)
+    kept: list[onnx.NodeProto] = []
+    new: dict[str, np.ndarray] = {}
+    for node in g.node:
+        value = _fold_one(node, consts, known, opsets, ReferenceEvaluator)
+        if value is None:
+            kept.append(node)
+            continue
+        for name, arr in zip(node.output, value):
+            if name:
+                consts[name] = new[name] = np.asarray(arr)
+    if not new:
+        return m, False
+    out = onnx.ModelProto()
+    out.CopyFrom(m)
+    del out.graph.node[:]
+    out.graph.node.extend(kept)
+    out.graph.initializer.extend(numpy_helper.from_array(a, k) for k, a in new.items())
+    del out.graph.value_info[:]
+    return out, True
+
+
+class _LazyArrays(dict):
+    """name -> array, converting initializers from protobuf only when read."""
+
+    def __init__(self, protos: dict[str, onnx.TensorProto]):
+        super().__init__()
+        self._protos = protos
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or key in self._protos
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if not dict.__contains__(self, key):
+            self[key] = numpy_helper.to_array(self._protos[key])
+        return dict.__getitem__(self, key)
+
+
+def _fold_one(node, consts, known, opsets, evaluator_cls):
+    if node.domain not in DEFAULT_DOMAINS or node.op_type in NONDETERMINISTIC:
+        return None
+    if any(a.HasField("g") or a.graphs for a in node.attribute):
+        return None
+    if node.op_type == "Constant":
+        try:
+            return [_run_node(node, {}, opsets, evaluator_cls)[0]]
+        except Exception:  # noqa: BLE001 - leave it to fission to report
+            return None
+    if node.op_type in ("Shape", "Size") and node.input[0] in known:
+        shape = known[node.input[0]][0]
+        if node.op_type == "Size":
+            return [np.array(int(np.prod(shape)), dtype=np.int64)]
+        attrs = {a.name: a.i for a in node.attribute}
+        r = len(shape)
+        start, end = attrs.get("start", 0), attrs.get("end", r)
+        start, end = (max(0, min(r, v + r if v < 0 else v)) for v in (start, end))
+        return [np.array(shape[start:end], dtype=np.int64)]
+    ins = [i for i in node.input if i]
+    if not ins or any(i not in consts for i in ins):
+        return None
+    try:
+        results = _run_node(node, consts, opsets, evaluator_cls)
+    except Exception:  # noqa: BLE001 - an op the evaluator cannot fold stays a node
+        return None
+    biggest = max([consts[i].size for i in ins] + [0])
+    if any(r.size > FOLD_LIMIT and r.size > biggest for r in results):
+        return None
+    return results
+
+
+def _run_node(node, consts, opsets, evaluator_cls) -> list[np.ndarray]:
+    feeds = {i: consts[i] for i in node.input if i}
+    inputs = [
+        onnx.helper.make_tensor_value_info(
+            i, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape
+        )
+        for i, a in feeds.items()
+    ]
+    outs = [onnx.helper.make_tensor_value_info(o, 0, None) for o in node.output if o]
+    graph = onnx.helper.make_graph([node], "fold", inputs, outs)
+    model = onnx.helper.make_model(graph, opset_imports=opsets)
+    with np.errstate(all="ignore"):
+        results = evaluator_cls(model).run(None, feeds)
+    return [np.asarray(r) for r in results]
+
+
+def _prune(m: onnx.ModelProto) -> onnx.ModelProto:
+    """Drop nodes and initializers nothing needs."""
+    g = m.graph
+    needed = {o.name for o in g.output}
+    kept = []
+    for node in reversed(g.node):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed.update(i for i in node.input if i)
+    kept.reverse()
+    out = onnx.ModelProto()
+    out.CopyFrom(m)
+    del out.graph.node[:]
+    out.graph.node.extend(kept)
+    inits = [t for t in g.initializer if t.name in needed]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(inits)
+    return out
+
+
+def load_and_prepare(
+    path: str | os.PathLike, shapes: Mapping[str, tuple[int, ...]] | None = None
+) -> onnx.ModelProto:
+    return prepare(load(path), shapes, str(path))
+
+
+__all__ = [
+    "OrchestrateError", "load", "prepare", "parse_shape", "fold_constants", "graph_inputs",
+    "static_shapes", "load_and_prepare",
+]  # fmt: skip
