@@ -103,6 +103,7 @@ def decompose(model: Path, output: Path, shapes) -> None:
     """Split every ONNX operator of MODEL into primitives; write them as ONNX."""
     from orchestrate import pipeline
 
+    pipeline.check_output_path(output)
     graph = pipeline.fission_file(model, _shapes(shapes))
     pipeline.write_primitive_onnx(graph, output, name=model.stem)
     click.echo(

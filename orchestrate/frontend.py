@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 from onnx.external_data_helper import load_external_data_for_model, uses_external_data
 
-from orchestrate.errors import InputError, OrchestrateError
+from orchestrate.errors import InputError, OrchestrateError, UnsupportedError
 
 # Folding a constant computation is skipped when its result is larger than
 # this many elements and larger than its inputs (it stays a node to fuse).
@@ -147,7 +147,8 @@ def _bind_shapes(m: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], source:
     for name, vi in inputs.items():
         tt = vi.type.tensor_type
         if not vi.type.HasField("tensor_type"):
-            raise InputError(f"{source}: input {name!r} is not a tensor")
+            kind = vi.type.WhichOneof("value") or "untyped"
+            raise UnsupportedError(f"{source}: input {name!r} is a {kind}, not a tensor", {kind: 1})
         if name in shapes:
             want = shapes[name]
             if tt.HasField("shape") and len(tt.shape.dim) != len(want):
@@ -161,6 +162,7 @@ def _bind_shapes(m: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], source:
                         f"--shape {name}=...: axis {k} of input {name!r} is fixed at {d.dim_value}"
                     )
             tt.ClearField("shape")
+            tt.shape.SetInParent()  # a scalar has a shape with no dims
             for d in want:
                 tt.shape.dim.add().dim_value = d
             continue

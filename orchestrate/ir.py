@@ -133,7 +133,8 @@ _ALL = frozenset(ALL_DTYPES)
 # These follow what the primitive-level ONNX export can run in onnxruntime.
 DTYPES: Mapping[Op, frozenset[str]] = {
     **{op: _F for op in (Op.EXP, Op.LOG, Op.SQRT, Op.RECIP, Op.TANH, Op.SIGMOID, Op.FLOOR,
-                         Op.CEIL, Op.ROUND, Op.SIN, Op.COS, Op.ISNAN, Op.ISINF)},
+                         Op.CEIL, Op.ROUND, Op.SIN, Op.COS, Op.ISNAN)},
+    Op.ISINF: frozenset({"float32", "float64"}),
     Op.ERF: frozenset({"float16", "float32"}),
     Op.NEG: frozenset(FLOATS + SIGNED),
     Op.ABS: _FI,
@@ -277,8 +278,11 @@ class Graph:
     name: str = "graph"
 
     def __post_init__(self) -> None:
-        for arr in self.constants.values():
+        frozen = {k: np.array(v, copy=False) if isinstance(v, np.ndarray) else np.asarray(v)
+                  for k, v in self.constants.items()}  # fmt: skip
+        for arr in frozen.values():
             arr.flags.writeable = False
+        object.__setattr__(self, "constants", frozen)
 
     @cached_property
     def types(self) -> Mapping[str, TensorType]:

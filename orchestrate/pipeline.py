@@ -42,11 +42,19 @@ def write_primitive_onnx(graph: ir.Graph, output: str | os.PathLike, name: str =
     write_atomic(Path(output), data)
 
 
+def check_output_path(path: str | os.PathLike) -> None:
+    """Fail early, before any long work, when ``path`` cannot be written."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise InputError(f"{path}: folder {path.parent} does not exist")
+    if path.is_dir():
+        raise InputError(f"{path}: is a folder, expected a file name")
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a failure leaves nothing behind."""
+    check_output_path(path)
     parent = path.parent
-    if not parent.is_dir():
-        raise InputError(f"{path}: folder {parent} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
     try:
         with os.fdopen(fd, "wb") as f:

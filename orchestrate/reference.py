@@ -173,16 +173,19 @@ def _conv(a: Attrs, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     x, w = x.astype(acc), w.astype(acc)
     g = a["group"]
     cg, mg = w.shape[1], w.shape[0] // g
-    out = None
+    n = x.ndim - 2
+    out = None  # accumulated as (G, N * spatial, Mg): one BLAS matmul per kernel offset
     for offset, win in _windows(x, a, w.shape[2:], 0):
-        parts = []
-        for gi in range(g):
-            xs = win[:, gi * cg : (gi + 1) * cg]
-            ws = w[(slice(gi * mg, (gi + 1) * mg), slice(None)) + offset]
-            parts.append(np.einsum("nc...,mc->nm...", xs, ws))
-        term = np.concatenate(parts, axis=1) if g > 1 else parts[0]
+        spatial = win.shape[2:]
+        # (N, G, Cg, *spatial) -> (G, N * spatial, Cg) @ (G, Cg, Mg)
+        xs = np.moveaxis(win.reshape(win.shape[0], g, cg, *spatial), (1, 2), (0, n + 2))
+        xs = xs.reshape(g, -1, cg)
+        ws = w[(slice(None), slice(None)) + offset].reshape(g, mg, cg).transpose(0, 2, 1)
+        term = np.matmul(xs, ws)
         out = term if out is None else out + term
-    return out
+    out = out.reshape(g, x.shape[0], *spatial, mg)
+    out = np.moveaxis(out, 0, -2).reshape(x.shape[0], *spatial, g * mg)
+    return np.moveaxis(out, -1, 1)
 
 
 def _pool(a: Attrs, x: np.ndarray) -> np.ndarray:

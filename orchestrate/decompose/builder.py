@@ -48,6 +48,10 @@ class Value:
         return len(self.type.shape)
 
     @property
+    def size(self) -> int:
+        return self.type.size
+
+    @property
     def is_const(self) -> bool:
         return self.const is not None
 
@@ -114,7 +118,7 @@ class Builder:
         arr = np.array(value, dtype=dtype) if dtype is not None else np.array(value)
         if arr.dtype.name not in ir.ALL_DTYPES:
             raise UnsupportedError(f"dtype {arr.dtype.name} is not supported")
-        arr = np.ascontiguousarray(arr)
+        arr = np.array(arr, order="C", copy=None)
         small = name is None and arr.size <= 16
         if small:
             key = (arr.dtype.name, arr.shape, arr.tobytes())

@@ -1,0 +1,94 @@
+"""Frontend: shape binding, shape inference and constant folding."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from orchestrate import frontend, onnxrt, reference
+from orchestrate.decompose import fission
+from orchestrate.errors import InputError
+from tests.util import elem, op_counts
+
+
+def _shape_arith_model() -> onnx.ModelProto:
+    """y = reshape(x, [shape(x)[0], -1]) + range(0, 32) cast to float, the way
+    exporters write dynamic shapes."""
+    x = helper.make_tensor_value_info("x", elem("float32"), ["N", 4, 8])
+    c = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "ax0"], ["n1"]),
+        helper.make_node("Concat", ["n1", "minus1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["flat"]),
+        helper.make_node("Range", ["zero", "k32", "one"], ["r"]),
+        helper.make_node("Cast", ["r"], ["rf"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Add", ["flat", "rf"], ["y"]),
+    ]
+    inits = [c("zero", 0), c("one", 1), c("k32", 32), c("ax0", [0]), c("minus1", [-1])]
+    g = helper.make_graph(nodes, "dyn", [x], [onnx.ValueInfoProto(name="y")], initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return onnx.shape_inference.infer_shapes(m)
+
+
+def test_shape_arithmetic_folds_away_once_shapes_are_bound():
+    m = frontend.prepare(_shape_arith_model(), {"x": (3, 4, 8)})
+    assert sorted(op_counts(m)) == ["Add", "Reshape"]
+    target = next(t for t in m.graph.initializer if t.name == "target")
+    assert numpy_helper.to_array(target).tolist() == [3, -1]
+    graph = fission(m)
+    x = np.random.default_rng(0).standard_normal((3, 4, 8)).astype(np.float32)
+    want = onnxrt.run(_shape_arith_model(), {"x": x})["y"]
+    np.testing.assert_allclose(reference.run(graph, {"x": x})["y"], want)
+
+
+def test_dynamic_dimension_without_shape_is_named():
+    with pytest.raises(
+        InputError, match=r"input 'x' has dimension 'N' at axis 0; pass --shape x=Nx4x8"
+    ):
+        frontend.prepare(_shape_arith_model(), None, "dyn.onnx")
+
+
+def test_shape_for_unknown_input_lists_the_real_ones():
+    with pytest.raises(InputError, match=r"no input 'q' \(inputs: x\)"):
+        frontend.prepare(_shape_arith_model(), {"q": (1,)})
+
+
+def test_parse_shape():
+    assert frontend.parse_shape("ids=1x128") == ("ids", (1, 128))
+    assert frontend.parse_shape("ids=1,128") == ("ids", (1, 128))
+    assert frontend.parse_shape("scalar=") == ("scalar", ())
+    for bad in ("ids", "=1x2", "ids=1xa", "ids=-1"):
+        with pytest.raises(InputError):
+            frontend.parse_shape(bad)
+
+
+def test_random_ops_are_never_folded():
+    g = helper.make_graph(
+        [helper.make_node("RandomNormal", [], ["r"], shape=[2], dtype=1),
+         helper.make_node("Relu", ["r"], ["y"])],
+        "rand", [], [onnx.ValueInfoProto(name="y")],
+    )  # fmt: skip
+    m = onnx.shape_inference.infer_shapes(
+        helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    )
+    assert sorted(op_counts(frontend.prepare(m))) == ["RandomNormal", "Relu"]
+
+
+def test_large_constant_results_stay_nodes():
+    """Folding a ConstantOfShape of 4M elements would bloat the model: it stays."""
+    shape = numpy_helper.from_array(np.array([2048, 2048], np.int64), "shape")
+    g = helper.make_graph(
+        [helper.make_node("ConstantOfShape", ["shape"], ["big"],
+                          value=numpy_helper.from_array(np.array([1.0], np.float32))),
+         helper.make_node("Relu", ["big"], ["y"])],
+        "big", [], [onnx.ValueInfoProto(name="y")], initializer=[shape],
+    )  # fmt: skip
+    m = onnx.shape_inference.infer_shapes(
+        helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    )
+    assert op_counts(frontend.prepare(m))["ConstantOfShape"] == 1
