@@ -90,6 +90,8 @@ def main(debug: bool) -> None:
     Stages, each a command:
       inspect    op counts before and after operator fission
       decompose  write the primitive graph as a plain ONNX model
+      plan       choose fused kernels with a binary linear program
+      explain    show a plan: kernels, baselines, a picture
     """
 
 
@@ -132,6 +134,104 @@ def inspect(model: Path, shapes, as_json: bool) -> None:
         click.echo(json.dumps(info, indent=2))
     else:
         click.echo(format_inspection(info))
+
+
+def plan_options(fn):
+    """The options every command that plans takes."""
+    fn = click.option("--device", default=None,
+                      help="GPU to plan for (h200, h100, a100, v100, l4, rtx4090, ...); "
+                           "default: the GPU present, else h100.")(fn)  # fmt: skip
+    fn = click.option("--memory-budget", type=int, default=None, metavar="BYTES",
+                      help="Bound the bytes of intermediate tensors the plan materialises.")(fn)  # fmt: skip
+    fn = click.option("--time-limit", type=float, default=60.0, show_default=True, metavar="S",
+                      help="Seconds per linear program (the best plan found so far is kept).")(fn)  # fmt: skip
+    fn = click.option("--no-recompute", "no_recompute", is_flag=True,
+                      help="Forbid computing a primitive in more than one kernel.")(fn)  # fmt: skip
+    fn = click.option("--tf32", is_flag=True, help="Let fp32 matmuls use TF32 tensor cores.")(fn)
+    fn = click.option("--max-kernel-nodes", type=click.IntRange(1, 64), default=16,
+                      show_default=True, help="Most primitives in one candidate kernel.")(fn)  # fmt: skip
+    fn = click.option("--reproducible", is_flag=True,
+                      help="Write 0 for wall-clock fields so the file is byte-identical across runs.")(fn)  # fmt: skip
+    return fn
+
+
+def _plan_options(
+    device, memory_budget, time_limit, tf32, max_kernel_nodes, reproducible, no_recompute
+):
+    from orchestrate.kernels.enumerate import Limits
+    from orchestrate.planner import PlanOptions
+
+    return PlanOptions(
+        device=device, memory_budget=memory_budget, time_limit=time_limit, tf32=tf32,
+        limits=Limits(max_nodes=max_kernel_nodes), reproducible=reproducible,
+        recompute=not no_recompute,
+    )  # fmt: skip
+
+
+class StageProgress:
+    """One line per stage on stderr, rewritten in place on a terminal."""
+
+    def __init__(self):
+        self.tty = sys.stderr.isatty()
+        self.last = ("", 0)
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if self.tty:
+            end = "\n" if done == total else ""
+            click.echo(f"\r  {stage:<10} {done}/{total}", err=True, nl=False)
+            if end:
+                click.echo("", err=True)
+        elif done == total or done == 1:
+            click.echo(f"  {stage:<10} {done}/{total}", err=True)
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Where to write PLAN.json.")  # fmt: skip
+@shape_option
+@plan_options
+@reports_errors
+def plan(model: Path, output: Path, shapes, **opts) -> None:
+    """Choose the kernels for MODEL: fission, candidates, costs, linear program."""
+    from orchestrate import pipeline
+    from orchestrate.explain import summary_lines
+
+    options = _plan_options(**opts)
+    pipeline.check_output_path(output)
+    graph = pipeline.fission_file(model, _shapes(shapes))
+    result = pipeline.plan_graph(graph, options, progress=StageProgress())
+    pipeline.write_plan(result, output)
+    for line in summary_lines(result):
+        click.echo(line)
+    click.echo(f"wrote {output}")
+
+
+@main.command()
+@click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--picture", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also draw the primitive graph coloured by kernel (SVG).")  # fmt: skip
+@click.option("--rejected", is_flag=True, help="Also list fusions that were refused, with reasons.")
+@click.option("--limit", type=int, default=40, show_default=True,
+              help="Rows of the kernel table (0: all).")  # fmt: skip
+@reports_errors
+def explain(plan_file: Path, picture: Path | None, rejected: bool, limit: int) -> None:
+    """Show PLAN.json: per-kernel table, totals against both baselines."""
+    from orchestrate import explain as ex
+    from orchestrate import pipeline
+
+    result = pipeline.read_plan(plan_file)
+    click.echo(ex.kernel_table(result, limit=limit))
+    click.echo("")
+    for line in ex.summary_lines(result):
+        click.echo(line)
+    if rejected:
+        click.echo("")
+        click.echo(ex.rejected_table(result))
+    if picture is not None:
+        pipeline.check_output_path(picture)
+        pipeline.write_atomic(picture, ex.svg(result).encode())
+        click.echo(f"wrote {picture}")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,35 @@ def fission_file(path: str | os.PathLike, shapes=None) -> ir.Graph:
     return fission_model(load(path), shapes, str(path))
 
 
+def plan_graph(graph: ir.Graph, options=None, progress=None) -> dict:
+    from orchestrate.planner import PlanOptions, plan
+
+    return plan(graph, options or PlanOptions(), progress)
+
+
+def write_plan(result: dict, output: str | os.PathLike) -> None:
+    import json
+
+    write_atomic(Path(output), (json.dumps(result, indent=1) + "\n").encode())
+
+
+def read_plan(path: str | os.PathLike) -> dict:
+    import json
+
+    from orchestrate.planner import PLAN_FORMAT
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    try:
+        result = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: not a JSON plan ({e})") from None
+    if not isinstance(result, dict) or result.get("format") != PLAN_FORMAT:
+        raise InputError(f"{path}: not an orchestrate plan (expected format {PLAN_FORMAT!r})")
+    return result
+
+
 def write_primitive_onnx(graph: ir.Graph, output: str | os.PathLike, name: str = "graph") -> None:
     model = to_onnx(graph, name=name)
     data = model.SerializeToString() if model.ByteSize() < 2**31 - 1 else None

@@ -1,0 +1,87 @@
+"""GPUs the cost model knows: public datasheet figures, one row per device.
+
+Bandwidths are HBM/GDDR peak; throughputs are dense (no sparsity) peaks in
+TFLOP/s.  ``fp32`` is the CUDA-core rate (what elementwise code and IEEE fp32
+``tl.dot`` get); ``tf32`` and ``fp16`` are tensor-core rates.  Shared memory
+is the most one thread block may use; the register file is per SM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrate.errors import InputError
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    label: str
+    bandwidth_gbs: float  # device memory, GB/s
+    fp32_tflops: float  # CUDA cores
+    tf32_tflops: float  # tensor cores, dense
+    fp16_tflops: float  # tensor cores, dense, fp32 accumulate
+    sms: int
+    smem_per_block_kb: int
+    registers_per_sm: int = 65536
+    launch_us: float = 3.0  # per-kernel overhead when replayed from a CUDA graph
+
+
+DEVICES: dict[str, Device] = {
+    d.name: d
+    for d in (
+        # NVIDIA H200 SXM: 4.8 TB/s HBM3e; same SM array as H100 SXM
+        Device("h200", "NVIDIA H200 SXM", 4800, 66.9, 494.7, 989.4, 132, 227),
+        # NVIDIA H100 SXM5 80GB: 3.35 TB/s HBM3
+        Device("h100", "NVIDIA H100 SXM", 3350, 66.9, 494.7, 989.4, 132, 227),
+        # NVIDIA H100 PCIe 80GB: 2.0 TB/s HBM2e, 114 SMs
+        Device("h100-pcie", "NVIDIA H100 PCIe", 2000, 51.2, 378.0, 756.0, 114, 227),
+        # NVIDIA A100 SXM4 80GB: 2.039 TB/s HBM2e
+        Device("a100", "NVIDIA A100 SXM 80GB", 2039, 19.5, 156.0, 312.0, 108, 163),
+        # NVIDIA A100 PCIe 40GB: 1.555 TB/s HBM2
+        Device("a100-40gb", "NVIDIA A100 PCIe 40GB", 1555, 19.5, 156.0, 312.0, 108, 163),
+        # NVIDIA V100 SXM2: 900 GB/s HBM2; no TF32 (fp32 runs on CUDA cores)
+        Device("v100", "NVIDIA V100 SXM2", 900, 15.7, 15.7, 125.0, 80, 96),
+        # NVIDIA L4: 300 GB/s GDDR6
+        Device("l4", "NVIDIA L4", 300, 30.3, 60.0, 121.0, 58, 99),
+        # NVIDIA L40S: 864 GB/s GDDR6
+        Device("l40s", "NVIDIA L40S", 864, 91.6, 183.0, 362.0, 142, 99),
+        # NVIDIA A10: 600 GB/s GDDR6
+        Device("a10", "NVIDIA A10", 600, 31.2, 62.5, 125.0, 72, 99),
+        # GeForce RTX 4090: 1008 GB/s GDDR6X; fp16 tensor with fp32 accumulate
+        Device("rtx4090", "NVIDIA GeForce RTX 4090", 1008, 82.6, 82.6, 165.2, 128, 99),
+        # GeForce RTX 3090: 936 GB/s GDDR6X
+        Device("rtx3090", "NVIDIA GeForce RTX 3090", 936, 35.6, 35.6, 71.0, 82, 99),
+    )
+}
+DEFAULT_DEVICE = "h100"
+
+# substrings of torch.cuda.get_device_name() -> table row, most specific first
+_NAME_HINTS = (
+    ("H200", "h200"), ("H100 PCIe", "h100-pcie"), ("H100", "h100"), ("A100-PCIE-40GB", "a100-40gb"),
+    ("A100", "a100"), ("V100", "v100"), ("L40S", "l40s"), ("L4", "l4"), ("A10", "a10"),
+    ("4090", "rtx4090"), ("3090", "rtx3090"),
+)  # fmt: skip
+
+
+def get_device(name: str | None) -> Device:
+    """The table row for ``name``; the GPU present when None, else h100."""
+    if name is None:
+        return DEVICES[detect() or DEFAULT_DEVICE]
+    key = name.lower()
+    if key not in DEVICES:
+        raise InputError(f"--device {name}: unknown device (known: {', '.join(DEVICES)})")
+    return DEVICES[key]
+
+
+def detect() -> str | None:
+    """The table row of the local GPU, if there is one and it is in the table."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        gpu = torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001 - no usable CUDA means no GPU
+        return None
+    return next((row for hint, row in _NAME_HINTS if hint in gpu), None)

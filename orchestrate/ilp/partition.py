@@ -1,0 +1,120 @@
+"""Cut the primitive graph into partitions so that each linear program stays small.
+
+A cut goes between two consecutive nodes (in graph order) where exactly one
+tensor t is live across the boundary, t forks, and one of its readers lies
+beyond a compute anchor (matmul / conv / pool) that itself depends on t: the
+residual stream of a transformer, the skip input of a ResNet block.  No
+kernel can hold t's producer together with that reader (it would have to
+swallow the anchor and everything between), so t is written by any sensible
+plan and cutting there costs (almost) nothing.  Forks inside one activation
+(GELU reads its input three times) are not cuts.  A partition holds at least
+``min_nodes`` nodes.  Tensors that stay live across most of the
+graph (an attention mask computed once and read by every layer) are
+*pinned*: they do not count against the single live tensor, and like the cut
+tensors they are materialised by the partition that computes them.
+
+Partitions with the same structure (a transformer's identical layers) share
+a signature; the planner solves one of them and reuses the answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from orchestrate.ir import Graph
+from orchestrate.kernels.templates import ANCHORS
+
+
+@dataclass(frozen=True)
+class Partition:
+    index: int
+    nodes: tuple[str, ...]
+    inputs: tuple[str, ...]  # available: graph inputs, constants, earlier partitions' outputs
+    outputs: tuple[str, ...]  # must be written: read by later partitions, or graph outputs
+
+
+def partition(graph: Graph, *, min_nodes: int = 8, pinned_fraction: float = 0.3) -> list[Partition]:
+    nodes = graph.nodes
+    if not nodes:
+        return []
+    pos = {n.name: i for i, n in enumerate(nodes)}
+    last_use: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for t in n.inputs:
+            if t in pos:
+                last_use[t] = i
+    for o in graph.outputs:
+        if o in pos:
+            last_use[o] = len(nodes)
+    span_limit = max(32, int(pinned_fraction * len(nodes)))
+    # long-lived tensors and graph outputs are materialised whatever the plan
+    pinned = {t for t, end in last_use.items() if end - pos[t] > span_limit}
+    pinned |= set(graph.outputs)
+    consumers = graph.consumers
+    cuts: list[int] = []  # cut after node index i
+    live: dict[str, int] = {}  # tensor -> last use, for tensors produced so far
+    start = 0
+    for i, n in enumerate(nodes):
+        if n.name in last_use:
+            live[n.name] = last_use[n.name]
+        for t in [t for t, end in live.items() if end <= i]:
+            del live[t]
+        unpinned = [t for t in live if t not in pinned]
+        if (
+            i + 1 < len(nodes)
+            and len(unpinned) == 1
+            and len(consumers.get(unpinned[0], ())) >= 2
+            and i + 1 - start >= min_nodes
+            and _read_beyond_an_anchor(graph, unpinned[0], pos)
+        ):
+            cuts.append(i)
+            start = i + 1
+    bounds = [0] + [c + 1 for c in cuts] + [len(nodes)]
+    parts = []
+    graph_outputs = set(graph.outputs)
+    for k in range(len(bounds) - 1):
+        members = tuple(n.name for n in nodes[bounds[k] : bounds[k + 1]])
+        inside = set(members)
+        inputs = tuple(
+            dict.fromkeys(t for m in members for t in graph.producer[m].inputs if t not in inside)
+        )
+        outputs = tuple(
+            m
+            for m in members
+            if m in graph_outputs or any(c.name not in inside for c in consumers.get(m, ()))
+        )
+        parts.append(Partition(k, members, inputs, outputs))
+    return parts
+
+
+def _read_beyond_an_anchor(graph: Graph, t: str, pos: dict[str, int]) -> bool:
+    """Does some reader of ``t`` depend on ``t`` through a matmul/conv/pool?"""
+    readers = {c.name for c in graph.consumers.get(t, ())}
+    end = max(pos[r] for r in readers)
+    through: dict[str, bool] = {t: False}  # reached from t; True once past an anchor
+    for node in graph.nodes[pos[t] + 1 : end + 1]:
+        flags = [
+            through[i] or graph.producer[i].op in ANCHORS
+            for i in node.inputs
+            if i in through and i != t
+        ]
+        if node.name in readers and any(flags):
+            return True
+        if t in node.inputs or flags:
+            through[node.name] = any(flags)
+    return False
+
+
+def signature(graph: Graph, p: Partition) -> str:
+    """Equal for partitions of identical structure, whatever their names."""
+    local = {n: i for i, n in enumerate(p.nodes)}
+    ext = {t: i for i, t in enumerate(p.inputs)}
+    parts = [f"in{graph.types[t]}:{'c' if t in graph.constants else 'v'}" for t in p.inputs]
+    for n in p.nodes:
+        node = graph.producer[n]
+        refs = ",".join(f"n{local[i]}" if i in local else f"x{ext[i]}" for i in node.inputs)
+        parts.append(f"{node.op.value}({refs}){node.type}{sorted(node.attrs.items())}")
+    parts.append("out" + ",".join(str(local[o]) for o in p.outputs))
+    parts.append("gout" + ",".join(str(local[o]) for o in p.outputs if o in graph.outputs))
+    return hashlib.sha1("|".join(parts).encode()).hexdigest()

@@ -1,0 +1,245 @@
+"""The binary linear program that picks kernels (Korch's formulation, extended).
+
+Variables, for the candidates k of one partition:
+
+    x[k]    in {0,1}   k runs
+    w[k,t]  in {0,1}   k also writes its optional output t (a value of k that
+                       others read; not writing it means they recompute it)
+    T[k]    >= 0       k's roofline time, when k has optional outputs
+
+    minimise   sum_k launch_k x[k] + T[k]        (T[k] = max(mem_k, comp_k) x[k]
+                                                  when k has no optional output)
+    subject to
+      T[k] >= mem_k x[k] + sum_t bytes_t / bandwidth w[k,t]     (memory roof)
+      T[k] >= comp_k x[k]                                       (compute roof)
+      w[k,t] <= x[k]
+      sum_{j writes t} >= 1          for every tensor the partition must output
+      sum_{j writes t} >= x[k]       for every tensor t that k reads and that is
+                                     computed inside the partition
+      m[t] >= (j writes t);  sum_t bytes_t m[t] <= budget     (--memory-budget)
+
+A primitive may sit in several chosen kernels: that is recomputation, and it
+is priced by each kernel that does it (``recompute=False`` adds
+sum_{k holds n} x[k] <= 1 for every primitive n).  Multi-output kernels can depend on
+each other in a cycle; :func:`solve` checks every solution with the plan
+checker and, while it finds a cycle, adds the cut
+
+      sum_{k in C} x[k] - sum_{j outside C writing a tensor C needs} (j writes it) <= |C| - 1
+
+and solves again.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pulp
+
+from orchestrate.cost.roofline import Cost
+from orchestrate.errors import InputError
+from orchestrate.ilp.checker import schedule
+from orchestrate.kernels.templates import VIEW, Kernel
+
+OPTIMAL = "optimal"
+FEASIBLE = "feasible"  # time limit hit with an integer solution in hand
+MAX_CYCLE_ROUNDS = 50
+
+
+@dataclass(frozen=True)
+class Choice:
+    kernel: int  # index into the candidate list
+    writes: tuple[str, ...]  # sinks plus the optional outputs it writes
+
+
+@dataclass(frozen=True)
+class Solution:
+    choices: tuple[Choice, ...]  # in execution order
+    status: str
+    objective_us: float
+    gap: float
+    seconds: float
+    rounds: int  # solves, including re-solves after cycle cuts
+
+
+def solve(
+    kernels: Sequence[Kernel],
+    costs: Sequence[Cost],
+    write_us: dict[str, float],
+    nbytes: dict[str, int],
+    available: set[str],
+    required: Sequence[str],
+    *,
+    warm: Sequence[Choice] = (),
+    time_limit: float | None = None,
+    budget: int | None = None,
+    budget_exempt: set[str] = frozenset(),
+    recompute: bool = True,
+    name: str = "partition",
+) -> Solution:
+    """Pick the cheapest set of kernels that produces ``required`` from ``available``."""
+    started = time.perf_counter()
+    prob = pulp.LpProblem(_safe(name), pulp.LpMinimize)
+    x = [pulp.LpVariable(f"x{k}", cat=pulp.LpBinary) for k in range(len(kernels))]
+    w: dict[tuple[int, str], pulp.LpVariable] = {}
+    writers: dict[str, list[pulp.LpVariable]] = {}
+    objective = []
+    for k, (kern, c) in enumerate(zip(kernels, costs)):
+        for t in kern.outputs:
+            writers.setdefault(t, []).append(x[k])
+        if kern.optional:
+            tk = pulp.LpVariable(f"T{k}", lowBound=0)
+            extra = []
+            for j, t in enumerate(kern.optional):
+                v = pulp.LpVariable(f"w{k}_{j}", cat=pulp.LpBinary)
+                w[k, t] = v
+                writers.setdefault(t, []).append(v)
+                prob += v <= x[k]
+                extra.append(write_us[t] * v)
+            prob += tk >= c.memory_us * x[k] + pulp.lpSum(extra)
+            prob += tk >= c.compute_us * x[k]
+            objective.append(tk + c.launch_us * x[k])
+        else:
+            objective.append(c.time_us * x[k])
+    prob += pulp.lpSum(objective)
+    for t in required:
+        if t not in writers:
+            raise AssertionError(f"no candidate writes required tensor {t}")
+        prob += pulp.lpSum(writers[t]) >= 1
+    for k, kern in enumerate(kernels):
+        for t in kern.inputs:
+            if t in available:
+                continue
+            if t not in writers:
+                prob += x[k] == 0  # nothing can feed it
+            else:
+                prob += pulp.lpSum(writers[t]) >= x[k]
+    if budget is not None:
+        # a view aliases its input and materialises nothing
+        real: dict[str, list[pulp.LpVariable]] = {}
+        for k, kern in enumerate(kernels):
+            if kern.template == VIEW:
+                continue
+            for t in kern.outputs:
+                real.setdefault(t, []).append(x[k])
+            for t in kern.optional:
+                real.setdefault(t, []).append(w[k, t])
+        terms = []
+        for t, vs in sorted(real.items()):
+            if t in budget_exempt:
+                continue
+            m = pulp.LpVariable(f"m_{len(terms)}", cat=pulp.LpBinary)
+            for v in vs:
+                prob += m >= v
+            terms.append(nbytes[t] * m)
+        prob += pulp.lpSum(terms) <= budget
+    if not recompute:
+        by_node: dict[str, list[pulp.LpVariable]] = {}
+        for k, kern in enumerate(kernels):
+            for n in kern.nodes:
+                by_node.setdefault(n, []).append(x[k])
+        for _, vs in sorted(by_node.items()):
+            if len(vs) > 1:
+                prob += pulp.lpSum(vs) <= 1
+    _set_warm_start(x, w, kernels, warm)
+    rounds = 0
+    while True:
+        rounds += 1
+        status, gap = _run_cbc(prob, time_limit, bool(warm))
+        if status is None:
+            raise InputError(
+                f"--memory-budget {budget}: no plan fits (the tensors that must be "
+                "materialised alone exceed it)"
+                if budget is not None
+                else f"{name}: the linear program is infeasible"
+            )
+        choices = _read(x, w, kernels)
+        order, stuck = schedule(
+            [kernels[c.kernel] for c in choices], [c.writes for c in choices], available
+        )
+        if not stuck:
+            ordered = tuple(choices[i] for i in order)
+            return Solution(
+                ordered, status, float(pulp.value(prob.objective) or 0.0), gap,
+                time.perf_counter() - started, rounds,
+            )  # fmt: skip
+        if rounds >= MAX_CYCLE_ROUNDS:
+            raise AssertionError(f"{name}: cycle cuts did not converge")
+        _cut_cycle(prob, x, writers, kernels, [choices[i] for i in stuck], available)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)[:40] or "p"
+
+
+def _set_warm_start(x, w, kernels, warm: Sequence[Choice]) -> None:
+    if not warm:
+        return
+    chosen = {c.kernel: set(c.writes) for c in warm}
+    for k, var in enumerate(x):
+        var.setInitialValue(1 if k in chosen else 0)
+    for (k, t), var in w.items():
+        var.setInitialValue(1 if t in chosen.get(k, ()) else 0)
+
+
+def _run_cbc(prob, time_limit, warm: bool) -> tuple[str | None, float]:
+    fd, log = tempfile.mkstemp(prefix="orchestrate-cbc-", suffix=".log")
+    os.close(fd)
+    try:
+        solver = pulp.PULP_CBC_CMD(
+            msg=False, timeLimit=time_limit, warmStart=warm, logPath=log, threads=1, gapRel=0
+        )
+        prob.solve(solver)
+        text = open(log, errors="replace").read()
+    finally:
+        os.unlink(log)
+    if prob.status != pulp.LpStatusOptimal:
+        return None, math.inf
+    if prob.sol_status == pulp.LpSolutionOptimal and "Stopped on time" not in text:
+        return "optimal", 0.0
+    return FEASIBLE, _gap_from_log(text)
+
+
+def _gap_from_log(text: str) -> float:
+    m = re.search(r"Gap:\s*([0-9.eE+-]+)", text)
+    if m:
+        return float(m.group(1))
+    obj = re.search(r"Objective value:\s*([0-9.eE+-]+)", text)
+    bound = re.search(r"Lower bound:\s*([0-9.eE+-]+)", text)
+    if obj and bound and float(obj.group(1)):
+        return max(0.0, (float(obj.group(1)) - float(bound.group(1))) / abs(float(obj.group(1))))
+    return math.nan
+
+
+def _read(x, w, kernels) -> list[Choice]:
+    out = []
+    for k, var in enumerate(x):
+        if (var.value() or 0) > 0.5:
+            opt = tuple(t for t in kernels[k].optional if (w[k, t].value() or 0) > 0.5)
+            out.append(Choice(k, kernels[k].outputs + opt))
+    return out
+
+
+def _cut_cycle(prob, x, writers, kernels, stuck: list[Choice], available) -> None:
+    """Forbid this set of mutually dependent kernels unless another kernel
+    writes one of the tensors they wait for."""
+    members = {c.kernel for c in stuck}
+    written_inside = {t for c in stuck for t in c.writes}
+    needed = {
+        t
+        for c in stuck
+        for t in kernels[c.kernel].inputs
+        if t not in available and t in written_inside
+    }
+    member_vars = {id(x[k]) for k in members}
+    rescuers = []
+    for t in sorted(needed):
+        for v in writers.get(t, ()):
+            if id(v) not in member_vars and not any(v.name.startswith(f"w{k}_") for k in members):
+                rescuers.append(v)
+    prob += pulp.lpSum(x[k] for k in sorted(members)) - pulp.lpSum(rescuers) <= len(members) - 1
