@@ -145,6 +145,10 @@ def plan(
         "graph": {
             "name": graph.name,
             "inputs": [i.name for i in graph.inputs],
+            "input_types": [
+                {"name": i.name, "shape": list(i.type.shape), "dtype": i.type.dtype}
+                for i in graph.inputs
+            ],
             "outputs": list(graph.outputs),
             "constants": sorted(graph.constants),
         },

@@ -1,0 +1,55 @@
+"""Triton emission: one generated kernel per planned kernel, in one module.
+
+``emit(graph, plan)`` returns the source of ``kernels.py``.  It depends only
+on the primitive IR and the plain plan (template, primitives, outputs), never
+on planner internals: the kernel structure is re-derived with the same pure
+legality function the planner used.
+"""
+
+from __future__ import annotations
+
+from orchestrate.emit.pointwise import pointwise
+from orchestrate.emit.source import KernelSource, module
+from orchestrate.ir import Graph
+from orchestrate.kernels.templates import POINTWISE, VIEW, Rejection, classify
+
+GENERATORS = {POINTWISE: pointwise}
+
+
+def _register() -> None:
+    from orchestrate.emit import conv, matmul, row_reduce, window  # noqa: F401 - fill GENERATORS
+
+    GENERATORS.update(
+        {
+            "row_reduce": row_reduce.row_reduce,
+            "matmul": matmul.matmul,
+            "conv": conv.conv,
+            "window": window.window,
+        }
+    )
+
+
+def kernel_source(graph: Graph, entry: dict) -> KernelSource:
+    """The generated kernel for one plan entry."""
+    if len(GENERATORS) == 1:
+        try:
+            _register()
+        except ImportError:
+            pass
+    k = classify(graph, entry["primitives"])
+    if isinstance(k, Rejection):
+        raise AssertionError(f"{entry['name']}: planned kernel is not legal: {k.reason}")
+    gen = GENERATORS.get(k.template)
+    if gen is None:
+        raise NotImplementedError(f"no Triton generator for the {k.template} template yet")
+    return gen(graph, k, tuple(entry["outputs"]), entry["name"])
+
+
+def emit(graph: Graph, plan: dict, title: str = "") -> str:
+    kernels = [kernel_source(graph, e) for e in plan["kernels"] if e["template"] != VIEW]
+    head = (
+        title
+        or f"Triton kernels for {plan['graph']['name']} ({len(kernels)} kernels, "
+        f"planned for {plan['device']})"
+    )
+    return module(kernels, head)

@@ -1,0 +1,186 @@
+"""Running a plan: buffers by liveness, kernels in plan order, CUDA graphs.
+
+:class:`Program` holds a plan (the JSON dict), the generated kernels module
+and the constants.  ``run(inputs)`` checks the inputs, allocates every
+intermediate from a pool (a buffer is returned to the pool after its last
+reader and reused by the next tensor of the same size), launches the
+kernels in order and returns the outputs as numpy arrays.
+
+With no GPU the same kernels run in Triton's interpreter (``TRITON_INTERPRET``
+is set before the kernels module is imported), and the runner says so once.
+On a GPU the first run compiles, the second captures the whole plan in a CUDA
+graph, and later runs replay it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from orchestrate.errors import InputError
+
+_WARNED = threading.Event()
+
+
+def gpu_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def load_kernels(path: Path, interpret: bool):
+    """Import a generated kernels.py (under the interpreter when asked)."""
+    if interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
+        if not _WARNED.is_set():
+            _WARNED.set()
+            print("orchestrate: no GPU found; running the Triton kernels in the interpreter "
+                  "(correct but slow)", file=sys.stderr)  # fmt: skip
+    name = f"orchestrate_kernels_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Program:
+    """An executable plan."""
+
+    def __init__(self, plan: dict, kernels_module, constants: Mapping[str, np.ndarray],
+                 *, interpret: bool | None = None, cuda_graph: bool = True):  # fmt: skip
+        import torch
+
+        self.torch = torch
+        self.plan = plan
+        self.interpret = (not gpu_available()) if interpret is None else interpret
+        self.device = "cpu" if self.interpret else "cuda"
+        self.launchers = kernels_module.LAUNCHERS
+        self.types = {p["name"]: (tuple(p["shape"]), p["dtype"]) for p in plan["primitives"]}
+        self.input_types = {
+            i["name"]: (tuple(i["shape"]), i["dtype"]) for i in plan["graph"]["input_types"]
+        }
+        self.outputs = list(plan["graph"]["outputs"])
+        self.constants = {k: self._tensor(np.ascontiguousarray(v)) for k, v in constants.items()}
+        self._lifetimes()
+        self.use_cuda_graph = cuda_graph and not self.interpret
+        self._graph = None
+        self._static: dict | None = None
+        self._runs = 0
+
+    # -- set-up -------------------------------------------------------------
+
+    def _tensor(self, arr: np.ndarray):
+        t = self.torch.from_numpy(np.array(arr, copy=True))
+        return t.to(self.device) if self.device != "cpu" else t
+
+    def _lifetimes(self) -> None:
+        """When each buffer can go back to the pool: after the last kernel that
+        reads it or any view of it.  Inputs, constants and outputs never do."""
+        root: dict[str, str] = {}  # tensor -> the buffer it lives in
+        last: dict[str, int] = {}
+        allocated: set[str] = set()
+        for i, k in enumerate(self.plan["kernels"]):
+            for t in k["inputs"]:
+                r = root.get(t, t)
+                last[r] = i
+            for t in k["outputs"]:
+                if k["template"] == "view":
+                    root[t] = root.get(k["inputs"][0], k["inputs"][0])
+                else:
+                    root[t] = t
+                    allocated.add(t)
+                    last.setdefault(t, i)
+        keep = {root.get(o, o) for o in self.outputs}
+        self.free_after: dict[int, list[str]] = {}
+        for r in sorted(allocated - keep):
+            self.free_after.setdefault(last[r], []).append(r)
+
+    # -- running ------------------------------------------------------------
+
+    def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        names = list(self.input_types)
+        unknown = sorted(set(inputs) - set(names))
+        if unknown:
+            raise InputError(f"unknown input {unknown[0]!r} (inputs: {', '.join(names)})")
+        out = {}
+        for name, (shape, dtype) in self.input_types.items():
+            if name not in inputs:
+                raise InputError(f"missing input {name!r}: expected {dtype}{list(shape)}")
+            arr = np.asarray(inputs[name])
+            if tuple(arr.shape) != shape:
+                raise InputError(f"input {name!r}: shape {list(arr.shape)}, expected {list(shape)}")
+            if arr.dtype.name != dtype:
+                raise InputError(f"input {name!r}: dtype {arr.dtype.name}, expected {dtype}")
+            out[name] = arr
+        return out
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Outputs of the plan on ``inputs`` (numpy arrays by input name)."""
+        feeds = self.check_inputs(inputs)
+        self._runs += 1
+        if self.use_cuda_graph and self._runs >= 2:
+            return self._replay(feeds)
+        env = self._execute({k: self._tensor(v) for k, v in feeds.items()})
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+        return {o: env[o].cpu().numpy() for o in self.outputs}
+
+    def _execute(self, feeds: dict) -> dict:
+        torch = self.torch
+        env = dict(self.constants)
+        env.update(feeds)
+        pool: dict[int, list] = {}
+        for i, k in enumerate(self.plan["kernels"]):
+            if k["template"] == "view":
+                (src,), (dst,) = k["inputs"], k["outputs"]
+                env[dst] = env[src].reshape(self.types[dst][0])
+            else:
+                for t in k["outputs"]:
+                    shape, dtype = self.types[t]
+                    env[t] = self._allocate(pool, shape, dtype, keep=t in self.outputs)
+                self.launchers[k["name"]](env, interpret=self.interpret)
+            for r in self.free_after.get(i, ()):
+                buf = env.get(r)
+                if buf is not None:
+                    pool.setdefault(buf.untyped_storage().nbytes(), []).append(buf)
+        del torch
+        return env
+
+    def _allocate(self, pool: dict, shape, dtype: str, keep: bool):
+        torch = self.torch
+        tdtype = getattr(torch, dtype) if dtype != "bool" else torch.bool
+        nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        if not keep and pool.get(nbytes):
+            base = pool[nbytes].pop()
+            flat = torch.empty(0, dtype=tdtype, device=base.device)
+            flat.set_(base.untyped_storage(), 0, (int(np.prod(shape)),))
+            return flat.view(shape)
+        return torch.empty(shape, dtype=tdtype, device=self.device)
+
+    def _replay(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        torch = self.torch
+        if self._graph is None:
+            static_in = {k: self._tensor(v) for k, v in feeds.items()}
+            self._execute(static_in)  # warm: every kernel compiled
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                env = self._execute(static_in)
+            self._graph, self._static = (
+                graph,
+                {"in": static_in, "out": {o: env[o] for o in self.outputs}},
+            )
+        for k, v in feeds.items():
+            self._static["in"][k].copy_(torch.from_numpy(np.ascontiguousarray(v)))
+        self._graph.replay()
+        torch.cuda.synchronize()
+        return {o: t.cpu().numpy() for o, t in self._static["out"].items()}

@@ -1,0 +1,77 @@
+"""The pointwise generator against the reference executor, in the interpreter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests import graphs
+from tests.emit_util import assert_matches_reference, one_kernel
+
+dims = st.sampled_from([1, 2, 3, 5, 7, 8, 13])
+
+
+@settings(max_examples=15, deadline=None)
+@given(a=dims, b=dims, c=dims, seed=st.integers(0, 99))
+def test_broadcasting_in_every_position(a, b, c, seed):
+    def fn(bl, x, y, z):
+        return bl.tanh(bl.add(bl.mul(x, y), bl.sub(z, 0.5)))
+
+    g = graphs.build(fn, [(a, 1, c), (1, b, 1), (c,)])
+    assert_matches_reference(g, one_kernel(g), graphs.random_inputs(g, seed))
+
+
+@settings(max_examples=10, deadline=None)
+@given(m=dims, n=dims, seed=st.integers(0, 99))
+def test_layout_folds_into_indexing(m, n, seed):
+    """transpose, reshape, slice (negative step), expand, pad, concat: one kernel."""
+
+    def fn(b, x):
+        t = b.transpose(x, (1, 0))  # (n, m)
+        r = b.reshape(t, (n * m,))
+        s = b.slice(r, (n * m - 1,), (-1,), (n * m,))  # reversed
+        e = b.expand(b.reshape(s, (1, n * m)), (3, n * m))
+        p = b.pad(e, (1, 0, 0, 2), "constant", -1.5)
+        c = b.concat([p, b.exp(p)], 0)
+        return b.add(c, 1.0)
+
+    g = graphs.build(fn, [(m, n)])
+    assert_matches_reference(g, one_kernel(g), graphs.random_inputs(g, seed))
+
+
+@pytest.mark.parametrize("mode", ["reflect", "edge"])
+def test_reflect_and_edge_padding(mode):
+    g = graphs.build(lambda b, x: b.neg(b.pad(x, (2, 1, 1, 2), mode)), [(4, 5)])
+    assert_matches_reference(g, one_kernel(g), graphs.random_inputs(g))
+
+
+def test_gather_with_negative_indices():
+    import numpy as np
+
+    from orchestrate import ir
+    from orchestrate.decompose.builder import Builder, Value
+
+    b = Builder()
+    b.begin("g", "g")
+    table = Value("table", ir.TensorType((10, 6), "float32"))
+    ids = Value("ids", ir.TensorType((2, 3), "int64"))
+    out = b.mul(b.gather(table, ids, 0), 3.0)
+    g = ir.Graph(tuple(b.nodes), (ir.Input("table", table.type), ir.Input("ids", ids.type)),
+                 (out.name,), b.constants)  # fmt: skip
+    inputs = {"table": np.random.default_rng(0).standard_normal((10, 6)).astype(np.float32),
+              "ids": np.array([[0, -1, 3], [9, -10, 2]], np.int64)}  # fmt: skip
+    assert_matches_reference(g, one_kernel(g), inputs)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "int32"])
+def test_dtypes(dtype):
+    def fn(b, x, y):
+        return b.max(b.add(x, y), b.mul(x, y))
+
+    g = graphs.build(fn, [(4, 5), (5,)], dtype=dtype)
+    rng = np.random.default_rng(1)
+    ins = {k: (rng.standard_normal(v.type.shape) * 4).astype(dtype) for k, v in
+           ((i.name, i) for i in g.inputs)}  # fmt: skip
+    assert_matches_reference(g, one_kernel(g), ins, rtol=2e-3, atol=2e-3)
