@@ -12,11 +12,13 @@ import traceback
 from pathlib import Path
 
 import click
+import numpy as np
 
 from orchestrate.errors import OrchestrateError
 
 EXIT_USER_ERROR = 2
-EXIT_INTERNAL_ERROR = 1
+EXIT_MISMATCH = 1  # verify: the bundle does not compute what the model computes
+EXIT_INTERNAL_ERROR = 3
 
 
 def _fail(message: str, code: int) -> None:
@@ -92,6 +94,9 @@ def main(debug: bool) -> None:
       decompose  write the primitive graph as a plain ONNX model
       plan       choose fused kernels with a binary linear program
       explain    show a plan: kernels, baselines, a picture
+      optimize   all of it: fission, plan, Triton emission, verification -> bundle
+      run        run a bundle on .npy inputs
+      verify     compare a bundle with onnxruntime on random inputs
     """
 
 
@@ -232,6 +237,104 @@ def explain(plan_file: Path, picture: Path | None, rejected: bool, limit: int) -
         pipeline.check_output_path(picture)
         pipeline.write_atomic(picture, ex.svg(result).encode())
         click.echo(f"wrote {picture}")
+
+
+def tolerance_options(fn):
+    fn = click.option("--rtol", type=float, default=None,
+                      help="Relative tolerance (default by dtype: fp32 1e-4, fp16 1e-2).")(fn)  # fmt: skip
+    fn = click.option("--atol", type=float, default=None,
+                      help="Absolute tolerance (default: rtol x the output's largest magnitude).")(fn)  # fmt: skip
+    return fn
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              required=True, help="Bundle folder to write (replaced only if it is a bundle).")  # fmt: skip
+@shape_option
+@plan_options
+@click.option("--trials", type=click.IntRange(0, 100), default=2, show_default=True,
+              help="Random-input verification trials before success (0 skips).")  # fmt: skip
+@tolerance_options
+@reports_errors
+def optimize(model: Path, out_dir: Path, shapes, trials, rtol, atol, **opts) -> None:
+    """Optimize MODEL into a bundle of Triton kernels, verified against onnxruntime."""
+    from orchestrate import api, explain
+
+    result = api.optimize(
+        model, out_dir, shapes=_shapes(shapes), options=_plan_options(**opts), trials=trials,
+        rtol=rtol, atol=atol, progress=StageProgress(),
+    )  # fmt: skip
+    click.echo(explain.kernel_table(result.plan, limit=25))
+    click.echo("")
+    for line in explain.summary_lines(result.plan):
+        click.echo(line)
+    if result.report is not None:
+        click.echo("")
+        for line in result.report.lines():
+            click.echo(line)
+        click.echo(f"verified against onnxruntime over {trials} random trials")
+    click.echo(f"wrote {result.path}/")
+
+
+def _parse_input(text: str) -> tuple[str, Path]:
+    from orchestrate.errors import InputError
+
+    name, sep, file = text.partition("=")
+    if not sep or not name or not file:
+        raise InputError(f"--input {text!r}: expected NAME=FILE.npy")
+    return name, Path(file)
+
+
+@main.command()
+@click.argument("bundle_dir", metavar="OUT", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy",
+              help="An input array (repeatable).")  # fmt: skip
+@click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write each output to DIR/<name>.npy.")  # fmt: skip
+@reports_errors
+def run(bundle_dir: Path, inputs, output_dir: Path | None) -> None:
+    """Run the bundle OUT on .npy inputs."""
+    from orchestrate import api, iofiles
+
+    model = api.load(bundle_dir)
+    feeds = iofiles.read_inputs(dict(_parse_input(t) for t in inputs))
+    model.check_inputs(feeds)
+    if output_dir is not None:
+        iofiles.check_output_dir(output_dir)
+    outputs = model.run(feeds)
+    for name, arr in outputs.items():
+        finite = arr[np.isfinite(arr)] if arr.dtype.kind == "f" else arr
+        stats = (
+            f"min {finite.min():.4g} max {finite.max():.4g}" if finite.size else "no finite values"
+        )
+        click.echo(f"{name}: {arr.dtype}{list(arr.shape)} {stats}")
+    if output_dir is not None:
+        written = iofiles.write_outputs(outputs, output_dir)
+        click.echo(f"wrote {len(written)} outputs to {output_dir}/")
+
+
+@main.command()
+@click.argument("bundle_dir", metavar="OUT", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--model", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The ONNX model the bundle must match.")  # fmt: skip
+@shape_option
+@click.option("--trials", type=click.IntRange(1, 1000), default=3, show_default=True)
+@tolerance_options
+@reports_errors
+def verify(bundle_dir: Path, model: Path, shapes, trials, rtol, atol) -> None:
+    """Check that bundle OUT computes what MODEL computes (exit 1 if not)."""
+    from orchestrate import api
+
+    report = api.verify_bundle(bundle_dir, model, shapes=_shapes(shapes) or None, trials=trials,
+                               rtol=rtol, atol=atol)  # fmt: skip
+    for line in report.lines():
+        click.echo(line)
+    bad = report.first_failure()
+    if bad is not None:
+        _fail(f"{bundle_dir} does not match {model}: output {bad.name!r} (trial {bad.trial}): "
+              f"{bad.detail}", EXIT_MISMATCH)  # fmt: skip
+    click.echo(f"OK: {len(report.worst())} outputs match onnxruntime over {trials} trials")
 
 
 if __name__ == "__main__":

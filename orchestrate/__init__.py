@@ -4,6 +4,8 @@ Python API::
 
     import onnx, orchestrate
     prim = orchestrate.decompose(onnx.load("model.onnx"), shapes={"x": (1, 128)})
+    orchestrate.optimize("model.onnx", "model.orch", shapes={"x": (1, 128)})
+    outputs = orchestrate.load("model.orch").run({"x": x})
 """
 
 from orchestrate.errors import GraphError, InputError, OrchestrateError, UnsupportedError
@@ -24,7 +26,22 @@ def decompose(model, shapes=None):
     return _decompose(model, shapes)
 
 
+def optimize(model_path, out_dir, **options):
+    """Fission, plan, emit and verify a model; write the bundle to ``out_dir``.
+    See :func:`orchestrate.api.optimize` for the options."""
+    from orchestrate.api import optimize as _optimize
+
+    return _optimize(model_path, out_dir, **options)
+
+
+def load(out_dir, **options):
+    """Load a bundle (hashes checked); ``.run(inputs) -> outputs``."""
+    from orchestrate.api import load as _load
+
+    return _load(out_dir, **options)
+
+
 __all__ = [
-    "decompose", "OrchestrateError", "UnsupportedError", "InputError", "GraphError",
+    "decompose", "optimize", "load", "OrchestrateError", "UnsupportedError", "InputError", "GraphError",
     "__version__",
 ]  # fmt: skip

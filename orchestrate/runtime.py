@@ -52,6 +52,27 @@ def load_kernels(path: Path, interpret: bool):
     return module
 
 
+def check_inputs(
+    types: Mapping[str, tuple[tuple[int, ...], str]], inputs: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """The inputs as arrays, or InputError naming the first bad one."""
+    names = list(types)
+    unknown = sorted(set(inputs) - set(names))
+    if unknown:
+        raise InputError(f"unknown input {unknown[0]!r} (inputs: {', '.join(names)})")
+    out = {}
+    for name, (shape, dtype) in types.items():
+        if name not in inputs:
+            raise InputError(f"missing input {name!r}: expected {dtype}{list(shape)}")
+        arr = np.asarray(inputs[name])
+        if tuple(arr.shape) != tuple(shape):
+            raise InputError(f"input {name!r}: shape {list(arr.shape)}, expected {list(shape)}")
+        if arr.dtype.name != dtype:
+            raise InputError(f"input {name!r}: dtype {arr.dtype.name}, expected {dtype}")
+        out[name] = arr
+    return out
+
+
 class Program:
     """An executable plan."""
 
@@ -107,21 +128,7 @@ class Program:
     # -- running ------------------------------------------------------------
 
     def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        names = list(self.input_types)
-        unknown = sorted(set(inputs) - set(names))
-        if unknown:
-            raise InputError(f"unknown input {unknown[0]!r} (inputs: {', '.join(names)})")
-        out = {}
-        for name, (shape, dtype) in self.input_types.items():
-            if name not in inputs:
-                raise InputError(f"missing input {name!r}: expected {dtype}{list(shape)}")
-            arr = np.asarray(inputs[name])
-            if tuple(arr.shape) != shape:
-                raise InputError(f"input {name!r}: shape {list(arr.shape)}, expected {list(shape)}")
-            if arr.dtype.name != dtype:
-                raise InputError(f"input {name!r}: dtype {arr.dtype.name}, expected {dtype}")
-            out[name] = arr
-        return out
+        return check_inputs(self.input_types, inputs)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Outputs of the plan on ``inputs`` (numpy arrays by input name)."""

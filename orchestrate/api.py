@@ -1,0 +1,179 @@
+"""The end-to-end Python API: ``optimize`` a model into a bundle, ``load`` it.
+
+import orchestrate
+orchestrate.optimize("model.onnx", "model.orch", shapes={"ids": (1, 128)})
+model = orchestrate.load("model.orch")
+outputs = model.run({"ids": ids})
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from orchestrate import __version__, bundle, explain, pipeline
+from orchestrate.emit import emit
+from orchestrate.errors import OrchestrateError
+from orchestrate.planner import PlanOptions
+from orchestrate.runtime import Program, check_inputs, gpu_available, load_kernels
+from orchestrate.verify import Report, verify
+
+
+class VerificationError(OrchestrateError):
+    """The bundle does not compute what the model computes."""
+
+    def __init__(self, message: str, report: Report):
+        super().__init__(message)
+        self.report = report
+
+
+class Bundle:
+    """A loaded bundle: ``run(inputs) -> outputs`` (numpy arrays by name).
+
+    The kernels module is imported (and, on a GPU, compiled) on the first run."""
+
+    def __init__(self, path: Path, plan: dict, manifest: dict, kernels_py: Path,
+                 constants: dict[str, np.ndarray], interpret: bool | None):  # fmt: skip
+        self.path, self.plan, self.manifest = path, plan, manifest
+        self._kernels_py, self._constants = kernels_py, constants
+        self.interpret = (not gpu_available()) if interpret is None else interpret
+        self._program: Program | None = None
+
+    @property
+    def program(self) -> Program:
+        if self._program is None:
+            module = load_kernels(self._kernels_py, self.interpret)
+            self._program = Program(self.plan, module, self._constants, interpret=self.interpret)
+        return self._program
+
+    def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
+        check_inputs(self.inputs, inputs)
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.check_inputs(inputs)
+        return self.program.run(inputs)
+
+    @property
+    def inputs(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        return {
+            i["name"]: (tuple(i["shape"]), i["dtype"]) for i in self.plan["graph"]["input_types"]
+        }
+
+    @property
+    def outputs(self) -> list[str]:
+        return list(self.plan["graph"]["outputs"])
+
+
+def load(out_dir: str | os.PathLike, *, interpret: bool | None = None) -> Bundle:
+    """Load a bundle, checking every file against the manifest."""
+    plan, kernels_py, constants, manifest = bundle.read(out_dir)
+    return Bundle(Path(out_dir), plan, manifest, kernels_py, constants, interpret)
+
+
+@dataclass
+class Optimized:
+    path: Path
+    plan: dict
+    report: Report | None
+
+
+def optimize(
+    model_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    options: PlanOptions | None = None,
+    trials: int = 2,
+    rtol: float | None = None,
+    atol: float | None = None,
+    progress=None,
+    **plan_options,
+) -> Optimized:
+    """Fission, plan, emit and verify ``model_path``; write the bundle to ``out_dir``.
+
+    Keyword options not listed are PlanOptions fields (``device``,
+    ``memory_budget``, ``time_limit``, ...).  Nothing is left at ``out_dir``
+    unless the bundle verified (``trials=0`` skips verification)."""
+    out = Path(out_dir)
+    bundle.check_destination(out)
+    options = options or PlanOptions(**plan_options)
+    report_step = progress or (lambda stage, i, n: None)
+    model = pipeline.load(model_path)
+    graph = pipeline.fission_model(model, shapes, str(model_path))
+    plan = pipeline.plan_graph(graph, options, progress=progress)
+    report_step("emit", 1, 1)
+    source = emit(graph, plan, title=f"Triton kernels for {Path(model_path).name}")
+    used = {t for k in plan["kernels"] for t in k["inputs"]}
+    constants = {k: v for k, v in graph.constants.items() if k in used}
+    staging = bundle.Staging(out)
+    try:
+        info = {
+            "orchestrate": __version__,
+            "model": {"file": Path(model_path).name, "sha256": bundle.sha256(Path(model_path))},
+            "shapes": {k: list(v) for k, v in (shapes or {}).items()},
+        }
+        staging.write(plan, source, constants, _report_md(plan, None), info)
+        result = None
+        if trials > 0:
+            report_step("verify", 1, 1)
+            loaded = load(staging.path)
+            result = verify(model, graph, loaded.run, trials=trials, rtol=rtol, atol=atol)
+            staging.write(plan, source, constants, _report_md(plan, result), info)
+            if not result.ok:
+                bad = result.first_failure()
+                raise VerificationError(
+                    f"{model_path}: the generated kernels do not match onnxruntime on output "
+                    f"{bad.name!r} (trial {bad.trial}): {bad.detail}",
+                    result,
+                )
+        path = staging.commit()
+    except BaseException:
+        staging.discard()
+        raise
+    return Optimized(path, plan, result)
+
+
+def verify_bundle(
+    out_dir: str | os.PathLike,
+    model_path: str | os.PathLike,
+    *,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    trials: int = 3,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> Report:
+    """Compare a bundle with onnxruntime running ``model_path``."""
+    loaded = load(out_dir)
+    model = pipeline.load(model_path)
+    if shapes is None:
+        shapes = {k: tuple(v) for k, v in loaded.manifest.get("shapes", {}).items()}
+    graph = pipeline.fission_model(model, shapes, str(model_path))
+    _check_same_interface(loaded, graph, model_path)
+    return verify(model, graph, loaded.run, trials=trials, rtol=rtol, atol=atol)
+
+
+def _check_same_interface(loaded: Bundle, graph, model_path) -> None:
+    from orchestrate.errors import InputError
+
+    want = {i.name: (i.type.shape, i.type.dtype) for i in graph.inputs}
+    if want != loaded.inputs or list(graph.outputs) != loaded.outputs:
+        raise InputError(
+            f"{model_path}: its inputs/outputs do not match the bundle's "
+            f"({sorted(want)} -> {list(graph.outputs)} vs {sorted(loaded.inputs)} -> {loaded.outputs})"
+        )
+
+
+def _report_md(plan: dict, result: Report | None) -> str:
+    lines = [f"# orchestrate report: {plan['graph']['name']}", "", "## Summary", "", "```"]
+    lines += explain.summary_lines(plan)
+    lines += ["```", "", "## Kernels", "", "```", explain.kernel_table(plan), "```", ""]
+    lines += ["## Verification", ""]
+    if result is None:
+        lines.append("not run")
+    else:
+        lines += ["```", *result.lines(), "```", "", "PASSED" if result.ok else "FAILED"]
+    return "\n".join(lines) + "\n"

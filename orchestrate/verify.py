@@ -1,0 +1,150 @@
+"""Does a bundle compute what the ONNX model computes?
+
+Random inputs over several seeds, every output compared with onnxruntime on
+the original model.  Floating-point inputs are standard normal; an integer
+input that (through casts and layout ops) indexes a Gather is drawn in the
+valid range of the axis it indexes; other integer inputs are 0 or 1 (masks);
+booleans are random.
+
+An output passes when, elementwise, ``|got - want| <= atol + rtol * |want|``
+with NaN matching NaN.  By default ``atol = rtol * max|want|``: errors are
+judged against the output's scale, so values near zero are not held to an
+impossible relative bound.  The reported "relative error" is
+``max|got - want| / max|want|``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from orchestrate import ir, onnxrt
+from orchestrate.ir import Op
+
+RTOL = {"float16": 1e-2, "float32": 1e-4, "float64": 1e-7}
+_PASS_THROUGH = {Op.CAST, Op.RESHAPE, Op.EXPAND, Op.IDENTITY, Op.TRANSPOSE, Op.SLICE, Op.CONCAT}
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    trial: int
+    name: str
+    ok: bool
+    max_abs: float
+    rel: float
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Report:
+    checks: tuple[OutputCheck, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def worst(self) -> dict[str, OutputCheck]:
+        out: dict[str, OutputCheck] = {}
+        for c in self.checks:
+            if c.name not in out or (not c.ok, c.rel) > (not out[c.name].ok, out[c.name].rel):
+                out[c.name] = c
+        return out
+
+    def lines(self) -> list[str]:
+        rows = [f"{'output':<32}{'worst rel. error':>18}{'max abs error':>16}  result"]
+        for name, c in self.worst().items():
+            rows.append(f"{name[:31]:<32}{c.rel:>18.3g}{c.max_abs:>16.3g}  "
+                        f"{'ok' if c.ok else 'MISMATCH ' + c.detail}")  # fmt: skip
+        return rows
+
+    def first_failure(self) -> OutputCheck | None:
+        return next((c for c in self.checks if not c.ok), None)
+
+
+def index_ranges(graph: ir.Graph) -> dict[str, int]:
+    """For integer inputs that index a Gather: the size of the indexed axis."""
+    out: dict[str, int] = {}
+    for inp in graph.inputs:
+        if inp.type.dtype not in ir.INTS:
+            continue
+        frontier, seen = [inp.name], set()
+        while frontier:
+            t = frontier.pop()
+            for c in graph.consumers.get(t, ()):
+                if c.op is Op.GATHER and c.inputs[1] == t:
+                    size = graph.types[c.inputs[0]].shape[c.attrs["axis"]]
+                    out[inp.name] = min(out.get(inp.name, size), size)
+                elif c.op in _PASS_THROUGH and c.name not in seen:
+                    seen.add(c.name)
+                    frontier.append(c.name)
+    return out
+
+
+def random_inputs(graph: ir.Graph, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    ranges = index_ranges(graph)
+    feeds = {}
+    for i in graph.inputs:
+        shape, dtype = i.type.shape, i.type.dtype
+        if dtype in ir.FLOATS:
+            feeds[i.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype == "bool":
+            feeds[i.name] = rng.random(shape) < 0.5
+        else:
+            feeds[i.name] = rng.integers(0, ranges.get(i.name, 2), size=shape).astype(dtype)
+    return feeds
+
+
+def compare(name: str, got: np.ndarray, want: np.ndarray, trial: int, rtol: float | None,
+            atol: float | None) -> OutputCheck:  # fmt: skip
+    if got.shape != want.shape:
+        return OutputCheck(trial, name, False, np.inf, np.inf, f"shape {got.shape} != {want.shape}")
+    if want.dtype.kind in "biu" or got.dtype.kind in "biu":
+        bad = int(np.count_nonzero(got != want))
+        return OutputCheck(trial, name, bad == 0, float(bad), float(bad),
+                           f"{bad} elements differ" if bad else "")  # fmt: skip
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    r = rtol if rtol is not None else RTOL.get(want.dtype.name, 1e-4)
+    finite = np.isfinite(w)
+    scale = float(np.max(np.abs(w[finite]))) if finite.any() else 0.0
+    a = atol if atol is not None else r * scale
+    same_special = np.array_equal(np.isnan(g), np.isnan(w)) and np.array_equal(
+        np.where(np.isinf(w), w, 0), np.where(np.isinf(g) & np.isinf(w), g, 0)
+    )
+    both = finite & np.isfinite(g)
+    diff = np.abs(g - w)
+    max_abs = float(diff[both].max()) if both.any() else 0.0
+    rel = max_abs / scale if scale else max_abs
+    ok = same_special and bool(np.all(diff[both] <= a + r * np.abs(w[both])))
+    ok = ok and bool(np.all(np.isfinite(g) == finite))
+    detail = "" if ok else (
+        f"max abs error {max_abs:.3g}, relative {rel:.3g} (rtol {r:g}, atol {a:.3g})"
+        if same_special else "NaN/Inf pattern differs from onnxruntime"
+    )  # fmt: skip
+    return OutputCheck(trial, name, ok, max_abs, rel, detail)
+
+
+def verify(
+    model: onnx.ModelProto,
+    graph: ir.Graph,
+    run: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]],
+    *,
+    trials: int = 3,
+    rtol: float | None = None,
+    atol: float | None = None,
+    seed: int = 0,
+) -> Report:
+    """Compare ``run`` (a bundle) with onnxruntime on ``model`` over ``trials`` seeds."""
+    checks = []
+    session = onnxrt.session(model)
+    names = [o.name for o in session.get_outputs()]
+    for trial in range(trials):
+        feeds = random_inputs(graph, seed + trial)
+        want = dict(zip(names, session.run(names, feeds)))
+        got = run(feeds)
+        for o in graph.outputs:
+            checks.append(compare(o, np.asarray(got[o]), np.asarray(want[o]), trial, rtol, atol))
+    return Report(tuple(checks))
