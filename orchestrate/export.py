@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from orchestrate.ir import Graph, Node, Op
 
@@ -100,7 +100,9 @@ def _node(n: Node, graph: Graph, const) -> onnx.NodeProto:
     if op is Op.TRANSPOSE:
         return helper.make_node("Transpose", ins, out, perm=list(a["perm"]))
     if op is Op.RESHAPE:
-        return helper.make_node("Reshape", ins + [const(stem + "/shape", a["shape"])], out)
+        # allowzero: a 0 in the target shape means 0, not "copy this dim"
+        shape = const(stem + "/shape", a["shape"])
+        return helper.make_node("Reshape", ins + [shape], out, allowzero=1)
     if op is Op.EXPAND:
         return helper.make_node("Expand", ins + [const(stem + "/shape", a["shape"])], out)
     if op is Op.SLICE:
@@ -136,8 +138,4 @@ def _node(n: Node, graph: Graph, const) -> onnx.NodeProto:
     raise AssertionError(f"no ONNX export for primitive {op}")
 
 
-def onnx_elem_type(dtype: str) -> int:
-    return _elem(dtype)
-
-
-__all__ = ["to_onnx", "PRIMITIVE_ONNX_OPS", "OPSET", "TensorProto"]
+__all__ = ["to_onnx", "PRIMITIVE_ONNX_OPS", "OPSET"]

@@ -59,11 +59,10 @@ def _array(x):
     return np.asarray(x) if isinstance(x, np.generic) else x
 
 
-def _bind(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """Bind integer inputs as initializers (compile-time constants)."""
+def _bind(model: onnx.ModelProto, feeds: dict[str, np.ndarray], bound: set[str]) -> onnx.ModelProto:
+    """Bind the inputs ``bound`` as initializers (compile-time constants)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    bound = {k for k, v in feeds.items() if isinstance(v, np.ndarray) and v.dtype.kind in "iu"}
     keep = [i for i in m.graph.input if i.name not in bound]
     del m.graph.input[:]
     m.graph.input.extend(keep)
@@ -126,12 +125,21 @@ def run_case(case) -> Outcome:
                 if not _CONST_NEEDED.search(str(e)):
                     raise
                 first = _feeds(case.model, data_sets[0][0])
-                bound_model = _bind(case.model, first)
-                bound_sets = [
-                    ([v for k, v in _feeds(case.model, i).items() if k not in _bound(first)], o)
-                    for i, o in data_sets
-                ]
-                problem = _attempt(case, bound_model, bound_sets)
+                problem = None
+                # integer inputs first (shapes, axes, pads); then every input
+                # but the data input (float scales, bool flags, fill values)
+                for bound in (_bound(first), set(list(first)[1:])):
+                    bound_model = _bind(case.model, first, bound)
+                    bound_sets = [
+                        ([v for k, v in _feeds(case.model, i).items() if k not in bound], o)
+                        for i, o in data_sets
+                    ]
+                    try:
+                        problem = _attempt(case, bound_model, bound_sets)
+                        break
+                    except UnsupportedError as again:
+                        if not _CONST_NEEDED.search(str(again)) or bound == set(list(first)[1:]):
+                            raise
                 status = "bound"
     except UnsupportedError as e:
         return Outcome(case.name, "declined", _reason(e))

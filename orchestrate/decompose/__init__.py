@@ -19,7 +19,15 @@ import onnx
 from onnx import helper, numpy_helper
 
 from orchestrate import ir
-from orchestrate.decompose import conv, elementwise, layout, linalg, normalization, reduce
+from orchestrate.decompose import (
+    conv,
+    elementwise,
+    layout,
+    linalg,
+    normalization,
+    reduce,
+    resize,
+)
 from orchestrate.decompose.builder import Builder, Value
 from orchestrate.errors import GraphError, UnsupportedError
 
@@ -36,7 +44,7 @@ def _merge(*tables: Mapping[str, Decomposition]) -> dict[str, Decomposition]:
 
 
 TABLE: dict[str, Decomposition] = _merge(
-    elementwise.OPS, reduce.OPS, normalization.OPS, layout.OPS, linalg.OPS, conv.OPS
+    elementwise.OPS, reduce.OPS, normalization.OPS, layout.OPS, resize.OPS, linalg.OPS, conv.OPS
 )
 SUPPORTED_OPS = tuple(TABLE)
 
@@ -142,7 +150,7 @@ def _decompose_node(b: Builder, node, index: int, env: dict[str, Value], source:
         args.append(v)
     while args and args[-1] is None:
         args.pop()
-    b.begin(label, next((o for o in node.output if o), label))
+    b.begin(label, next((o for o in node.output if o), label), len(node.output))
     try:
         result = fn(b, *args, **attrs)
     except UnsupportedError as e:

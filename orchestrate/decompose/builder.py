@@ -69,15 +69,17 @@ class Builder:
         self.opset = opset
         self.origin = ""
         self.hint = "t"
+        self.n_outputs = 1  # outputs of the ONNX node being decomposed
         self._used: set[str] = set(reserved)
         self._small_consts: dict[tuple, str] = {}
         self._step_start = 0
 
     # -- naming -------------------------------------------------------------
 
-    def begin(self, origin: str, hint: str) -> None:
+    def begin(self, origin: str, hint: str, n_outputs: int = 1) -> None:
         """Start decomposing the ONNX node ``origin`` whose first output is ``hint``."""
         self.origin, self.hint = origin, hint or origin or "t"
+        self.n_outputs = n_outputs
         self._step_start = len(self.nodes)
 
     def fresh(self, stem: str) -> str:
