@@ -215,7 +215,13 @@ def fold_constants(m: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
     opsets = list(m.opset_import)
     kept: list[onnx.NodeProto] = []
     new: dict[str, np.ndarray] = {}
+    inlined = False
     for node in g.node:
+        branch = _taken_branch(node, consts)
+        if branch is not None:
+            kept.extend(branch)
+            inlined = True
+            continue
         value = _fold_one(node, consts, known, opsets, ReferenceEvaluator)
         if value is None:
             kept.append(node)
@@ -223,7 +229,7 @@ def fold_constants(m: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
         for name, arr in zip(node.output, value):
             if name:
                 consts[name] = new[name] = np.asarray(arr)
-    if not new:
+    if not new and not inlined:
         return m, False
     out = onnx.ModelProto()
     out.CopyFrom(m)
@@ -232,6 +238,37 @@ def fold_constants(m: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
     out.graph.initializer.extend(numpy_helper.from_array(a, k) for k, a in new.items())
     del out.graph.value_info[:]
     return out, True
+
+
+def _taken_branch(node: onnx.NodeProto, consts) -> list[onnx.NodeProto] | None:
+    """An ``If`` whose condition is a constant becomes the nodes of the branch
+    it takes (exporters write such Ifs around shape checks).  Names made inside
+    the branch get the If's name as prefix; its outputs are renamed to the
+    If's outputs."""
+    if node.op_type != "If" or node.domain not in DEFAULT_DOMAINS or node.input[0] not in consts:
+        return None
+    taken = (
+        "then_branch" if bool(np.asarray(consts[node.input[0]]).reshape(-1)[0]) else "else_branch"
+    )
+    graph = next(a.g for a in node.attribute if a.name == taken)
+    prefix = f"{node.name or node.output[0]}/{taken}/"
+    local = {o for n in graph.node for o in n.output if o} | {t.name for t in graph.initializer}
+    outputs = {o.name: target for o, target in zip(graph.output, node.output)}
+    rename = {name: outputs.get(name, prefix + name) for name in local}
+    nodes = []
+    for t in graph.initializer:
+        nodes.append(onnx.helper.make_node("Constant", [], [rename[t.name]], value=t))
+    for n in graph.node:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(n)
+        copy.name = prefix + (n.name or n.op_type)
+        copy.input[:] = [rename.get(i, i) for i in n.input]
+        copy.output[:] = [rename.get(o, o) for o in n.output]
+        nodes.append(copy)
+    for o, target in outputs.items():
+        if o not in local:  # the branch passes an outer value straight through
+            nodes.append(onnx.helper.make_node("Identity", [o], [target], name=prefix + "out"))
+    return nodes
 
 
 class _LazyArrays(dict):

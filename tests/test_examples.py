@@ -298,12 +298,9 @@ def test_bert_base_decomposition(tmp_path):
     check_decomposition(model, random_inputs(inputs, seed=2), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch's own LocalResponseNorm exports (TorchScript) with an If on a shape test "
-    "whose condition is constant once shapes are bound; the frontend does not fold If yet",
-)
 def test_torch_local_response_norm(tmp_path):
+    """TorchScript writes an If on a shape test; its condition is constant once
+    shapes are bound and the frontend inlines the branch it takes."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.LocalResponseNorm(5)).eval()
     image = torch.randn(1, 3, 12, 12)

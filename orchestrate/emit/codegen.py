@@ -242,7 +242,7 @@ class Evaluator:
         if const is not None and const.size == 1:
             return literal(np.asarray(const).reshape(()).item(), compute_dtype(t.dtype))
         offset = linearise(index.dims, t.shape, self.body)
-        if self.zero and (self.broadcast_all or _is_number(offset)):
+        if self.zero and (self.broadcast_all or not re.search(r"[A-Za-z_]", offset)):
             offset = f"{self.zero} + {offset}" if offset != "0" else self.zero
         offset = self.body.let(offset, "o")
         mask = _and(self.mask, index.mask)
@@ -414,8 +414,13 @@ def elementwise(n: Node, args: list[str], arg_dtypes: list[str]) -> str:
         Op.AND: f"{x} & {y}", Op.OR: f"{x} | {y}", Op.XOR: f"{x} ^ {y}",
     }  # fmt: skip
     if op in (Op.MAX, Op.MIN) and not is_int:
-        # NaN propagates, as in numpy and onnxruntime
+        # NaN propagates, as in numpy and onnxruntime (a literal is never NaN)
         pick = "tl.maximum" if op is Op.MAX else "tl.minimum"
+        if _is_number(x) and _is_number(y):
+            return f"{pick}({x}, {y})"
+        if _is_number(x) or _is_number(y):
+            v = y if _is_number(x) else x
+            return f"tl.where({v} != {v}, {v}, {pick}({x}, {y}))"
         return f"tl.where(({x} != {x}) | ({y} != {y}), {x} + {y}, {pick}({x}, {y}))"
     if op in binary:
         return binary[op]

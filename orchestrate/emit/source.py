@@ -10,6 +10,7 @@ programs, not with the block size.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -55,7 +56,7 @@ class KernelSource:
             lines += [f"    {k} = {v}" for k, v in self.constexprs.items()]
             consts = ", ".join(f"{k}={k}" for k in self.constexprs)
         lines += self.grid
-        call_args = ", ".join(f"env[{t!r}]" for t, _ in self.args)
+        call_args = ", ".join(f"env[{json.dumps(t)}]" for t, _ in self.args)
         sep = ", " if call_args and consts else ""
         lines.append(f"    {self.name}[grid]({call_args}{sep}{consts})")
         return "\n".join(lines) + "\n"
@@ -123,8 +124,8 @@ def module(kernels: list[KernelSource], title: str) -> str:
             if p not in extra:
                 extra.append(p)
     parts = ["\n".join(head)] + extra + [k.render() for k in kernels]
-    table = ["LAUNCHERS = {"] + [f"    {k.name!r}: launch_{k.name}," for k in kernels] + ["}"]
-    return "\n\n".join(p.rstrip("\n") for p in parts) + "\n\n\n" + "\n".join(table) + "\n"
+    table = ["LAUNCHERS = {"] + [f'    "{k.name}": launch_{k.name},' for k in kernels] + ["}"]
+    return "\n\n\n".join(p.rstrip("\n") for p in parts) + "\n\n\n" + "\n".join(table) + "\n"
 
 
 __all__ = ["KernelSource", "describe", "store", "module", "next_pow2", "math"]

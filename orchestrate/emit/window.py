@@ -1,0 +1,203 @@
+"""The window template: one POOL with an elementwise prologue and epilogue.
+
+One program per BLOCK output elements.  Each program maps its flat offsets
+to the output multi-index (n, c, *out), then walks the kernel window (one
+loop per spatial axis: ``tl.static_range`` when the window is small, a
+runtime ``range`` when it is large) and, at every tap, evaluates the
+prologue at the input position (n, c, *(out * stride - pad + tap * dilation))
+with a masked load.  Taps that fall in the pool's padding contribute the
+neutral value *after* the prologue: -inf for max, 0 for avg.  The window is
+accumulated in fp32 (max propagates NaN as numpy's ``np.maximum`` does; avg
+divides the window sum by the full kernel volume).  The epilogue then runs
+at the output index with the pooled value in registers, and every written
+tensor is stored under the output mask.
+
+Memory traffic: each output reads its whole window, but neighbouring
+windows share input elements, so the input comes from device memory about
+once (re-reads hit the cache); each output is written once.
+"""
+
+from __future__ import annotations
+
+import math
+
+from orchestrate.emit.codegen import Body, Evaluator, Index, Pointers, paren, split_linear
+from orchestrate.emit.source import KernelSource, describe, next_pow2, store
+from orchestrate.ir import Graph, Op
+from orchestrate.kernels.templates import WINDOW, Kernel
+
+MAX_BLOCK = 512  # output elements per program on a GPU
+INTERPRET_BLOCK = 1 << 14  # ... and in the interpreter (fewer, wider programs)
+# windows with more taps than this loop at runtime instead of being unrolled
+UNROLL_LIMIT = 64
+
+_TAP_NAMES = {1: ("kx",), 2: ("ky", "kx"), 3: ("kz", "ky", "kx")}
+
+
+def window(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> KernelSource:
+    if k.template != WINDOW or k.anchor is None:
+        raise AssertionError(f"{name}: the window generator got a {k.template} kernel")
+    pool = graph.producer[k.anchor]
+    if pool.op is not Op.POOL or pool.attrs["kind"] not in ("max", "avg"):
+        raise AssertionError(f"{name}: anchor {pool.name} is not a max/avg pool")
+    epilogue = _downstream(graph, pool.name, set(k.nodes))
+    prologue = set(k.nodes) - epilogue - {pool.name}
+    bad = [t for t in writes if t != pool.name and t not in epilogue]
+    if bad:
+        raise AssertionError(f"{name}: {bad[0]} is not the pool or its epilogue: cannot store it")
+
+    x = pool.inputs[0]
+    x_shape = graph.types[x].shape
+    spatial = len(x_shape) - 2
+    if spatial not in _TAP_NAMES:
+        raise NotImplementedError(f"{name}: {spatial}-D pooling (1-D, 2-D and 3-D are supported)")
+    a = pool.attrs
+    kernel, strides, dil, pads = a["kernel"], a["strides"], a["dilations"], a["pads"]
+    volume = math.prod(kernel)
+    numel = math.prod(k.space)
+    largest = max([numel] + [graph.types[t].size for t in k.inputs])
+
+    body = Body()
+    pointers = Pointers()
+    body.comment("map the program id to a block of output elements")
+    body.raw("pid = tl.program_id(0)")
+    body.raw("offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)" if largest >= 2**31
+             else "offs = pid * BLOCK + tl.arange(0, BLOCK)")  # fmt: skip
+    body.raw(f"mask = offs < {numel}")
+    body.comment(f"multi-index (n, c, *out) into the output {list(k.space)}")
+    out = split_linear(body, "offs", k.space)
+    body.comment("first input position of each window per axis (negative inside the padding)")
+    corner = []
+    for i in range(spatial):
+        # block-shaped even on an output axis of size 1, so every tap's load
+        # offset (and pointer) has the shape of its mask
+        o = _mul(out[2 + i], strides[i])
+        corner.append(body.let(_sub("offs * 0" if o == "0" else o, pads[i]), "h"))
+
+    is_max = pool.attrs["kind"] == "max"
+    if is_max:
+        body.raw('acc = tl.full([BLOCK], float("-inf"), tl.float32)')
+    else:
+        body.raw("acc = tl.zeros([BLOCK], dtype=tl.float32)")
+    unrolled = volume <= UNROLL_LIMIT
+    loop = "tl.static_range" if unrolled else "range"
+    body.comment(
+        f"window {'x'.join(map(str, kernel))}"
+        + (f" (dilation {'x'.join(map(str, dil))})" if any(d != 1 for d in dil) else "")
+        + (", unrolled" if unrolled else f": {volume} taps, looped at runtime")
+    )
+
+    levels, pos, tap_mask = _loops(body, pool, x_shape, k.space, corner, loop)
+    inner = levels[-1]
+    ev = Evaluator(graph, prologue, inner, pointers, mask="mask", zero="offs * 0")
+    dims = (out[0], out[1], *pos)
+    neutral = 'float("-inf")' if is_max else "0.0"
+    inner.comment(
+        ("evaluate the prologue at the tap" if prologue else "load the tap")
+        + (f"; padding taps count as {'-inf' if is_max else '0'}" if tap_mask else "")
+        + (" after the prologue" if tap_mask and prologue else "")
+    )
+    v = ev.value(x, Index(dims, tap_mask))
+    if not v.isidentifier():  # a literal (size-1 constant input): make it a block
+        v = inner.let(f"tl.full([BLOCK], {v}, tl.float32)", "v")
+    if tap_mask is not None:
+        v = inner.let(f"tl.where({tap_mask}, {v}, {neutral})", "v")
+    if is_max:
+        inner.raw(
+            f"acc = tl.where(({v} > acc) | ({v} != {v}), {v}, acc)  # NaN wins, as np.maximum"
+        )
+    else:
+        inner.raw(f"acc += {v}")
+    for parent, child in reversed(list(zip(levels, levels[1:]))):
+        parent.lines += child.lines
+
+    if is_max:
+        pooled = "acc"
+    else:
+        body.comment(f"the average divides by the full window ({volume} taps), padding included")
+        pooled = body.let(f"acc / {float(volume)!r}", "pooled")
+    ev_out = Evaluator(graph, epilogue, body, pointers, mask="mask", zero="offs * 0")
+    out_index = Index(out)
+
+    def provide(index: Index) -> str:
+        if index.dims != out:
+            raise AssertionError(f"{name}: epilogue reads {pool.name} off the output index")
+        return pooled
+
+    ev_out.provided[pool.name] = provide
+    if epilogue:
+        body.comment("epilogue at the output index")
+    results = {t: ev_out.value(t, out_index) for t in writes}
+    body.comment("store")
+    for t in writes:
+        store(body, graph, pointers, t, "offs", results[t], "mask")
+
+    block = min(MAX_BLOCK, next_pow2(numel))
+    doc = describe(graph, k, writes)
+    doc[1:1] = [
+        f"  {pool.attrs['kind']} pool: kernel {list(kernel)}, strides {list(strides)}, "
+        f"pads {list(pads)}, dilations {list(dil)}",
+        f"  {volume} loads per output; overlapping windows re-read the input from cache",
+    ]
+    return KernelSource(
+        name=name,
+        doc=doc,
+        args=list(pointers.items()),
+        constexprs={"BLOCK": block},
+        interpret_constexprs={"BLOCK": min(INTERPRET_BLOCK, max(block, next_pow2(numel)))},
+        body=body.lines,
+        grid=[f"    grid = (triton.cdiv({numel}, BLOCK),)"],
+    )
+
+
+def _loops(body: Body, pool, x_shape, out_shape, corner: list[str], loop: str):
+    """Open one loop per spatial axis with more than one tap; each axis's
+    input position and bounds check is computed at its own loop level.
+    Returns the bodies (outermost first), the positions and the tap mask
+    (None when no tap can fall in the padding)."""
+    a = pool.attrs
+    kernel, strides, dil, pads = a["kernel"], a["strides"], a["dilations"], a["pads"]
+    levels = [body]
+    pos, inside = [], []
+    for i, tap in enumerate(_TAP_NAMES[len(kernel)]):
+        b = levels[-1]
+        size = x_shape[2 + i]
+        if kernel[i] > 1:
+            b.raw(f"for {tap} in {loop}({kernel[i]}):")
+            b = b.fork(b.indent + "    ")
+            levels.append(b)
+            h = b.let(f"{corner[i]} + {_mul(tap, dil[i])}", "h")
+        else:
+            h = corner[i]
+        pos.append(h)
+        # positions read on this axis run from -pads[i] to `last`
+        last = (out_shape[2 + i] - 1) * strides[i] - pads[i] + (kernel[i] - 1) * dil[i]
+        conds = ([f"{h} >= 0"] if pads[i] > 0 else []) + ([f"{h} < {size}"] if last >= size else [])
+        if len(conds) > 1:
+            conds = [" & ".join(f"({c})" for c in conds)]
+        if conds:
+            inside.append(b.let(conds[0], "m"))
+    inner = levels[-1]
+    tap_mask = inner.let(" & ".join(map(paren, inside)), "m") if inside else None
+    return levels, pos, tap_mask
+
+
+def _downstream(graph: Graph, start: str, inside: set[str]) -> set[str]:
+    out: set[str] = set()
+    stack = [start]
+    while stack:
+        for c in graph.consumers.get(stack.pop(), ()):
+            if c.name in inside and c.name not in out:
+                out.add(c.name)
+                stack.append(c.name)
+    return out
+
+
+def _mul(e: str, k: int) -> str:
+    if e == "0" or k == 0:
+        return "0"
+    return e if k == 1 else f"{paren(e)} * {k}"
+
+
+def _sub(e: str, k: int) -> str:
+    return f"{e} - {k}" if k else e
