@@ -1,0 +1,278 @@
+"""The conv template: a convolution as an implicit GEMM, per group.
+
+    y[n, g*Mg + m, *o] = sum over (c, *kd) of
+        x[n, g*Cg + c, *(o * stride - pad_begin + kd * dilation)] * w[g*Mg + m, c, *kd]
+
+seen as one GEMM per group g (grid axis 1):
+
+* GEMM-M: the output pixels (n, *o), N * prod(out spatial) rows;
+* GEMM-N: the group's Mg = M / group output channels;
+* GEMM-K: (c, *kd), Cg * kernel volume, walked in BLOCK_K steps.
+
+The A tile is gathered from x: each (row, column) pair names an input pixel,
+masked where it falls into the padding.  The B tile is the weight viewed as
+(M, Cg * kernel volume), read transposed.  Accumulation is fp32 (``tl.dot``
+with ``input_precision="ieee"`` for fp32, plain fp16 tensor-core dots for
+fp16).  The aligned elementwise epilogue (bias, BN scale/shift, ReLU,
+residual add, ...) is evaluated on the accumulator at the output multi-index
+(n, channel, *o) and every written value is stored to the NCHW output.
+
+Memory traffic: x is read once per column of tiles (each input pixel is
+gathered by up to kernel-volume rows; those re-reads hit L1/L2), the weight
+once per row of tiles, epilogue inputs once, outputs written once.
+"""
+
+from __future__ import annotations
+
+import math
+
+from orchestrate.emit.codegen import Body, Evaluator, Index, Pointers
+from orchestrate.emit.matmul import (
+    GROUP_M,
+    INTERPRET_BLOCK,
+    MAX_GRID_AXIS1,
+    MIN_DOT,
+    WIDE,
+    clamp_pow2,
+    drop_unused,
+    grouped_tile,
+)
+from orchestrate.emit.source import KernelSource, describe, store
+from orchestrate.ir import Graph, Op
+from orchestrate.kernels.templates import CONV, Kernel
+
+# tile sizes on a GPU: output pixels x output channels x reduction
+BLOCK_M, BLOCK_N, BLOCK_K = 64, 64, 32
+# the interpreter pays per program and per loop step: many output pixels per tile
+INTERPRET_BLOCK_M = 1024
+
+AXES = {1: ("w",), 2: ("h", "w"), 3: ("d", "h", "w")}
+
+
+def conv(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> KernelSource:
+    if k.template != CONV or k.anchor is None:
+        raise AssertionError(f"{name}: not a conv kernel ({k.template})")
+    cv = graph.producer[k.anchor]
+    if cv.op is not Op.CONV:
+        raise AssertionError(f"{name}: anchor {k.anchor} is {cv.op.value}, not conv")
+    x_name, w_name = cv.inputs
+    x_t, w_t = graph.types[x_name], graph.types[w_name]
+    dtype = x_t.dtype
+    if dtype not in ("float32", "float16"):
+        raise NotImplementedError(f"{name}: conv of {dtype} tensors")
+    for t in writes:
+        if graph.types[t].shape != cv.shape:
+            raise AssertionError(f"{name}: output {t} is not aligned with {k.anchor}")
+    nb, c, *in_sp = x_t.shape
+    m, cg, *kern = w_t.shape
+    out_sp = list(cv.shape[2:])
+    nd = len(in_sp)
+    groups = cv.attrs["group"]
+    strides, pads, dil = cv.attrs["strides"], cv.attrs["pads"], cv.attrs["dilations"]
+    mg = m // groups
+    if groups > MAX_GRID_AXIS1:
+        raise NotImplementedError(f"{name}: {groups} groups exceed grid axis 1")
+    axes = AXES.get(nd) or tuple(f"s{i}" for i in range(nd))
+    kvol = math.prod(kern)
+    gemm_m, gemm_n, gemm_k = nb * math.prod(out_sp), mg, cg * kvol
+    in_vol, out_vol = math.prod(in_sp), math.prod(out_sp)
+    wide = any(graph.types[t].size >= WIDE for t in set(k.inputs) | set(k.nodes))
+    wid = ".to(tl.int64)" if wide else ""
+    itype = "tl.int64" if wide else "tl.int32"
+
+    body = Body()
+    pointers = Pointers()
+    inside = set(k.nodes)
+    geometry = ", ".join(
+        f"{a}: k={kern[i]} stride={strides[i]} pad=({pads[i]}, {pads[i + nd]}) dilation={dil[i]}"
+        for i, a in enumerate(axes)
+    )
+    body.comment(
+        f"y{list(cv.shape)} = conv(x{list(x_t.shape)}, w{list(w_t.shape)}), group {groups}; "
+        + geometry
+    )
+    body.comment(
+        f"implicit GEMM per group: [{gemm_m} pixels, {gemm_k}] @ [{gemm_k}, {gemm_n} channels]"
+    )
+    grouped_tile(body, gemm_m, gemm_n)
+    body.raw(f"grp = tl.program_id(1){wid}")
+    body.comment("rows: output pixels (n, *o); columns: output channels of the group")
+    body.raw(f"rm = pid_m{wid} * BLOCK_M + tl.arange(0, BLOCK_M)")
+    body.raw(f"rn = pid_n{wid} * BLOCK_N + tl.arange(0, BLOCK_N)")
+    body.raw(f"mask_m = rm < {gemm_m}")
+    body.raw(f"mask_n = rn < {gemm_n}")
+    # output pixel of each row
+    n_img = _split(body, "rm", "n_img", out_vol, nb, outer=True)
+    o = [
+        _split(
+            body, "rm", f"o_{a}", math.prod(out_sp[i + 1 :]), out_sp[i], outer=nb == 1 and i == 0
+        )
+        for i, a in enumerate(axes)
+    ]
+    body.raw(f"co = {_scale('grp', mg)} + rn" if groups > 1 else "co = rn")
+    body.comment("first input position of each row's window")
+    start = []
+    for i, a in enumerate(axes):
+        if o[i] == "0":
+            start.append(str(-pads[i]))
+            continue
+        e = o[i] if strides[i] == 1 else f"{o[i]} * {strides[i]}"
+        start.append(_let(body, f"i0_{a}", f"{e} - {pads[i]}" if pads[i] else e))
+    body.raw(f"zero_a = tl.zeros((BLOCK_M, BLOCK_K), dtype={itype})")
+    body.raw("acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
+
+    # -- K loop: gather the A tile, load the B tile ------------------------------
+    body.comment(f"walk GEMM-K = (c, *kd) = {gemm_k} in BLOCK_K steps")
+    body.raw(f"for k0 in range(0, {gemm_k}, BLOCK_K):")
+    loop = body.fork(body.indent + "    ")
+    loop.raw(
+        f"rk = (k0 + tl.arange(0, BLOCK_K)){wid}" if wide else "rk = k0 + tl.arange(0, BLOCK_K)"
+    )
+    loop.raw(f"mask_k = rk < {gemm_k}")
+    ci = _split(loop, "rk", "c_in", kvol, cg, outer=True)
+    kd = [
+        _split(loop, "rk", f"k_{a}", math.prod(kern[i + 1 :]), kern[i], outer=cg == 1 and i == 0)
+        for i, a in enumerate(axes)
+    ]
+    loop.comment("input pixel of each (row, column); masked where it is padding")
+    conds = ["mask_m[:, None]", "mask_k[None, :]"]
+    terms = []
+    if nb > 1:
+        terms.append(f"{n_img}[:, None] * {c * in_vol}")
+    if groups > 1:
+        terms.append(_scale("grp", cg * in_vol))
+    if ci != "0":
+        terms.append(_scale(f"{ci}[None, :]", in_vol))
+    for i, a in enumerate(axes):
+        parts = [p for p in (_row(start[i]), _col(kd[i], dil[i])) if p != "0"]
+        if not parts:
+            pos = "0"
+        elif len(parts) == 1 and _is_number(parts[0]):
+            pos = parts[0]
+        else:
+            pos = _let(loop, f"i_{a}", " + ".join(parts))
+        last = (out_sp[i] - 1) * strides[i] - pads[i] + (kern[i] - 1) * dil[i]
+        if _is_number(pos):
+            if not 0 <= int(pos) < in_sp[i]:
+                conds.append("(zero_a != 0)")  # this axis reads only padding
+        else:
+            if pads[i]:
+                conds.append(f"({pos} >= 0)")
+            if last >= in_sp[i]:
+                conds.append(f"({pos} < {in_sp[i]})")
+        inner = math.prod(in_sp[i + 1 :])
+        if _is_number(pos):
+            if pos != "0":
+                terms.append(str(int(pos) * inner))
+        else:
+            terms.append(_scale(pos, inner))
+    loop.raw("mask_a = " + " & ".join(conds))
+    loop.raw("mask_b = mask_k[:, None] & mask_n[None, :]")
+    x_ptr, w_ptr = pointers.get(x_name), pointers.get(w_name)
+    offset = " + ".join(["zero_a", *terms]).replace("+ -", "- ")
+    loop.raw(f"a = tl.load({x_ptr} + {offset}, mask=mask_a, other=0.0)")
+    loop.raw(f"b = tl.load({w_ptr} + co[None, :] * {gemm_k} + rk[:, None], mask=mask_b, other=0.0)")
+    if dtype == "float16":
+        loop.raw("acc += tl.dot(a, b)  # fp16 tensor cores, fp32 accumulation")
+    else:
+        loop.raw('acc += tl.dot(a, b, input_precision="ieee")')
+    body.lines += loop.lines
+
+    # -- epilogue on the accumulator ----------------------------------------
+    body.comment("epilogue on the accumulator tile at the output index (n, channel, *o)")
+    body.raw("mask_c = mask_m[:, None] & mask_n[None, :]")
+    body.raw(f"zero_c = tl.zeros((BLOCK_M, BLOCK_N), dtype={itype})")
+    dims = (_row(n_img), "co[None, :]") + tuple(_row(e) for e in o)
+    out_index = Index(dims, "mask_c")
+    ev = Evaluator(graph, inside, body, pointers, zero="zero_c", broadcast_all=True)
+    ev.provided[k.anchor] = lambda index: _accumulator(index, out_index, name)
+    results = {t: ev.value(t, out_index) for t in writes}
+    body.comment(f"NCHW offsets: n * {m * out_vol} + channel * {out_vol} + pixel")
+    row = []
+    if nb > 1:
+        row.append(f"{n_img} * {m * out_vol}")
+    if out_vol > 1:
+        row.append("rm" if nb == 1 else f"rm % {out_vol}")
+    row_e = f"{_row(' + '.join(row))} + " if row else "zero_c + "
+    body.raw(f"offs_c = {row_e}{_scale('co[None, :]', out_vol)}")
+    for t in writes:
+        store(body, graph, pointers, t, "offs_c", results[t], "mask_c")
+
+    gpu = {
+        "BLOCK_M": clamp_pow2(gemm_m, MIN_DOT, BLOCK_M),
+        "BLOCK_N": clamp_pow2(gemm_n, MIN_DOT, BLOCK_N),
+        "BLOCK_K": clamp_pow2(gemm_k, MIN_DOT, BLOCK_K),
+    }
+    fast = {
+        "BLOCK_M": clamp_pow2(gemm_m, MIN_DOT, INTERPRET_BLOCK_M),
+        "BLOCK_N": clamp_pow2(gemm_n, MIN_DOT, INTERPRET_BLOCK),
+        "BLOCK_K": clamp_pow2(gemm_k, MIN_DOT, INTERPRET_BLOCK),
+    }
+    doc = describe(graph, k, writes) + [
+        f"  traffic: each input pixel is gathered by up to {kvol} rows of a tile and x by "
+        f"{math.ceil(gemm_n / gpu['BLOCK_N'])} column(s) of tiles,",
+        f"  w by {math.ceil(gemm_m / gpu['BLOCK_M'])} row(s) of tiles: re-reads hit L1/L2; "
+        "epilogue inputs read once, outputs written once.",
+    ]
+    return KernelSource(
+        name=name,
+        doc=doc,
+        args=list(pointers.items()),
+        constexprs={**gpu, "GROUP_M": GROUP_M},
+        interpret_constexprs=fast,
+        body=drop_unused(body.lines, ("zero_c",)),
+        grid=[
+            f"    grid = (triton.cdiv({gemm_m}, BLOCK_M) * triton.cdiv({gemm_n}, BLOCK_N), "
+            f"{groups})",
+        ],
+    )
+
+
+def _split(body: Body, linear: str, name: str, inner: int, size: int, outer: bool = False) -> str:
+    """The component of a row-major ``linear`` index with inner volume ``inner``
+    (``outer``: the outermost one, no modulo; masked lanes may run past it)."""
+    if size == 1:
+        return "0"
+    e = linear if inner == 1 else f"{linear} // {inner}"
+    if not outer:
+        e = f"({e}) % {size}" if inner != 1 else f"{e} % {size}"
+    return _let(body, name, e)
+
+
+def _let(body: Body, name: str, expr: str) -> str:
+    if expr.isidentifier() or _is_number(expr):
+        return expr
+    body.raw(f"{name} = {expr}")
+    return name
+
+
+def _is_number(e: str) -> bool:
+    try:
+        int(e)
+        return True
+    except ValueError:
+        return False
+
+
+def _row(e: str) -> str:
+    """A per-row vector (or literal) as a (BLOCK_M, 1) column."""
+    if _is_number(e):
+        return e
+    return f"{e}[:, None]" if e.isidentifier() else f"({e})[:, None]"
+
+
+def _col(e: str, scale: int) -> str:
+    """A per-column vector (or literal) times ``scale`` as a (1, BLOCK_K) row."""
+    if _is_number(e):
+        return str(int(e) * scale)
+    return _scale(f"{e}[None, :]", scale)
+
+
+def _scale(e: str, k: int) -> str:
+    return e if k == 1 else f"{e} * {k}"
+
+
+def _accumulator(index: Index, expected: Index, name: str) -> str:
+    if index.dims != expected.dims:
+        raise AssertionError(f"{name}: the epilogue reads the accumulator at {index.dims}")
+    return "acc"
