@@ -1,0 +1,527 @@
+"""The row-reduce template: reductions over the same axes, with prologue and epilogue.
+
+The reduced input X (``k.space``) is viewed as a matrix: a *row* is one
+position of X's non-reduced dimensions, its *columns* are the positions of
+the reduced ones (which need not be the last or contiguous: softmax over axis
+1 of NCHW works the same).  The X multi-index of an element is built back
+from (row, column) by splitting the row over the kept dimensions and the
+column over the reduced ones, so every load and store is plain index
+arithmetic (see codegen.py).
+
+Each node of the kernel lives in one of two spaces:
+
+* full space (shape X): the prologue before a reduction (``exp(x - max)``)
+  and the epilogue after one (``(x - mean) * rstd * gamma + beta``);
+* row space (one value per row): the reductions themselves and elementwise
+  or reshape nodes of row values (``mean = sum / n``, ``1 / sqrt(var + eps)``).
+  A full-space node reads a row value in keepdims form, i.e. broadcast
+  along the row; a row value sits at linear position ``row`` whatever its
+  shape (keepdims or squeezed), so row outputs are stored at the row index.
+
+Reductions that read a value depending on an earlier reduction (softmax's
+sum of ``exp(x - max)``, layernorm's variance) form dependent *phases*.
+
+Two forms, chosen by ``roofline.SINGLE_PASS_ROW``:
+
+* single pass (short rows): a [BLOCK_ROWS, BLOCK_COLS] block per program
+  holds whole rows; every input is loaded once, each phase reduces along
+  axis 1 into [BLOCK_ROWS, 1] row values, the epilogue is computed from the
+  same registers.  Memory traffic: read each input once, write each output
+  once.
+* looped (long rows): one loop over column blocks per phase, accumulating
+  block-shaped partial results (sum, product, max/min, (value, index) for
+  arg-max) that are reduced once after the loop; the prologue is reloaded
+  and recomputed in every phase, and a last loop computes and stores the
+  full-space outputs that need the last phase.  Memory traffic: read the
+  inputs once per loop (phases, plus the epilogue loop when needed), write
+  each output once.
+
+NaN propagates as in numpy: ``tl.max``/``tl.min`` may return the non-NaN
+operand, so max/min reductions also reduce a NaN flag; arg-max/arg-min use
+their own combine function (NaN is the extreme value, ties go to the first
+index, or the last with ``select_last_index``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from orchestrate import ir
+from orchestrate.cost import roofline
+from orchestrate.emit.codegen import (
+    TL_DTYPE,
+    Body,
+    Evaluator,
+    Index,
+    Pointers,
+    compute_dtype,
+    linearise,
+    literal,
+    split_linear,
+)
+from orchestrate.emit.source import KernelSource, describe, next_pow2, store
+from orchestrate.ir import Graph, Node, Op
+from orchestrate.kernels.templates import ROW_REDUCTIONS, Kernel, reduce_axes
+
+# elements per program in the single-pass form (multiple short rows per program)
+SINGLE_PASS_TILE = 4096
+# columns per loop iteration in the looped form
+LOOP_BLOCK = 2048
+# the interpreter's cost grows with the number of programs and loop
+# iterations, not with the block size: much bigger blocks there
+INTERPRET_TILE = 1 << 16
+INTERPRET_LOOP_BLOCK = 1 << 14
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The structure of a row-reduce kernel, re-derived from its nodes."""
+
+    x: tuple[int, ...]  # the reduced input's shape (the iteration space)
+    axes: tuple[int, ...]  # the reduced axes
+    rows: int  # number of rows: product of the kept dimensions
+    length: int  # row length: product of the reduced dimensions
+    reductions: tuple[Node, ...]
+    row_space: frozenset[str]  # reductions and the nodes computed on row values
+    depth: dict[str, int]  # how many dependent reductions a value needs
+    phases: int
+
+    @property
+    def keep(self) -> tuple[int, ...]:
+        return tuple(1 if i in self.axes else d for i, d in enumerate(self.x))
+
+    @property
+    def cols_shape(self) -> tuple[int, ...]:
+        return tuple(self.x[a] for a in self.axes)
+
+
+def row_reduce(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> KernelSource:
+    info = _analyse(graph, k, writes, name)
+    gen = _Generator(graph, k, info, writes, name)
+    looped = info.length > roofline.SINGLE_PASS_ROW
+    if looped:
+        gen.looped()
+    else:
+        gen.single_pass()
+    gen.store_rows()
+    return gen.source(looped)
+
+
+# ---------------------------------------------------------------------------
+# structure
+
+
+def _analyse(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> _Rows:
+    inside = set(k.nodes)
+    nodes = [graph.producer[n] for n in k.nodes]
+    reductions = tuple(n for n in nodes if n.op in ROW_REDUCTIONS)
+    if not reductions:
+        raise AssertionError(f"{name}: a row-reduce kernel without a reduction")
+    x = graph.types[reductions[0].inputs[0]].shape
+    axes = reduce_axes(reductions[0])
+    for r in reductions:
+        if graph.types[r.inputs[0]].shape != x or reduce_axes(r) != axes:
+            raise AssertionError(f"{name}: {r.name} reduces other rows than {reductions[0].name}")
+    if x != tuple(k.space):
+        raise AssertionError(f"{name}: iteration space {k.space} is not the reduced shape {x}")
+    rows = math.prod(d for i, d in enumerate(x) if i not in axes)
+    length = math.prod(x[a] for a in axes)
+    if length >= 2**31:
+        raise NotImplementedError(f"{name}: rows of {length} elements (int32 column indices)")
+    row_space: set[str] = set()
+    depth: dict[str, int] = {}
+    for n in nodes:
+        ins = [i for i in n.inputs if i in inside]
+        d = max((depth[i] for i in ins), default=0)
+        if n.op in ROW_REDUCTIONS:
+            row_space.add(n.name)
+            depth[n.name] = d + 1
+            continue
+        depth[n.name] = d
+        if ins and all(i in row_space for i in ins) and math.prod(n.shape) == rows:
+            row_space.add(n.name)
+        elif n.shape != x:
+            raise AssertionError(f"{name}: {n.name} {list(n.shape)} is in neither space")
+    for t in writes:
+        if t not in inside:
+            raise AssertionError(f"{name}: writes {t}, which it does not compute")
+        if t not in row_space and graph.types[t].shape != x:
+            raise AssertionError(f"{name}: output {t} is neither a row value nor shaped {x}")
+    phases = max(depth[r.name] for r in reductions)
+    return _Rows(x, axes, rows, length, reductions, frozenset(row_space), depth, phases)
+
+
+def _neutral(op: Op, dtype: str) -> str:
+    """The identity of reduction ``op`` over values of ``dtype`` (a literal)."""
+    if op is Op.SUM:
+        return literal(0, dtype)
+    if op is Op.PROD:
+        return literal(1, dtype)
+    smallest = op in (Op.RMAX, Op.ARGMAX)
+    if dtype in ir.FLOATS:
+        return literal(-np.inf if smallest else np.inf, dtype)
+    info = np.iinfo(dtype)
+    return literal(info.min if smallest else info.max, dtype)
+
+
+def _arg_helper(op: Op, last: bool) -> tuple[str, str]:
+    """(name, source) of the combine function of an arg-max / arg-min."""
+    kind = "argmax" if op is Op.ARGMAX else "argmin"
+    name = f"_{kind}_{'last' if last else 'first'}"
+    cmp = ">" if op is Op.ARGMAX else "<"
+    src = f"""@triton.jit
+def {name}(v1, i1, v2, i2):
+    # numpy's {kind}: NaN wins over any number; ties go to the {"last" if last else "first"} index
+    n1 = v1 != v1
+    n2 = v2 != v2
+    wins = (v1 {cmp} v2) | (n1 & ~n2)
+    tie = ((v1 == v2) | (n1 & n2)) & (i1 {">" if last else "<"} i2)
+    pick = wins | tie
+    return tl.where(pick, v1, v2), tl.where(pick, i1, i2)
+"""
+    return name, src
+
+
+_NAN_HELPERS = """@triton.jit
+def _row_max(x):
+    # max along axis 1; tl.max may drop NaN, numpy's max propagates it
+    m = tl.max(x, axis=1, keep_dims=True)
+    nan = tl.max((x != x).to(tl.int32), axis=1, keep_dims=True)
+    return tl.where(nan > 0, float("nan"), m)
+
+
+@triton.jit
+def _row_min(x):
+    m = tl.min(x, axis=1, keep_dims=True)
+    nan = tl.max((x != x).to(tl.int32), axis=1, keep_dims=True)
+    return tl.where(nan > 0, float("nan"), m)
+
+
+@triton.jit
+def _maximum_nan(a, b):
+    return tl.where((a != a) | (b != b), a + b, tl.maximum(a, b))
+
+
+@triton.jit
+def _minimum_nan(a, b):
+    return tl.where((a != a) | (b != b), a + b, tl.minimum(a, b))
+"""
+
+
+class _FullEvaluator(Evaluator):
+    """Evaluates full-space nodes; a tensor that a reduction reads directly
+    is loaded with that reduction's neutral ``other=``."""
+
+    def __init__(self, *args, others: dict[str, str], base: tuple[str, ...], **kw):
+        super().__init__(*args, **kw)
+        self.others = others
+        self.base = base
+        self.neutral_loads: set[str] = set()  # loads whose masked-out lanes are neutral
+
+    def load(self, name: str, index: Index) -> str:
+        other = self.others.get(name)
+        if other is None or index.dims != self.base or index.mask is not None:
+            return super().load(name, index)
+        t = self.graph.types[name]
+        offset = linearise(index.dims, t.shape, self.body)
+        if offset == "0":  # a one-element tensor: the pointer needs the block's shape
+            return super().load(name, index)
+        offset = self.body.let(offset, "o")
+        ptr = self.pointers.get(name)
+        expr = f"tl.load({ptr} + {offset}, mask={self.mask}, other={other})"
+        if t.dtype == "float16":
+            expr += ".to(tl.float32)"
+        v = self.body.let(expr, "x")
+        self.neutral_loads.add(v)
+        return v
+
+
+# ---------------------------------------------------------------------------
+# generation
+
+
+class _Generator:
+    def __init__(self, graph: Graph, k: Kernel, info: _Rows, writes, name: str):
+        self.graph, self.k, self.info, self.writes, self.name = graph, k, info, writes, name
+        self.inside = set(k.nodes)
+        self.body = Body()
+        self.pointers = Pointers()
+        self.prelude: list[str] = []
+        self.row_vars: dict[str, str] = {}  # reduction -> its [BLOCK_ROWS, 1] value
+        b = self.body
+        wide = math.prod(info.x) >= 2**31
+        b.comment(f"{info.rows} rows of {info.length}: BLOCK_ROWS rows per program")
+        b.raw("pid = tl.program_id(0)")
+        start = "pid.to(tl.int64) * BLOCK_ROWS" if wide else "pid * BLOCK_ROWS"
+        b.raw(f"rows = {start} + tl.arange(0, BLOCK_ROWS)[:, None]")
+        b.raw(f"row_mask = rows < {info.rows}")
+        at = len(b.lines)
+        self.keep_dims = split_linear(b, "rows", info.keep)
+        if len(b.lines) > at:
+            b.lines.insert(at, f"{b.indent}# index of each row into the kept dimensions")
+        self.row_ev = Evaluator(graph, self.inside, b, self.pointers, mask="row_mask",
+                                zero="rows * 0")  # fmt: skip
+        for r in info.reductions:
+            self.row_ev.provided[r.name] = self._reduction_reader(r.name)
+        # a tensor read directly by a reduction is loaded with its neutral value
+        self.others: dict[str, str] = {}
+        for r in info.reductions:
+            src = r.inputs[0]
+            const = graph.constants.get(src)
+            if src not in self.inside and not (const is not None and const.size == 1):
+                self.others.setdefault(src, self._neutral_of(r))
+
+    # -- row values ---------------------------------------------------------
+
+    def _reduction_reader(self, red: str):
+        def read(index: Index) -> str:
+            self._check_row_position(red, index)
+            if red not in self.row_vars:
+                raise AssertionError(f"{self.name}: {red} is read before it is reduced")
+            return self.row_vars[red]
+
+        return read
+
+    def _check_row_position(self, tensor: str, index: Index) -> None:
+        shape = self.graph.types[tensor].shape
+        if self.info.rows == 1 or linearise(index.dims, shape, self.body) == "rows":
+            return
+        if index.dims != split_linear(self.body, "rows", shape):
+            raise NotImplementedError(
+                f"{self.name}: row value {tensor} is read at another row's position"
+            )
+
+    def row_value(self, tensor: str) -> str:
+        """The [BLOCK_ROWS, 1] value of row-space ``tensor`` (computed once)."""
+        shape = self.graph.types[tensor].shape
+        index = Index(split_linear(self.body, "rows", shape))
+        return self.row_ev.value(tensor, index)
+
+    def _keep_reader(self, tensor: str):
+        """A full-space node reads row value ``tensor`` broadcast along its row."""
+
+        def read(index: Index) -> str:
+            if index.dims != self.keep_dims:
+                raise NotImplementedError(
+                    f"{self.name}: {tensor} is read through a layout op that moves "
+                    "elements across rows; not supported in a row-reduce kernel"
+                )
+            return self.row_value(tensor)
+
+        return read
+
+    # -- full space ---------------------------------------------------------
+
+    def columns(self, body: Body, start: str | None) -> Index:
+        """Emit the column indices of a block and the X multi-index."""
+        info = self.info
+        first = f"{start} + " if start else ""
+        body.raw(f"cols = {first}tl.arange(0, BLOCK_COLS)[None, :]")
+        body.raw(f"mask = row_mask & (cols < {info.length})")
+        col_dims = iter(split_linear(body, "cols", info.cols_shape, "j"))
+        dims = tuple(next(col_dims) if i in info.axes else d for i, d in enumerate(self.keep_dims))
+        n = len(info.x)
+        if info.axes == tuple(range(n - len(info.axes), n)) and info.rows > 1:
+            # reduced axes last: rows are contiguous
+            body.linear_of[(dims, info.x)] = f"rows * {info.length} + cols"
+        return Index(dims)
+
+    def full_evaluator(self, body: Body, index: Index) -> _FullEvaluator:
+        ev = _FullEvaluator(self.graph, self.inside, body, self.pointers, mask="mask",
+                            zero="rows * 0", others=self.others, base=index.dims)  # fmt: skip
+        for t in self.info.row_space:
+            ev.provided[t] = self._keep_reader(t)
+        return ev
+
+    def reduced_input(self, ev: _FullEvaluator, body: Body, red: Node, index: Index) -> str:
+        """The reduction's input over the block, masked-out columns neutral."""
+        src = red.inputs[0]
+        v = ev.value(src, index)
+        if v in ev.neutral_loads and self.others[src] == self._neutral_of(red):
+            return v  # loaded with other=neutral
+        return body.let(f"tl.where(mask, {v}, {self._neutral_of(red)})", "v")
+
+    def _neutral_of(self, red: Node) -> str:
+        return _neutral(red.op, self._dtype(red))
+
+    def _dtype(self, red: Node) -> str:
+        return compute_dtype(self.graph.types[red.inputs[0]].dtype)
+
+    def _is_float(self, red: Node) -> bool:
+        return self._dtype(red) in ir.FLOATS
+
+    def _helper(self, src: str) -> None:
+        if src not in self.prelude:
+            self.prelude.append(src)
+
+    def _arg(self, red: Node) -> tuple[str, str]:
+        """(combine function, masked-out index) of an arg-max / arg-min."""
+        last = bool(red.attrs["select_last_index"])
+        fn, src = _arg_helper(red.op, last)
+        self._helper(src)
+        return fn, ("-1" if last else str(2**31 - 1))
+
+    def store_full(self, ev: Evaluator, body: Body, index: Index, tensors) -> None:
+        if not tensors:
+            return
+        body.comment("compute and store the full-space outputs")
+        offset = body.let(linearise(index.dims, self.info.x, body), "o")
+        for t in tensors:
+            store(body, self.graph, self.pointers, t, offset, ev.value(t, index), "mask")
+
+    def _full_writes(self, depth: int | None = None) -> list[str]:
+        return [t for t in self.writes if t not in self.info.row_space
+                and (depth is None or self.info.depth[t] == depth)]  # fmt: skip
+
+    def _phase(self, p: int) -> list[Node]:
+        return [r for r in self.info.reductions if self.info.depth[r.name] == p]
+
+    # -- single pass --------------------------------------------------------
+
+    def single_pass(self) -> None:
+        b = self.body
+        b.comment("the whole row at once")
+        index = self.columns(b, None)
+        ev = self.full_evaluator(b, index)
+        for p in range(1, self.info.phases + 1):
+            for red in self._phase(p):
+                b.comment(f"{red.op.value} along the row: {red.name}")
+                v = self.reduced_input(ev, b, red, index)
+                self.row_vars[red.name] = self._reduce_block(red, v)
+        self.store_full(ev, b, index, self._full_writes())
+
+    def _reduce_block(self, red: Node, v: str) -> str:
+        """Reduce a [BLOCK_ROWS, BLOCK_COLS] block along axis 1."""
+        b = self.body
+        if red.op is Op.SUM:
+            return b.let(f"tl.sum({v}, axis=1, keep_dims=True)", "r")
+        if red.op is Op.PROD:
+            return b.let(f"tl.reduce({v}, 1, _prod, keep_dims=True)", "r")
+        if red.op in (Op.RMAX, Op.RMIN):
+            fn = "max" if red.op is Op.RMAX else "min"
+            if self._is_float(red):
+                self._helper(_NAN_HELPERS)
+                return b.let(f"_row_{fn}({v})", "r")
+            return b.let(f"tl.{fn}({v}, axis=1, keep_dims=True)", "r")
+        fn, sentinel = self._arg(red)
+        idx = b.let(f"tl.where(mask, cols, {sentinel})", "j")
+        return self._arg_result(b, f"tl.reduce(({v}, {idx}), 1, {fn}, keep_dims=True)")
+
+    def _arg_result(self, b: Body, reduce_expr: str) -> str:
+        b._counter[0] += 1
+        name = f"r{b._counter[0]}"
+        b.raw(f"_, {name} = {reduce_expr}")
+        return b.let(f"{name}.to(tl.int64)", "r")
+
+    # -- looped -------------------------------------------------------------
+
+    def looped(self) -> None:
+        info, b = self.info, self.body
+        for p in range(1, info.phases + 1):
+            loop = b.fork(b.indent + "    ")
+            index = self.columns(loop, "c0")
+            ev = self.full_evaluator(loop, index)
+            init, finish = [], []
+            for red in self._phase(p):
+                v = self.reduced_input(ev, loop, red, index)
+                self._accumulate(red, v, loop, init, finish)
+            # full-space outputs ready before this phase are stored on the way
+            self.store_full(ev, loop, index, self._full_writes(p - 1))
+            names = ", ".join(r.name for r in self._phase(p))
+            b.comment(f"pass {p}: {names} over column blocks")
+            b.lines += [f"{b.indent}{line}" for line in init]
+            b.raw(f"for c0 in range(0, {info.length}, BLOCK_COLS):")
+            b.lines += loop.lines
+            for red, expr in finish:
+                if isinstance(expr, tuple):
+                    self.row_vars[red] = self._arg_result(b, expr[0])
+                else:
+                    self.row_vars[red] = b.let(expr, "r")
+        last = self._full_writes(info.phases)
+        if last:
+            loop = b.fork(b.indent + "    ")
+            index = self.columns(loop, "c0")
+            ev = self.full_evaluator(loop, index)
+            self.store_full(ev, loop, index, last)
+            b.comment(f"pass {info.phases + 1}: the epilogue over column blocks")
+            b.raw(f"for c0 in range(0, {info.length}, BLOCK_COLS):")
+            b.lines += loop.lines
+
+    def _accumulate(self, red: Node, v: str, loop: Body, init: list, finish: list) -> None:
+        """Block-shaped partial results across the loop, reduced after it."""
+        dt = TL_DTYPE[self._dtype(red)]
+        acc = f"acc{len(init) + 1}_{_stem(red.name)}"
+        shape = "[BLOCK_ROWS, BLOCK_COLS]"
+        neutral = self._neutral_of(red)
+        if red.op is Op.SUM:
+            init.append(f"{acc} = tl.zeros({shape}, dtype={dt})")
+            loop.raw(f"{acc} += {v}")
+            finish.append((red.name, f"tl.sum({acc}, axis=1, keep_dims=True)"))
+        elif red.op is Op.PROD:
+            init.append(f"{acc} = tl.full({shape}, 1, dtype={dt})")
+            loop.raw(f"{acc} *= {v}")
+            finish.append((red.name, f"tl.reduce({acc}, 1, _prod, keep_dims=True)"))
+        elif red.op in (Op.RMAX, Op.RMIN):
+            fn = "max" if red.op is Op.RMAX else "min"
+            init.append(f"{acc} = tl.full({shape}, {neutral}, dtype={dt})")
+            if self._is_float(red):
+                self._helper(_NAN_HELPERS)
+                loop.raw(f"{acc} = _{fn}imum_nan({acc}, {v})")
+                finish.append((red.name, f"_row_{fn}({acc})"))
+            else:
+                loop.raw(f"{acc} = tl.{fn}imum({acc}, {v})")
+                finish.append((red.name, f"tl.{fn}({acc}, axis=1, keep_dims=True)"))
+        else:
+            fn, sentinel = self._arg(red)
+            idx = f"{acc}_index"
+            init.append(f"{acc} = tl.full({shape}, {neutral}, dtype={dt})")
+            init.append(f"{idx} = tl.full({shape}, {sentinel}, dtype=tl.int32)")
+            j = loop.let(f"tl.where(mask, cols, {sentinel})", "j")
+            loop.raw(f"{acc}, {idx} = {fn}({acc}, {idx}, {v}, {j})")
+            finish.append((red.name, (f"tl.reduce(({acc}, {idx}), 1, {fn}, keep_dims=True)",)))
+
+    # -- row outputs and the source -----------------------------------------
+
+    def store_rows(self) -> None:
+        rows = [t for t in self.writes if t in self.info.row_space]
+        if not rows:
+            return
+        self.body.comment("store the row outputs (one value per row)")
+        for t in rows:
+            v = self.row_value(t)
+            store(self.body, self.graph, self.pointers, t, "rows", v, "row_mask")
+
+    def source(self, looped: bool) -> KernelSource:
+        info = self.info
+        cols = next_pow2(info.length)
+        if looped:
+            block_cols = min(LOOP_BLOCK, cols)
+            block_rows = 1
+            fast_cols = min(INTERPRET_LOOP_BLOCK, cols)
+            passes = info.phases + (1 if self._full_writes(info.phases) else 0)
+            traffic = f"looped: {passes} pass{'es' if passes > 1 else ''} over each row"
+        else:
+            block_cols = fast_cols = cols
+            block_rows = min(next_pow2(info.rows), max(1, SINGLE_PASS_TILE // cols))
+            traffic = "single pass: each row held on chip, inputs read once"
+        fast_rows = min(next_pow2(info.rows), max(1, INTERPRET_TILE // fast_cols))
+        doc = describe(self.graph, self.k, self.writes)
+        doc.append(f"  {traffic}; reduced axes {list(info.axes)}")
+        return KernelSource(
+            name=self.name,
+            doc=doc,
+            args=list(self.pointers.items()),
+            constexprs={"BLOCK_ROWS": block_rows, "BLOCK_COLS": block_cols},
+            interpret_constexprs={"BLOCK_ROWS": fast_rows, "BLOCK_COLS": fast_cols},
+            body=self.body.lines,
+            grid=[f"    grid = (triton.cdiv({info.rows}, BLOCK_ROWS),)"],
+            prelude=self.prelude,
+        )
+
+
+def _stem(name: str) -> str:
+    s = "".join(c if c.isalnum() else "_" for c in name.split("/")[-1]).strip("_")
+    return s or "r"
