@@ -118,26 +118,60 @@ def prepare(
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     source: str = "<model>",
 ) -> onnx.ModelProto:
-    """A static-shaped, shape-inferred, constant-folded copy of ``model``."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
+    """A static-shaped, shape-inferred, constant-folded copy of ``model``.
+
+    The work happens on a skeleton of the model whose large initializers
+    (weights) are stand-in graph inputs of the same type, so shape inference
+    and folding never copy the weights; they are put back once, at the end."""
+    m, weights = _skeleton(model)
     if m.functions:
         try:
             m = onnx.inliner.inline_local_functions(m)
         except Exception as e:  # noqa: BLE001
             raise InputError(f"{source}: cannot inline local functions ({_short(e)})") from None
-    _bind_shapes(m, dict(shapes or {}), source)
+    _bind_shapes(m, dict(shapes or {}), source, exempt=set(weights))
     for _ in range(8):
         m = _infer(m, source)
-        folded, changed = fold_constants(m)
+        folded, changed = fold_constants(m, weights)
         m = folded
         if not changed:
             break
-    return _prune(m)
+    return _prune(m, weights)
 
 
-def _bind_shapes(m: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], source: str) -> None:
-    inputs = {i.name: i for i in graph_inputs(m)}
+# initializers larger than this stay out of the skeleton
+SKELETON_LIMIT = 4096
+
+
+def _skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, onnx.TensorProto]]:
+    weights = {t.name: t for t in model.graph.initializer if _numel(t) > SKELETON_LIMIT}
+    m = onnx.ModelProto()
+    graph = model.graph
+    m.CopyFrom(onnx.ModelProto(
+        ir_version=model.ir_version, opset_import=model.opset_import,
+        producer_name=model.producer_name, functions=model.functions,
+        metadata_props=model.metadata_props,
+    ))  # fmt: skip
+    g = m.graph
+    g.name = graph.name
+    g.node.extend(graph.node)
+    g.output.extend(graph.output)
+    g.value_info.extend(graph.value_info)
+    g.initializer.extend(t for t in graph.initializer if t.name not in weights)
+    g.input.extend(i for i in graph.input if i.name not in weights)
+    for name, t in weights.items():
+        g.input.append(onnx.helper.make_tensor_value_info(name, t.data_type, list(t.dims)))
+    return m, weights
+
+
+def _numel(t: onnx.TensorProto) -> int:
+    return int(np.prod(t.dims)) if len(t.dims) else 1
+
+
+def _bind_shapes(
+    m: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], source: str, exempt: set[str]
+) -> None:
+    inputs = {i.name: i for i in graph_inputs(m) if i.name not in exempt}
     for name in shapes:
         if name not in inputs:
             known = ", ".join(inputs) or "none"
@@ -203,14 +237,17 @@ def static_shapes(m: onnx.ModelProto) -> dict[str, tuple[tuple[int, ...], int]]:
     return out
 
 
-def fold_constants(m: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
+def fold_constants(
+    m: onnx.ModelProto, weights: Mapping[str, onnx.TensorProto] | None = None
+) -> tuple[onnx.ModelProto, bool]:
     """Replace every node computed from constants alone (and every Shape / Size
-    of a static tensor) by an initializer.  Returns (model, whether anything
+    of a static tensor) by an initializer.  ``weights`` are initializers kept
+    outside the model (see ``prepare``).  Returns (model, whether anything
     changed)."""
     from onnx.reference import ReferenceEvaluator  # noqa: PLC0415 - slow import
 
     g = m.graph
-    consts = _LazyArrays({t.name: t for t in g.initializer})
+    consts = _LazyArrays({**(weights or {}), **{t.name: t for t in g.initializer}})
     known = static_shapes(m)
     opsets = list(m.opset_import)
     kept: list[onnx.NodeProto] = []
@@ -335,8 +372,8 @@ def _run_node(node, consts, opsets, evaluator_cls) -> list[np.ndarray]:
     return [np.asarray(r) for r in results]
 
 
-def _prune(m: onnx.ModelProto) -> onnx.ModelProto:
-    """Drop nodes and initializers nothing needs."""
+def _prune(m: onnx.ModelProto, weights: Mapping[str, onnx.TensorProto]) -> onnx.ModelProto:
+    """Drop nodes and initializers nothing needs; put the needed weights back."""
     g = m.graph
     needed = {o.name for o in g.output}
     kept = []
@@ -345,14 +382,16 @@ def _prune(m: onnx.ModelProto) -> onnx.ModelProto:
             kept.append(node)
             needed.update(i for i in node.input if i)
     kept.reverse()
-    out = onnx.ModelProto()
-    out.CopyFrom(m)
-    del out.graph.node[:]
-    out.graph.node.extend(kept)
     inits = [t for t in g.initializer if t.name in needed]
-    del out.graph.initializer[:]
-    out.graph.initializer.extend(inits)
-    return out
+    del g.node[:]
+    g.node.extend(kept)
+    del g.initializer[:]
+    g.initializer.extend(inits)
+    g.initializer.extend(t for name, t in weights.items() if name in needed)
+    real = [i for i in g.input if i.name not in weights]
+    del g.input[:]
+    g.input.extend(real)
+    return m
 
 
 def load_and_prepare(

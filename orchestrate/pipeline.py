@@ -31,7 +31,8 @@ def fission_model(
 
 
 def fission_file(path: str | os.PathLike, shapes=None) -> ir.Graph:
-    return fission_model(load(path), shapes, str(path))
+    prepared = frontend.prepare(load(path), shapes, str(path))  # the original is freed here
+    return fission(prepared, str(path))
 
 
 def plan_graph(graph: ir.Graph, options=None, progress=None) -> dict:

@@ -106,7 +106,7 @@ def plan(
             sol = program.solve(
                 prob.kernels, prob.costs, write_us, nbytes, prob.available, prob.required,
                 warm=prob.warm, time_limit=options.time_limit, recompute=options.recompute,
-                name=f"partition{rep.index}",
+                edges=primitive_edges(graph, rep.nodes), name=f"partition{rep.index}",
             )  # fmt: skip
             _merge_stats(stats, sol)
             chosen = [(prob.kernels[c.kernel], c.writes) for c in sol.choices]
@@ -216,6 +216,11 @@ def _unfused_neighbours(graph, kernels: list[dict], device, config) -> list[dict
     return out
 
 
+def primitive_edges(graph: ir.Graph, nodes) -> list[tuple[str, str]]:
+    inside = set(nodes)
+    return [(q, n) for n in nodes for q in graph.producer[n].inputs if q in inside]
+
+
 def _build(graph, part: Partition, device, config, limits, cost_cache) -> _Problem:
     e = enumerate_kernels(graph, part.nodes, limits)
     kernels, costs, rejected = [], [], e.rejected
@@ -307,6 +312,7 @@ def _solve_with_budget(graph, parts, sigs, problems, write_us, nbytes, options, 
         kernels, costs, write_us, nbytes, available,
         list(dict.fromkeys(required)), warm=(), time_limit=options.time_limit,
         budget=options.memory_budget, recompute=options.recompute, name="budgeted",
+        edges=primitive_edges(graph, [n.name for n in graph.nodes]),
         budget_exempt=set(graph.outputs),
     )  # fmt: skip
     _merge_stats(stats, sol)
