@@ -1,5 +1,5 @@
 # orchestrate: ONNX -> operator fission -> optimal fused Triton kernels.
-#   make demo    set up, then optimize the shipped example model
+#   make demo    set up, then optimize + verify the shipped example model
 #   make test    set up, then run the test suite (fast CPU tier)
 
 PYTHON ?= python3
@@ -11,8 +11,10 @@ STAMP  := $(VENV)/.installed
 # anything pulling torchvision) drags in a multi-GB CUDA build.
 TORCH  := torch==2.13.0
 JOBS   ?= 2
+DEMO   := examples/models/tiny_bert.onnx
 
-.PHONY: install demo test test-slow test-gpu lint format examples clean
+.PHONY: install demo test test-slow test-gpu lint format examples golden-update \
+        conformance bench-plan clean
 
 install: $(STAMP)
 
@@ -23,12 +25,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-examples: install
-	$(PY) -m examples.build --out examples/models
-
 demo: install
-	$(BIN)/orchestrate inspect examples/models/tiny_bert.onnx
-	$(BIN)/orchestrate decompose examples/models/tiny_bert.onnx -o out/tiny_bert.prim.onnx
+	$(BIN)/orchestrate inspect $(DEMO)
+	$(BIN)/orchestrate optimize $(DEMO) -o out/tiny_bert.orch
+	$(BIN)/orchestrate verify out/tiny_bert.orch --model $(DEMO)
 
 test: install
 	$(PY) -m pytest -n $(JOBS) -q
@@ -46,6 +46,21 @@ lint: install
 format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+
+# the shipped demo model (examples/models/tiny_bert.onnx)
+examples: install
+	$(PY) -m examples.build --out examples/models --only bert
+
+golden-update: install
+	$(PY) -m tests.test_emit_golden --update
+
+# pass / bound / declined counts over the ONNX node conformance cases
+conformance: install
+	$(PY) -m tests.conformance
+
+# plan BERT-base, GPT-2 and a 24-layer decoder; print the planner table
+bench-plan: install
+	$(PY) -m examples.bench_plan
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache

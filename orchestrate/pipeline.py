@@ -27,12 +27,12 @@ def load(path: str | os.PathLike) -> onnx.ModelProto:
 def fission_model(
     model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None, source: str
 ) -> ir.Graph:
-    return fission(frontend.prepare(model, shapes, source), source)
+    return fission(frontend.prepare(model, shapes, source), source, consume=True)
 
 
 def fission_file(path: str | os.PathLike, shapes=None) -> ir.Graph:
     prepared = frontend.prepare(load(path), shapes, str(path))  # the original is freed here
-    return fission(prepared, str(path))
+    return fission(prepared, str(path), consume=True)
 
 
 def plan_graph(graph: ir.Graph, options=None, progress=None) -> dict:

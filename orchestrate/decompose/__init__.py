@@ -49,8 +49,12 @@ TABLE: dict[str, Decomposition] = _merge(
 SUPPORTED_OPS = tuple(TABLE)
 
 
-def fission(model: onnx.ModelProto, source: str = "<model>") -> ir.Graph:
-    """The primitive graph of a prepared (static-shaped, folded) ONNX model."""
+def fission(model: onnx.ModelProto, source: str = "<model>", *, consume: bool = False) -> ir.Graph:
+    """The primitive graph of a prepared (static-shaped, folded) ONNX model.
+
+    With ``consume`` each initializer's bytes are released from ``model`` as
+    soon as they are copied into the graph, so a large model is never held
+    twice (the model is unusable afterwards)."""
     g = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     _check_supported(g, source)
@@ -72,6 +76,8 @@ def fission(model: onnx.ModelProto, source: str = "<model>") -> ir.Graph:
             raise UnsupportedError(f"{source}: input {vi.name!r} is also an output", {"io": 1})
     for t in g.initializer:
         arr = numpy_helper.to_array(t)
+        if consume:
+            t.ClearField("raw_data")
         _check_dtype(arr.dtype.name, f"{source}: initializer {t.name!r}")
         # a constant that is a graph output keeps its name free for the output node
         env[t.name] = b.constant(arr, name=None if t.name in outputs else t.name)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 
 from orchestrate.emit.codegen import HELPERS, TL_DTYPE, Body, Pointers
@@ -103,6 +104,31 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+def _functions(text: str) -> list[tuple[str, str]]:
+    """(name, source) of each ``@triton.jit`` function in ``text``."""
+    out = []
+    for block in re.split(r"\n(?=@triton\.jit)", text.strip("\n")):
+        m = re.search(r"def (\w+)\(", block)
+        if m:
+            out.append((m.group(1), block.strip("\n")))
+    return out
+
+
+def _used_helpers(kernels: list[KernelSource], helpers: list[tuple[str, str]]) -> list[str]:
+    """Helper sources called by the kernels (directly or through other helpers)."""
+    text = "\n".join(k.render() for k in kernels)
+    used: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, src in helpers:
+            if name not in used and re.search(rf"\b{name}\b", text):
+                used.add(name)
+                text += "\n" + src.split("\n", 2)[-1]  # its body may call others
+                changed = True
+    return [src for name, src in helpers if name in used]
+
+
 def module(kernels: list[KernelSource], title: str) -> str:
     head = [
         f'"""{title}',
@@ -114,16 +140,14 @@ def module(kernels: list[KernelSource], title: str) -> str:
         "",
         "import triton",
         "import triton.language as tl",
-        "",
-        HELPERS.strip("\n"),
-        "",
     ]
-    extra = []
+    helpers = _functions(HELPERS)
     for k in kernels:
         for p in k.prelude:
-            if p not in extra:
-                extra.append(p)
-    parts = ["\n".join(head)] + extra + [k.render() for k in kernels]
+            for name, src in _functions(p):
+                if name not in dict(helpers):
+                    helpers.append((name, src))
+    parts = ["\n".join(head)] + _used_helpers(kernels, helpers) + [k.render() for k in kernels]
     table = ["LAUNCHERS = {"] + [f'    "{k.name}": launch_{k.name},' for k in kernels] + ["}"]
     return "\n\n\n".join(p.rstrip("\n") for p in parts) + "\n\n\n" + "\n".join(table) + "\n"
 
