@@ -73,7 +73,10 @@ def test_infer_rejects(op, ins, attrs, error):
         ir.infer(op, ins, Attrs(attrs))
 
 
-def _graph(nodes, inputs=(("x", t(2, 3)),), outputs=("y",), constants=None):
+X23 = (("x", TensorType((2, 3), F32)),)
+
+
+def _graph(nodes, inputs=X23, outputs=("y",), constants=None):
     return Graph(
         tuple(nodes), tuple(Input(n, ty) for n, ty in inputs), tuple(outputs), constants or {}
     )
