@@ -382,13 +382,15 @@ def _prune(m: onnx.ModelProto, weights: Mapping[str, onnx.TensorProto]) -> onnx.
             kept.append(node)
             needed.update(i for i in node.input if i)
     kept.reverse()
+    constant_names = {t.name for t in g.initializer} | set(weights)
     inits = [t for t in g.initializer if t.name in needed]
     del g.node[:]
     g.node.extend(kept)
     del g.initializer[:]
     g.initializer.extend(inits)
     g.initializer.extend(t for name, t in weights.items() if name in needed)
-    real = [i for i in g.input if i.name not in weights]
+    # old models (IR < 4) list initializers among the inputs too
+    real = [i for i in g.input if i.name not in constant_names]
     del g.input[:]
     g.input.extend(real)
     return m

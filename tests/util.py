@@ -57,12 +57,15 @@ def check_decomposition(
     feeds: dict[str, np.ndarray],
     *,
     rtol: float = 1e-5,
-    atol: float = 1e-6,
+    atol: float | None = 1e-6,
     expected: dict[str, np.ndarray] | None = None,
 ):
     """Decompose ``model`` and compare, on ``feeds``: the reference executor
     and onnxruntime on the primitive model, against onnxruntime on the
-    original (or against ``expected``).  Returns the primitive graph."""
+    original (or against ``expected``).  ``atol=None`` judges errors against
+    the output's scale: ``atol = rtol * max|want|`` (deep networks accumulate
+    float32 rounding that is tiny next to their outputs but not next to a value
+    that happens to be near zero).  Returns the primitive graph."""
     shapes = {k: tuple(v.shape) for k, v in feeds.items()}
     graph = fission(prepare(model, shapes))
     prim = to_onnx(graph)
@@ -73,12 +76,16 @@ def check_decomposition(
     got_ref = reference.run(graph, feeds)
     got_ort = onnxrt.run(prim, feeds)
     for name, w in want.items():
+        tol = atol
+        if tol is None:
+            finite = np.abs(w[np.isfinite(w)]) if w.dtype.kind == "f" else np.zeros(1)
+            tol = rtol * float(finite.max()) if finite.size else 0.0
         for label, got in (("reference", got_ref[name]), ("onnxruntime", got_ort[name])):
             assert got.shape == w.shape, f"{label} {name}: shape {got.shape} != {w.shape}"
             assert got.dtype == w.dtype, f"{label} {name}: dtype {got.dtype} != {w.dtype}"
             np.testing.assert_allclose(
                 got.astype(np.float64) if got.dtype != bool else got,
                 w.astype(np.float64) if w.dtype != bool else w,
-                rtol=rtol, atol=atol, err_msg=f"{label} output {name}",
+                rtol=rtol, atol=tol, err_msg=f"{label} output {name}",
             )  # fmt: skip
     return graph

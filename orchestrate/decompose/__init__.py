@@ -81,8 +81,9 @@ def fission(model: onnx.ModelProto, source: str = "<model>", *, consume: bool = 
         _check_dtype(arr.dtype.name, f"{source}: initializer {t.name!r}")
         # a constant that is a graph output keeps its name free for the output node
         env[t.name] = b.constant(arr, name=None if t.name in outputs else t.name)
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
     for index, node in enumerate(g.node):
-        _decompose_node(b, node, index, env, source)
+        _decompose_node(b, node, index, env, source, used)
     nodes, constants = _finish(b, env, [o.name for o in g.output])
     graph = ir.Graph(
         tuple(nodes), tuple(inputs), tuple(o.name for o in g.output), constants,
@@ -137,7 +138,9 @@ def onnx_attrs(node: onnx.NodeProto) -> dict:
     return out
 
 
-def _decompose_node(b: Builder, node, index: int, env: dict[str, Value], source: str) -> None:
+def _decompose_node(
+    b: Builder, node, index: int, env: dict[str, Value], source: str, used: set[str]
+) -> None:
     label = node_label(node, index)
     where = f"{source}: node {label!r} ({node.op_type})"
     fn = TABLE[node.op_type]
@@ -171,6 +174,8 @@ def _decompose_node(b: Builder, node, index: int, env: dict[str, Value], source:
         if not out:
             continue
         if k >= len(results) or results[k] is None:
+            if out not in used:  # an optional output nothing reads (Dropout's mask)
+                continue
             raise UnsupportedError(f"{where}: output {k} is not supported", {node.op_type: 1})
         v = results[k]
         if v.name in renamed:
