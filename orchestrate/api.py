@@ -22,6 +22,8 @@ from orchestrate.planner import PlanOptions
 from orchestrate.runtime import Program, check_inputs, gpu_available, load_kernels
 from orchestrate.verify import Report, verify
 
+TF32_RTOL = 5e-3
+
 
 class VerificationError(OrchestrateError):
     """The bundle does not compute what the model computes."""
@@ -101,6 +103,8 @@ def optimize(
     out = Path(out_dir)
     bundle.check_destination(out)
     options = options or PlanOptions(**plan_options)
+    if options.tf32 and rtol is None:
+        rtol = TF32_RTOL  # TF32 keeps 10 mantissa bits
     report_step = progress or (lambda stage, i, n: None)
     model = pipeline.load(model_path)
     graph = pipeline.fission_model(model, shapes, str(model_path))

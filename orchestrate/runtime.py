@@ -96,6 +96,7 @@ class Program:
         self._graph = None
         self._static: dict | None = None
         self._runs = 0
+        self.stats = {"allocated": 0, "reused": 0}  # buffers, in the last run
 
     # -- set-up -------------------------------------------------------------
 
@@ -143,6 +144,7 @@ class Program:
 
     def _execute(self, feeds: dict) -> dict:
         torch = self.torch
+        self.stats = {"allocated": 0, "reused": 0}
         env = dict(self.constants)
         env.update(feeds)
         pool: dict[int, list] = {}
@@ -167,10 +169,12 @@ class Program:
         tdtype = getattr(torch, dtype) if dtype != "bool" else torch.bool
         nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
         if not keep and pool.get(nbytes):
+            self.stats["reused"] += 1
             base = pool[nbytes].pop()
             flat = torch.empty(0, dtype=tdtype, device=base.device)
             flat.set_(base.untyped_storage(), 0, (int(np.prod(shape)),))
             return flat.view(shape)
+        self.stats["allocated"] += 1
         return torch.empty(shape, dtype=tdtype, device=self.device)
 
     def _replay(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -30,8 +30,8 @@ def _register() -> None:
         GENERATORS[template] = getattr(module, template)
 
 
-def kernel_source(graph: Graph, entry: dict) -> KernelSource:
-    """The generated kernel for one plan entry."""
+def kernel_source(graph: Graph, entry: dict, *, tf32: bool = False) -> KernelSource:
+    """The generated kernel for one plan entry (``tf32``: the plan's --tf32)."""
     _register()
     k = classify(graph, entry["primitives"])
     if isinstance(k, Rejection):
@@ -39,11 +39,14 @@ def kernel_source(graph: Graph, entry: dict) -> KernelSource:
     gen = GENERATORS.get(k.template)
     if gen is None:
         raise NotImplementedError(f"no Triton generator for the {k.template} template yet")
+    if tf32 and k.template in ("matmul", "conv"):
+        return gen(graph, k, tuple(entry["outputs"]), entry["name"], tf32=True)
     return gen(graph, k, tuple(entry["outputs"]), entry["name"])
 
 
 def emit(graph: Graph, plan: dict, title: str = "") -> str:
-    kernels = [kernel_source(graph, e) for e in plan["kernels"] if e["template"] != VIEW]
+    tf32 = bool(plan.get("options", {}).get("tf32"))
+    kernels = [kernel_source(graph, e, tf32=tf32) for e in plan["kernels"] if e["template"] != VIEW]
     head = (
         title
         or f"Triton kernels for {plan['graph']['name']} ({len(kernels)} kernels, "

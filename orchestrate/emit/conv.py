@@ -36,6 +36,7 @@ from orchestrate.emit.matmul import (
     clamp_pow2,
     drop_unused,
     grouped_tile,
+    precision,
 )
 from orchestrate.emit.source import KernelSource, describe, store
 from orchestrate.ir import Graph, Op
@@ -49,7 +50,8 @@ INTERPRET_BLOCK_M = 1024
 AXES = {1: ("w",), 2: ("h", "w"), 3: ("d", "h", "w")}
 
 
-def conv(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> KernelSource:
+def conv(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str, *, tf32: bool = False
+         ) -> KernelSource:  # fmt: skip
     if k.template != CONV or k.anchor is None:
         raise AssertionError(f"{name}: not a conv kernel ({k.template})")
     cv = graph.producer[k.anchor]
@@ -175,7 +177,7 @@ def conv(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> KernelS
     if dtype == "float16":
         loop.raw("acc += tl.dot(a, b)  # fp16 tensor cores, fp32 accumulation")
     else:
-        loop.raw('acc += tl.dot(a, b, input_precision="ieee")')
+        loop.raw(f'acc += tl.dot(a, b, input_precision="{precision(tf32)}")')
     body.lines += loop.lines
 
     # -- epilogue on the accumulator ----------------------------------------

@@ -107,10 +107,11 @@ def grouped_tile(body: Body, rows: int, cols: int) -> None:
     body.raw("pid_n = (pid % num_pid_in_group) // group_size_m")
 
 
-def multiply_accumulate(body: Body, a: str, b: str, dtype: str) -> None:
-    """acc += a @ b for operand tiles of ``dtype`` (values as the Evaluator computed them)."""
+def multiply_accumulate(body: Body, a: str, b: str, dtype: str, tf32: bool = False) -> None:
+    """acc += a @ b for operand tiles of ``dtype`` (values as the Evaluator computed them).
+    fp32 runs in IEEE fp32 unless ``tf32`` (the plan's --tf32) allows tensor cores."""
     if dtype == "float32":
-        body.raw(f'acc += tl.dot({a}, {b}, input_precision="ieee")')
+        body.raw(f'acc += tl.dot({a}, {b}, input_precision="{precision(tf32)}")')
     elif dtype == "float16":
         # fp16 tensor cores, fp32 accumulation (the loads were widened to fp32)
         body.raw(f"acc += tl.dot({a}.to(tl.float16), {b}.to(tl.float16))")
@@ -130,7 +131,12 @@ def traffic_note(m: int, n: int, tiles: dict[str, int]) -> list[str]:
     ]
 
 
-def matmul(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> KernelSource:
+def precision(tf32: bool) -> str:
+    return "tf32" if tf32 else "ieee"
+
+
+def matmul(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str, *, tf32: bool = False
+           ) -> KernelSource:  # fmt: skip
     if k.template != MATMUL or k.anchor is None:
         raise AssertionError(f"{name}: not a matmul kernel ({k.template})")
     mm = graph.producer[k.anchor]
@@ -209,7 +215,7 @@ def matmul(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> Kerne
             zero_v = "0" if acc_dtype in ir.INTS else "0.0"
             v = loop.let(f"tl.where({mask}, {v}, {zero_v})", "v")
         operands.append(v)
-    multiply_accumulate(loop, operands[0], operands[1], dtype)
+    multiply_accumulate(loop, operands[0], operands[1], dtype, tf32)
     body.lines += loop.lines
 
     # -- epilogue on the accumulator ----------------------------------------
