@@ -247,3 +247,14 @@ def test_softmax_agrees_with_onnxruntime_on_float16_exactly_enough():
     got = reference.run(graph, {"x": x})["y0"].astype(np.float64)
     want = onnxrt.run(model, {"x": x})["y0"].astype(np.float64)
     assert np.max(np.abs(got - want)) < 2e-3
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int64"])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("exclusive, reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_cumsum(dtype, axis, exclusive, reverse):
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((3, 5, 4)) * 5).astype(dtype)
+    m = node_model("CumSum", {"x": x}, constants={"axis": np.array(axis, np.int64)},
+                   exclusive=exclusive, reverse=reverse)  # fmt: skip
+    check_decomposition(m, {"x": x})
