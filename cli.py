@@ -143,20 +143,21 @@ def inspect(model: Path, shapes, as_json: bool) -> None:
 
 def plan_options(fn):
     """The options every command that plans takes."""
+    # click lists these in the reverse of the order they are applied here
+    fn = click.option("--reproducible", is_flag=True,
+                      help="Write 0 for wall-clock fields so the file is byte-identical across runs.")(fn)  # fmt: skip
+    fn = click.option("--max-kernel-nodes", type=click.IntRange(1, 64), default=16,
+                      show_default=True, help="Most primitives in one candidate kernel.")(fn)  # fmt: skip
+    fn = click.option("--tf32", is_flag=True, help="Let fp32 matmuls use TF32 tensor cores.")(fn)
+    fn = click.option("--no-recompute", "no_recompute", is_flag=True,
+                      help="Forbid computing a primitive in more than one kernel.")(fn)  # fmt: skip
+    fn = click.option("--time-limit", type=float, default=60.0, show_default=True, metavar="S",
+                      help="Seconds per linear program (the best plan found so far is kept).")(fn)  # fmt: skip
+    fn = click.option("--memory-budget", type=int, default=None, metavar="BYTES",
+                      help="Bound the bytes of intermediate tensors the plan materialises.")(fn)  # fmt: skip
     fn = click.option("--device", default=None,
                       help="GPU to plan for (h200, h100, a100, v100, l4, rtx4090, ...); "
                            "default: the GPU present, else h100.")(fn)  # fmt: skip
-    fn = click.option("--memory-budget", type=int, default=None, metavar="BYTES",
-                      help="Bound the bytes of intermediate tensors the plan materialises.")(fn)  # fmt: skip
-    fn = click.option("--time-limit", type=float, default=60.0, show_default=True, metavar="S",
-                      help="Seconds per linear program (the best plan found so far is kept).")(fn)  # fmt: skip
-    fn = click.option("--no-recompute", "no_recompute", is_flag=True,
-                      help="Forbid computing a primitive in more than one kernel.")(fn)  # fmt: skip
-    fn = click.option("--tf32", is_flag=True, help="Let fp32 matmuls use TF32 tensor cores.")(fn)
-    fn = click.option("--max-kernel-nodes", type=click.IntRange(1, 64), default=16,
-                      show_default=True, help="Most primitives in one candidate kernel.")(fn)  # fmt: skip
-    fn = click.option("--reproducible", is_flag=True,
-                      help="Write 0 for wall-clock fields so the file is byte-identical across runs.")(fn)  # fmt: skip
     return fn
 
 
@@ -240,10 +241,10 @@ def explain(plan_file: Path, picture: Path | None, rejected: bool, limit: int) -
 
 
 def tolerance_options(fn):
-    fn = click.option("--rtol", type=float, default=None,
-                      help="Relative tolerance (default by dtype: fp32 1e-4, fp16 1e-2).")(fn)  # fmt: skip
     fn = click.option("--atol", type=float, default=None,
                       help="Absolute tolerance (default: rtol x the output's largest magnitude).")(fn)  # fmt: skip
+    fn = click.option("--rtol", type=float, default=None,
+                      help="Relative tolerance (default by dtype: fp32 1e-4, fp16 1e-2).")(fn)  # fmt: skip
     return fn
 
 
