@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrate.errors import InputError
+from orchestrate.errors import InputError, OrchestrateError
 
 _WARNED = threading.Event()
 
@@ -40,6 +40,13 @@ def gpu_available() -> bool:
 def load_kernels(path: Path, interpret: bool):
     """Import a generated kernels.py (under the interpreter when asked)."""
     if interpret:
+        if os.environ.get("TRITON_INTERPRET") != "1" and "triton.language" in sys.modules:
+            # triton builds its standard library (tl.sum, tl.cdiv, ...) for the
+            # compiler or the interpreter once, when first imported
+            raise OrchestrateError(
+                "no GPU, and triton was imported before orchestrate could switch on its "
+                "interpreter: set TRITON_INTERPRET=1 before importing triton"
+            )
         os.environ["TRITON_INTERPRET"] = "1"
         if not _WARNED.is_set():
             _WARNED.set()

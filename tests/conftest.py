@@ -1,6 +1,14 @@
-"""Test-session set-up: the `gpu` tier is skipped on machines without CUDA."""
+"""Test-session set-up.
+
+Without CUDA, Triton must run in its interpreter, and triton decides that once,
+when it is first imported (some tests import it early: torch's dynamo exporter,
+the compile checks).  So the interpreter is switched on here, before any test
+module is imported, and the `gpu` tier is skipped.
+"""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -12,6 +20,10 @@ def _cuda() -> bool:
         return torch.cuda.is_available()
     except Exception:  # noqa: BLE001
         return False
+
+
+if not _cuda():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 
 def pytest_collection_modifyitems(config, items):

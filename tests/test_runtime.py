@@ -51,3 +51,29 @@ def test_liveness_schedule():
     assert free == {i + 1: [written[i]] for i in range(4)}
     program.run(graphs.random_inputs(g))
     assert program.stats == {"allocated": 2, "reused": 3}
+
+
+def test_triton_imported_too_early_is_a_clear_error(tmp_path):
+    """Triton fixes interpreter-or-compiler when first imported; a program that
+    imported it before orchestrate could switch the interpreter on gets told
+    what to do, not a traceback from inside a kernel."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import triton.language\n"
+        "from orchestrate.errors import OrchestrateError\n"
+        "from orchestrate.runtime import load_kernels\n"
+        "try:\n"
+        f"    load_kernels(__import__('pathlib').Path({str(tmp_path / 'k.py')!r}), True)\n"
+        "except OrchestrateError as e:\n"
+        "    print('refused:', e)\n"
+    )
+    (tmp_path / "k.py").write_text("LAUNCHERS = {}\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert "refused:" in out.stdout and "TRITON_INTERPRET=1" in out.stdout, out.stderr

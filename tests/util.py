@@ -14,6 +14,18 @@ from orchestrate.export import PRIMITIVE_ONNX_OPS, to_onnx
 from orchestrate.frontend import prepare
 
 
+def has_nvidia_backend() -> bool:
+    """Whether triton ships its NVIDIA compiler backend, found without
+    importing triton (importing it would fix compiled-vs-interpreted mode)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("triton")
+    return spec is not None and any(
+        (Path(p) / "backends" / "nvidia").is_dir() for p in spec.submodule_search_locations or ()
+    )
+
+
 def elem(dtype) -> int:
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
