@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml
 
 demo: install
 	$(BIN)/orchestrate inspect $(DEMO)
+	mkdir -p out
 	$(BIN)/orchestrate optimize $(DEMO) -o out/tiny_bert.orch
 	$(BIN)/orchestrate verify out/tiny_bert.orch --model $(DEMO)
 
