@@ -65,7 +65,8 @@ def summary_lines(result: dict) -> list[str]:
     lines = [
         f"device {result['device']}: {len(result['primitives'])} primitives, "
         f"{sol['partitions']} partitions ({sol['unique_partitions']} unique), "
-        f"{sol['candidates']} candidate kernels ({sol['rejected']} rejected"
+        f"{sol['candidates']} candidate kernels ({sol['rejected']} illegal sets rejected, "
+        f"{sol.get('pruned', 0)} growths pruned"
         + (
             f", {sol['truncated_partitions']} partitions truncated"
             if sol["truncated_partitions"]

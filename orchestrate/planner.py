@@ -61,6 +61,7 @@ class _Problem:
     warm: list[program.Choice]
     examined: int = 0
     rejected: int = 0
+    pruned: int = 0
     truncated: bool = False
 
 
@@ -171,6 +172,7 @@ def plan(
             "candidates": sum(len(p.kernels) for p in problems.values()),
             "examined": sum(p.examined for p in problems.values()),
             "rejected": sum(p.rejected for p in problems.values()),
+            "pruned": sum(p.pruned for p in problems.values()),
             "truncated_partitions": sum(1 for p in problems.values() if p.truncated),
             "solves": stats["rounds"],
         },
@@ -232,7 +234,7 @@ def _build(graph, part: Partition, device, config, limits, cost_cache) -> _Probl
         costs.append(_cached_cost(graph, k, device, config, cost_cache))
     available = set(part.inputs)
     return _Problem(kernels, costs, available, list(part.outputs), [], e.examined, rejected,
-                    e.truncated)  # fmt: skip
+                    e.pruned, e.truncated)  # fmt: skip
 
 
 def _cached_cost(graph, k: Kernel, device, config, cache) -> Cost:

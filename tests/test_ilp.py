@@ -242,3 +242,18 @@ def test_greedy_warm_start_and_reported_solver_fields():
     for field in ("seconds", "examined", "rejected", "solves"):
         assert field in s
     assert Config() == Config(tf32=False)
+
+
+def test_enumeration_stays_tractable_on_a_wide_graph():
+    """60 parallel branches joined by one concat have ~2^60 connected sets: the
+    budgets stop the search (smallest sets kept), the plan says so, and the
+    optimum still fuses the whole graph into one kernel."""
+    def wide(b, x):
+        return b.concat([b.exp(b.mul(x, float(i + 1))) for i in range(60)], 0)
+
+    g = graphs.build(wide, [(4, 64)])
+    p = plan(g, PlanOptions(device="h100"))
+    s = p["solver"]
+    assert s["truncated_partitions"] == 1 and s["candidates"] <= 2_000 + len(g.nodes) + 1
+    assert s["status"] == "optimal"
+    assert p["summary"]["kernels"] <= p["baselines"]["greedy"]["kernels"]

@@ -1,11 +1,14 @@
 """Enumerate candidate kernels: the legal connected node sets of a partition.
 
-Connected sets are generated with the ESU algorithm (Wernicke 2006), which
-visits every connected induced subgraph of up to ``max_nodes`` vertices
-exactly once.  Branches are cut early by rules that no superset can undo
-(two compute anchors, an anchor with a reduction, reductions over different
-rows), and the whole search is bounded by ``max_sets`` so that a wide graph
-(many parallel branches) stays tractable; what was cut is counted.
+Connected sets are generated level by level, smallest first: the sets of
+size k+1 are those of size k grown by one neighbouring node (every connected
+set has a connected subset one node smaller, so none is missed).  Growth is
+cut early by rules no superset can undo (two compute anchors, an anchor with
+a reduction, reductions over different rows).  Two budgets keep a wide graph
+(many parallel branches) tractable: ``max_sets`` connected sets examined and
+``max_candidates`` legal kernels kept per partition.  Because levels go from
+small to large, what a budget drops is the largest sets; the counts of what
+was cut are reported.
 
 Every single node is a candidate, so a plan always exists.
 """
@@ -31,6 +34,7 @@ from orchestrate.kernels.templates import (
 class Limits:
     max_nodes: int = 16  # nodes in one kernel
     max_sets: int = 50_000  # connected sets examined per partition
+    max_candidates: int = 2_000  # legal kernels kept per partition
     max_anchor_fanout: int = 24  # epilogue / prologue nodes around one anchor
 
 
@@ -39,42 +43,33 @@ class Enumeration:
     kernels: list[Kernel]
     examined: int = 0
     rejected: int = 0
-    truncated: bool = False
+    pruned: int = 0  # growths cut by the monotone rules
+    truncated: bool = False  # a budget stopped the search
     rejections: dict[str, str] = field(default_factory=dict)  # small sample for explain
 
 
 def enumerate_kernels(
     graph: Graph, nodes: Sequence[str], limits: Limits = Limits(), keep_reasons: int = 0
 ) -> Enumeration:
-    """All legal kernels over connected subsets of ``nodes`` (a partition)."""
+    """Legal kernels over connected subsets of ``nodes`` (a partition), small first."""
     members = list(nodes)
     index = {n: i for i, n in enumerate(members)}
-    adj: list[list[int]] = [[] for _ in members]
+    adj: list[set[int]] = [set() for _ in members]
     for i, n in enumerate(members):
         for inp in graph.producer[n].inputs:
             j = index.get(inp)
             if j is not None and j != i:
-                adj[i].append(j)
-                adj[j].append(i)
-        for c in graph.consumers.get(n, ()):
-            j = index.get(c.name)
-            if j is not None and j != i:
-                adj[i].append(j)
-                adj[j].append(i)
-    adj = [sorted(set(a)) for a in adj]
+                adj[i].add(j)
+                adj[j].add(i)
     nodes_by_index = [graph.producer[n] for n in members]
     row_keys = [
         (graph.types[n.inputs[0]].shape, reduce_axes(n)) if n.op in ROW_REDUCTIONS else None
         for n in nodes_by_index
     ]
     result = Enumeration([])
-    seen_sets: set[frozenset[int]] = set()
 
     def consider(s: frozenset[int]) -> None:
-        if s in seen_sets:
-            return
-        seen_sets.add(s)
-        k = classify(graph, (members[i] for i in s))
+        k = classify(graph, (members[i] for i in sorted(s)))
         if isinstance(k, Rejection):
             result.rejected += 1
             if len(result.rejections) < keep_reasons:
@@ -82,38 +77,36 @@ def enumerate_kernels(
         else:
             result.kernels.append(k)
 
+    level: dict[frozenset[int], _State] = {}
     for i in range(len(members)):  # singletons first: a plan always exists
+        level[frozenset((i,))] = _State().add(nodes_by_index[i], row_keys[i], limits)
         consider(frozenset((i,)))
-    budget = [limits.max_sets]
-
-    def extend(sub: list[int], ext: list[int], v: int, state: _State) -> None:
-        if budget[0] <= 0:
-            result.truncated = True
-            return
-        budget[0] -= 1
-        result.examined += 1
-        if len(sub) > 1:
-            consider(frozenset(sub))
-        if len(sub) >= limits.max_nodes:
-            return
-        ext = list(ext)
-        sub_set = set(sub)
-        near = set()
-        for u in sub:
-            near.update(adj[u])
-        while ext:
-            w = ext.pop()
-            nxt = state.add(nodes_by_index[w], row_keys[w], limits)
-            if nxt is None:
-                continue
-            new_ext = ext + [
-                u for u in adj[w] if u > v and u not in sub_set and u not in near and u not in ext
-            ]
-            extend(sub + [w], new_ext, v, nxt)
-
-    for v in range(len(members)):
-        first = _State().add(nodes_by_index[v], row_keys[v], limits)
-        extend([v], [u for u in adj[v] if u > v], v, first)
+    result.examined = len(members)
+    for _ in range(2, limits.max_nodes + 1):
+        grown: dict[frozenset[int], _State] = {}
+        for s, state in level.items():
+            around = set().union(*(adj[i] for i in s)) - s
+            for v in sorted(around):
+                t = s | {v}
+                if t in grown:
+                    continue
+                nxt = state.add(nodes_by_index[v], row_keys[v], limits)
+                if nxt is None:
+                    result.pruned += 1
+                    continue
+                grown[t] = nxt
+            if result.examined + len(grown) >= limits.max_sets:
+                result.truncated = True
+                break
+        for t in grown:
+            if len(result.kernels) >= limits.max_candidates:
+                result.truncated = True
+                break
+            consider(t)
+        result.examined += len(grown)
+        if result.truncated or not grown:
+            break
+        level = grown
     return result
 
 
