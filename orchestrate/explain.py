@@ -115,8 +115,8 @@ def svg(result: dict) -> str:
     layers: dict[int, list[dict]] = {}
     for p in prims:
         layers.setdefault(depth[p["name"]], []).append(p)
-    box_w, box_h, gap_x, gap_y = 92, 26, 12, 34
-    width = max(len(v) for v in layers.values()) * (box_w + gap_x) + gap_x
+    box_w, box_h, gap_x, gap_y = 112, 26, 12, 34
+    width = max(720, max(len(v) for v in layers.values()) * (box_w + gap_x) + gap_x)
     height = len(layers) * (box_h + gap_y) + gap_y + 40
     pos: dict[str, tuple[float, float]] = {}
     for d, row in sorted(layers.items()):
@@ -128,7 +128,8 @@ def svg(result: dict) -> str:
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
         f'font-family="monospace" font-size="10">',
         f'<text x="8" y="20" font-size="13">{html.escape(result["graph"]["name"])}: '
-        f"{len(result['kernels'])} kernels on {html.escape(result['device'])}, predicted "
+        f"{result['summary']['kernels']} kernels (+{result['summary'].get('views', 0)} views) "
+        f"on {html.escape(result['device'])}, predicted "
         f"{result['summary']['predicted_us']:.2f} us</text>",
     ]
     for p in prims:
@@ -149,8 +150,8 @@ def svg(result: dict) -> str:
         out.append(
             f'<g><title>{title}</title><rect x="{x:.0f}" y="{y:.0f}" width="{box_w}" '
             f'height="{box_h}" rx="4" fill="{fill}" stroke="#555"/>'
-            f'<text x="{x + 4:.0f}" y="{y + 11:.0f}">{html.escape(p["op"][:13])}</text>'
-            f'<text x="{x + 4:.0f}" y="{y + 22:.0f}" fill="#333">{html.escape(kname[:14])}</text></g>'
+            f'<text x="{x + 4:.0f}" y="{y + 11:.0f}">{html.escape(p["op"][:17])}</text>'
+            f'<text x="{x + 4:.0f}" y="{y + 22:.0f}" fill="#333">{html.escape(kname[:17])}</text></g>'
         )
     out.append("</svg>")
     return "\n".join(out) + "\n"

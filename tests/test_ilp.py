@@ -248,6 +248,7 @@ def test_enumeration_stays_tractable_on_a_wide_graph():
     """60 parallel branches joined by one concat have ~2^60 connected sets: the
     budgets stop the search (smallest sets kept), the plan says so, and the
     optimum still fuses the whole graph into one kernel."""
+
     def wide(b, x):
         return b.concat([b.exp(b.mul(x, float(i + 1))) for i in range(60)], 0)
 
