@@ -14,7 +14,7 @@ JOBS   ?= 2
 DEMO   := examples/models/tiny_bert.onnx
 
 .PHONY: install demo test test-slow test-gpu lint format examples golden-update \
-        conformance bench-plan clean
+        conformance bench-plan bench bench-gpu clean
 
 install: $(STAMP)
 
@@ -62,6 +62,14 @@ conformance: install
 # plan BERT-base, GPT-2 and a 24-layer decoder; print the planner table
 bench-plan: install
 	$(PY) -m examples.bench_plan
+
+# the demo bundle against onnxruntime (on a CPU: interpreter, for the mechanics only)
+bench: demo
+	$(BIN)/orchestrate bench out/tiny_bert.orch --model $(DEMO) --runs 5
+
+# base transformers against onnxruntime's CUDA provider (needs a GPU)
+bench-gpu: install
+	$(PY) -m examples.bench_runtime
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache

@@ -97,6 +97,7 @@ def main(debug: bool) -> None:
       optimize   all of it: fission, plan, Triton emission, verification -> bundle
       run        run a bundle on .npy inputs
       verify     compare a bundle with onnxruntime on random inputs
+      bench      time a bundle side by side with onnxruntime
     """
 
 
@@ -336,6 +337,29 @@ def verify(bundle_dir: Path, model: Path, shapes, trials, rtol, atol) -> None:
         _fail(f"{bundle_dir} does not match {model}: output {bad.name!r} (trial {bad.trial}): "
               f"{bad.detail}", EXIT_MISMATCH)  # fmt: skip
     click.echo(f"OK: {len(report.worst())} outputs match onnxruntime over {trials} trials")
+
+
+@main.command()
+@click.argument("bundle_dir", metavar="OUT", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--model", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The ONNX model to time onnxruntime on.")  # fmt: skip
+@shape_option
+@click.option("--runs", type=click.IntRange(1, 10000), default=20, show_default=True)
+@click.option("--warmup", type=click.IntRange(0, 1000), default=3, show_default=True)
+@reports_errors
+def bench(bundle_dir: Path, model: Path, shapes, runs: int, warmup: int) -> None:
+    """Time bundle OUT against onnxruntime running MODEL (same inputs)."""
+    from orchestrate import api, pipeline
+    from orchestrate import bench as benchmark
+
+    loaded = api.load(bundle_dir)
+    onnx_model = pipeline.load(model)
+    binding = _shapes(shapes) or {k: tuple(v) for k, v in loaded.manifest.get("shapes", {}).items()}
+    graph = pipeline.fission_model(onnx_model, binding, str(model))
+    api.check_same_interface(loaded, graph, model)
+    timings = benchmark.bench(loaded, onnx_model, graph, runs=runs, warmup=warmup)
+    for line in benchmark.table(timings, loaded.interpret):
+        click.echo(line)
 
 
 if __name__ == "__main__":

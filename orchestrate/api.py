@@ -156,11 +156,11 @@ def verify_bundle(
     if shapes is None:
         shapes = {k: tuple(v) for k, v in loaded.manifest.get("shapes", {}).items()}
     graph = pipeline.fission_model(model, shapes, str(model_path))
-    _check_same_interface(loaded, graph, model_path)
+    check_same_interface(loaded, graph, model_path)
     return verify(model, graph, loaded.run, trials=trials, rtol=rtol, atol=atol)
 
 
-def _check_same_interface(loaded: Bundle, graph, model_path) -> None:
+def check_same_interface(loaded: Bundle, graph, model_path) -> None:
     from orchestrate.errors import InputError
 
     want = {i.name: (i.type.shape, i.type.dtype) for i in graph.inputs}

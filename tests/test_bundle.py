@@ -164,3 +164,11 @@ def test_refuses_to_replace_a_folder_that_is_not_a_bundle(tmp_path):
     r = invoke("optimize", src, "-o", precious)
     assert r.exit_code == 2 and "not an orchestrate bundle" in r.output
     assert (precious / "thesis.tex").read_text() == "do not delete"
+
+
+def test_bench_times_the_bundle_and_onnxruntime(built):
+    src, out = built
+    r = invoke("bench", out, "--model", src, "--runs", "2", "--warmup", "1")
+    assert r.exit_code == 0, r.output
+    assert "orchestrate (Triton interpreter)" in r.output and "onnxruntime (CPU)" in r.output
+    assert "says nothing about GPU speed" in r.output
