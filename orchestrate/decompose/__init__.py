@@ -22,6 +22,7 @@ from orchestrate import ir
 from orchestrate.decompose import (
     conv,
     elementwise,
+    gather,
     layout,
     linalg,
     normalization,
@@ -44,7 +45,14 @@ def _merge(*tables: Mapping[str, Decomposition]) -> dict[str, Decomposition]:
 
 
 TABLE: dict[str, Decomposition] = _merge(
-    elementwise.OPS, reduce.OPS, normalization.OPS, layout.OPS, resize.OPS, linalg.OPS, conv.OPS
+    elementwise.OPS,
+    reduce.OPS,
+    normalization.OPS,
+    layout.OPS,
+    gather.OPS,
+    resize.OPS,
+    linalg.OPS,
+    conv.OPS,
 )
 SUPPORTED_OPS = tuple(TABLE)
 

@@ -15,7 +15,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from orchestrate.emit.codegen import HELPERS, TL_DTYPE, Body, Pointers
+from orchestrate.emit.codegen import TL_DTYPE, Body, Pointers
+from orchestrate.emit.helpers import HELPERS
 from orchestrate.ir import Graph
 from orchestrate.kernels.templates import Kernel
 
