@@ -26,6 +26,7 @@ from orchestrate.ilp import program
 from orchestrate.ilp.baselines import Priced, greedy, unfused
 from orchestrate.ilp.checker import check_plan
 from orchestrate.ilp.partition import Partition, partition, signature
+from orchestrate.kernels.attention import attention_candidates
 from orchestrate.kernels.enumerate import Limits, enumerate_kernels, structural_hash
 from orchestrate.kernels.templates import VIEW, Kernel
 
@@ -232,6 +233,16 @@ def _build(graph, part: Partition, device, config, limits, cost_cache) -> _Probl
             continue
         kernels.append(k)
         costs.append(_cached_cost(graph, k, device, config, cost_cache))
+    # -- the attention rule: flash-attention kernels that enumeration (one
+    # compute anchor per set) never builds; legal by construction (classify
+    # delegates sets with two matmuls to the same legality check)
+    for k in attention_candidates(graph, part.nodes):
+        if working_set_rejection(graph, k, device):
+            rejected += 1
+            continue
+        kernels.append(k)
+        costs.append(_cached_cost(graph, k, device, config, cost_cache))
+    # -- end of the attention rule
     available = set(part.inputs)
     return _Problem(kernels, costs, available, list(part.outputs), [], e.examined, rejected,
                     e.pruned, e.truncated)  # fmt: skip

@@ -19,6 +19,25 @@ rate).  Full fp32 matmuls use IEEE fp32 on CUDA cores, which is what keeps
 verification at 1e-4 possible.
 
 A ``view`` (reshapes only) costs nothing and launches nothing.
+
+``attention`` (flash attention, one kernel for softmax(scores) @ V):
+
+* bytes: Q, K, V and every other external input (a mask, a bias) read once,
+  the output written once; the scores and probabilities never leave the chip
+  (K and V tiles re-read by each block of query rows are served from L2);
+* flops: both matmuls (2·Lq·Lk·D and 2·Lq·Lk·Dv per batch entry), the score
+  chain and the softmax per score (max, subtract, ``SFU_FLOPS`` for exp,
+  sum), the online rescaling (one exp per row and one multiply per output
+  element, per block of keys) and one division per output element; prologue
+  nodes once per evaluation (Q once, K and V once per block of query rows,
+  the score chain's side inputs once per score);
+* compute time: the matmul flops at the matmul rate (tensor-core fp16 for
+  half precision, else CUDA-core fp32: the kernel runs fp32 in IEEE, also
+  under ``--tf32``) plus the rest at the CUDA-core fp32 rate;
+* working set: the query tile (``ATTENTION_BLOCK_M`` x head dim) and
+  ``ATTENTION_STAGES`` copies of the K and V tiles (``ATTENTION_BLOCK_N`` x
+  head dim each) in shared memory, the accumulator and one score tile in
+  registers; a head dim that does not fit is no candidate.
 """
 
 from __future__ import annotations
@@ -29,7 +48,9 @@ from dataclasses import dataclass
 from orchestrate import ir
 from orchestrate.cost.devices import Device
 from orchestrate.ir import Graph, Op
+from orchestrate.kernels.attention import analyse, prologue_operands
 from orchestrate.kernels.templates import (
+    ATTENTION,
     CONV,
     MATMUL,
     ROW_REDUCE,
@@ -51,6 +72,9 @@ SINGLE_PASS_ROW = 16384
 # matmul / conv tile shape the working-set check assumes (Triton defaults)
 TILE_M, TILE_N, TILE_K, STAGES = 128, 128, 32, 3
 FREE_OPS = frozenset({Op.RESHAPE, Op.IDENTITY})
+# flash-attention tiles (query rows x keys) the emitter uses on a GPU, and the
+# copies of each K / V tile in flight
+ATTENTION_BLOCK_M, ATTENTION_BLOCK_N, ATTENTION_STAGES = 64, 64, 2
 
 
 @dataclass(frozen=True)
@@ -94,6 +118,8 @@ def working_set_rejection(graph: Graph, k: Kernel, device: Device) -> Rejection 
     (``STAGES`` copies), the accumulator and one tile per epilogue input in
     registers.  The other templates stream through registers in blocks and
     always fit (long rows fall back to the looped form, priced in ``cost``)."""
+    if k.template == ATTENTION:
+        return _attention_working_set(graph, k, device)
     if k.template not in (MATMUL, CONV):
         return None
     anchor = graph.producer[k.anchor]
@@ -113,6 +139,63 @@ def working_set_rejection(graph: Graph, k: Kernel, device: Device) -> Rejection 
             f"> {device.registers_per_sm}"
         )
     return None
+
+
+def _attention_working_set(graph: Graph, k: Kernel, device: Device) -> Rejection | None:
+    m1 = graph.producer[_attention(graph, k).m1]
+    item = 2 if m1.dtype == "float16" else 4
+    d = _pow2(graph.types[m1.inputs[0]].shape[-1])
+    dv = _pow2(graph.types[k.anchor].shape[-1])
+    smem = (ATTENTION_BLOCK_M * d + ATTENTION_STAGES * ATTENTION_BLOCK_N * (d + dv)) * item
+    if smem > device.smem_per_block_kb * 1024:
+        return Rejection(
+            f"head dims {d} / {dv} need {smem // 1024} KB of shared memory "
+            f"> {device.smem_per_block_kb} KB"
+        )
+    registers = ATTENTION_BLOCK_M * (dv + ATTENTION_BLOCK_N)  # accumulator + scores
+    if registers > device.registers_per_sm:
+        return Rejection(f"head dim {dv} needs {registers} registers per block")
+    return None
+
+
+def _pow2(n: int) -> int:
+    return max(16, 1 << max(0, (n - 1).bit_length()))
+
+
+def _attention(graph: Graph, k: Kernel):
+    a = analyse(graph, k.nodes)
+    if isinstance(a, Rejection):
+        raise AssertionError(f"not an attention kernel: {a.reason}")
+    return a
+
+
+def attention_flops(graph: Graph, k: Kernel) -> tuple[int, int]:
+    """(matmul flops, other flops) of an attention kernel (see the module doc)."""
+    a = _attention(graph, k)
+    m1, m2 = graph.producer[a.m1], graph.producer[a.m2]
+    *_, lq, lk = m1.shape
+    scores, outputs = m1.type.size, m2.type.size
+    rows = scores // lk
+    key_blocks = math.ceil(lk / ATTENTION_BLOCK_N)
+    other = sum(scores * _weight(graph.producer[n].op) for n in a.scores)
+    for n in a.softmax:
+        node = graph.producer[n]
+        if node.op in (Op.RMAX, Op.SUM, Op.SUB, Op.EXP, Op.CAST):
+            other += scores * _weight(node.op)
+        elif node.op is Op.DIV:
+            other += outputs * _weight(node.op)  # the output is normalised once
+        else:  # a floor: one per row
+            other += rows
+    other += key_blocks * (rows * SFU_FLOPS + outputs)  # rescale by exp(m_old - m_new)
+    # prologue: Q's once, K's and V's once per block of query rows, side inputs per score
+    query_blocks = math.ceil(lq / ATTENTION_BLOCK_M)
+    for n, operand in prologue_operands(graph, a).items():
+        node = graph.producer[n]
+        if node.op in FREE_OPS:
+            continue
+        evals = {"q": node.type.size, "kv": node.type.size * query_blocks, "scores": scores}
+        other += evals[operand] * _weight(node.op)
+    return _anchor_flops(graph, m1) + _anchor_flops(graph, m2), other
 
 
 def read_bytes(graph: Graph, k: Kernel) -> int:
@@ -167,6 +250,8 @@ def _reduction_depth(graph: Graph, k: Kernel) -> int:
 def flops(graph: Graph, k: Kernel) -> int:
     if k.template == VIEW:
         return 0
+    if k.template == ATTENTION:
+        return sum(attention_flops(graph, k))
     space = math.prod(k.space)
     total = 0
     if k.template in (MATMUL, CONV, WINDOW):
@@ -240,6 +325,15 @@ def cost(graph: Graph, k: Kernel, device: Device, config: Config = Config()) -> 
     if k.template == VIEW:
         return Cost(0, 0, 0.0, 0.0, 0.0)
     nbytes = read_bytes(graph, k) * passes(graph, k) + write_bytes(graph, k.outputs)
+    if k.template == ATTENTION:
+        mm, other = attention_flops(graph, k)
+        a = _attention(graph, k)
+        compute_us = us_for_flops(other, device.fp32_tflops)
+        for m in (graph.producer[a.m1], graph.producer[a.m2]):
+            half = m.dtype == "float16"
+            peak = device.fp16_tflops if half else device.fp32_tflops
+            compute_us += us_for_flops(_anchor_flops(graph, m), peak)
+        return Cost(nbytes, mm + other, us_for_bytes(nbytes, device), compute_us, device.launch_us)
     f = flops(graph, k)
     return Cost(
         nbytes,

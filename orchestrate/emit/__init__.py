@@ -20,7 +20,7 @@ def _register() -> None:
     """Fill GENERATORS with every template module that exists."""
     import importlib
 
-    for template in ("row_reduce", "matmul", "conv", "window"):
+    for template in ("row_reduce", "matmul", "conv", "window", "attention"):
         if template in GENERATORS:
             continue
         try:

@@ -209,7 +209,7 @@ def matmul(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str, *, tf32:
     ):
         ev = Evaluator(graph, inside, loop, pointers, zero=zero, broadcast_all=True)
         v = ev.value(tensor, index)
-        if not _masked_load(loop, v, mask):
+        if not masked_load(loop, v, mask):
             # computed values are not zero where the mask is off: zero them so
             # the padded K columns add nothing
             zero_v = "0" if acc_dtype in ir.INTS else "0.0"
@@ -268,7 +268,7 @@ def _accumulator(index: Index, expected: Index, name: str) -> str:
     return "acc"
 
 
-def _masked_load(body: Body, value: str, mask: str) -> bool:
+def masked_load(body: Body, value: str, mask: str) -> bool:
     """Whether ``value`` names a load under exactly ``mask`` (zero where it is off)."""
     for expr, name in body._names.items():
         if name == value:

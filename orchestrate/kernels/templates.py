@@ -20,6 +20,8 @@ Templates (each a Triton kernel shape, see ``orchestrate/emit``):
                epilogue (bias, activation, residual, scale, cast).
 ``conv``       one CONV as implicit GEMM with an aligned elementwise epilogue.
 ``window``     one POOL with an elementwise prologue and aligned epilogue.
+``attention``  two MATMULs around a softmax (flash attention): added by a rule,
+               ``kernels/attention.py``, which also judges sets with two matmuls.
 
 Vocabulary: the *sinks* of S are its nodes with no consumer inside S; they
 are always written to memory.  Other nodes of S that are consumed outside S
@@ -42,7 +44,8 @@ ROW_REDUCE = "row_reduce"
 MATMUL = "matmul"
 CONV = "conv"
 WINDOW = "window"
-TEMPLATES = (VIEW, POINTWISE, ROW_REDUCE, MATMUL, CONV, WINDOW)
+ATTENTION = "attention"
+TEMPLATES = (VIEW, POINTWISE, ROW_REDUCE, MATMUL, CONV, WINDOW, ATTENTION)
 
 ANCHORS = frozenset({Op.MATMUL, Op.CONV, Op.POOL})
 ROW_REDUCTIONS = frozenset({Op.SUM, Op.RMAX, Op.RMIN, Op.PROD, Op.ARGMAX, Op.ARGMIN})
@@ -88,7 +91,7 @@ def classify(graph: Graph, names: Iterable[str]) -> Kernel | Rejection:
         return Rejection("empty set")
     nodes = [graph.producer[n] for n in names]
     inside = set(names)
-    reason = _convexity(graph, inside)
+    reason = convexity(graph, inside)
     if reason:
         return Rejection(reason)
     consumers = graph.consumers
@@ -111,6 +114,11 @@ def classify(graph: Graph, names: Iterable[str]) -> Kernel | Rejection:
     inputs = tuple(dict.fromkeys(i for n in nodes for i in n.inputs if i not in inside))
     anchors = [n for n in nodes if n.op in ANCHORS]
     reductions = [n for n in nodes if n.op in ROW_REDUCTIONS]
+    if len(anchors) == 2 and all(a.op is Op.MATMUL for a in anchors):
+        # two matmuls: only the attention rule's template holds them (one hook)
+        from orchestrate.kernels.attention import attention_legality
+
+        return attention_legality(graph, names)
     if len(anchors) > 1:
         return Rejection(f"two compute anchors ({anchors[0].name}, {anchors[1].name})")
     if anchors and reductions:
@@ -124,7 +132,7 @@ def classify(graph: Graph, names: Iterable[str]) -> Kernel | Rejection:
     return _pointwise(graph, nodes, inputs, sinks, exposed)
 
 
-def _convexity(graph: Graph, inside: set[str]) -> str | None:
+def convexity(graph: Graph, inside: set[str]) -> str | None:
     """A set is convex when no path leaves it and comes back."""
     consumers = graph.consumers
     order = {n.name: i for i, n in enumerate(graph.nodes)}

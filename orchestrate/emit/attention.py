@@ -1,0 +1,209 @@
+"""The attention template: flash attention, in the style of Triton's fused
+attention tutorial.
+
+    S = chain(Q @ K)   [*batch, Lq, Lk]     (scale, mask, casts, ...)
+    O = softmax(S) @ V [*batch, Lq, Dv]     softmax over the keys
+
+One program per (BLOCK_M query rows, batch entry): the batch (heads included)
+is grid axis 1.  The query tile is loaded once; the program walks the keys in
+BLOCK_N steps, loads a K tile and a V tile, computes the score tile
+``qk = dot(q, k)`` (fp32 accumulation; IEEE fp32 for fp32 operands), applies
+the kernel's score chain to it at the (batch, query, key) index with the
+Evaluator (``ev.provided[m1] = qk``: any scale, additive or ``where`` mask,
+cast), sets keys past the end to -inf and folds the tile into the online
+softmax: a running row maximum ``m_i``, a running row sum ``l_i`` and the
+output accumulator ``acc``, rescaled by ``exp(m_old - m_new)`` whenever the
+maximum grows.  At the end ``O = acc / l_i`` is stored at m2's index.
+
+Prologues: Q, K, V and the score chain's side inputs are evaluated by the
+Evaluator as their tiles are loaded, so transposes are strided loads, heads
+split by reshapes are index arithmetic and grouped-query EXPANDs map several
+query heads onto one key / value head.  Head dims are padded to a power of
+two (at least 16, as ``tl.dot`` needs) and masked.
+
+Rows whose every score is -inf give NaN, as the reference's max-subtracted
+softmax does (``exp(-inf - -inf)``); ONNX Attention's guard (``max(M, c)``,
+``max(Z, c)``) starts the running maximum at c and floors the final sum, so
+those rows give zeros there, also as the reference does.  NaN scores are not
+propagated the way numpy does (``tl.max`` may skip them).
+
+Memory traffic: Q read once, K and V once per block of query rows (the
+re-reads hit L2), side inputs of the score chain once per score tile, O
+written once; the scores and probabilities never leave the chip.
+"""
+
+from __future__ import annotations
+
+import math
+
+from orchestrate.cost import roofline
+from orchestrate.emit.codegen import (
+    Body,
+    Evaluator,
+    Index,
+    Pointers,
+    broadcast_index,
+    literal,
+    split_linear,
+)
+from orchestrate.emit.matmul import clamp_pow2, drop_unused, masked_load
+from orchestrate.emit.source import KernelSource, describe, store
+from orchestrate.ir import Graph
+from orchestrate.kernels.attention import analyse
+from orchestrate.kernels.templates import ATTENTION, Kernel, Rejection
+
+MIN_DOT = 16  # tl.dot needs >= 16 in every dimension
+# the interpreter pays per program and per loop step: one tile covers small
+# sequences whole (tests shrink this to force several query and key blocks)
+INTERPRET_BLOCK = 128
+WIDE = 2**31
+
+
+def attention(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> KernelSource:
+    if k.template != ATTENTION:
+        raise AssertionError(f"{name}: not an attention kernel ({k.template})")
+    a = analyse(graph, k.nodes)
+    if isinstance(a, Rejection):
+        raise AssertionError(f"{name}: not an attention kernel: {a.reason}")
+    if tuple(writes) != (a.m2,):
+        raise AssertionError(f"{name}: an attention kernel writes only {a.m2}, not {writes}")
+    if any(graph.types[t].size >= WIDE for t in (*k.inputs, *k.nodes)):
+        raise NotImplementedError(f"{name}: tensors of 2**31 elements or more")
+    m1, m2 = graph.producer[a.m1], graph.producer[a.m2]
+    q_name, k_name = m1.inputs
+    v_name = m2.inputs[1]
+    *batch, lq, lk = m1.shape
+    d, dv = graph.types[q_name].shape[-1], m2.shape[-1]
+    nbatch = math.prod(batch)
+    inside = set(k.nodes)
+
+    body = Body()
+    pointers = Pointers()
+    body.comment(
+        f"O{list(m2.shape)} = softmax(S) @ V, S = chain(Q @ K){list(m1.shape)}"
+        + (f", batch {list(batch)} on grid axis 1" if batch else "")
+    )
+    body.raw("pid_m = tl.program_id(0)")
+    body.raw("pid_b = tl.program_id(1)")
+    bdims = split_linear(body, "pid_b", tuple(batch), "b") if batch else ()
+    body.comment("query rows of this program and the (padded) head dims")
+    body.raw("offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+    body.raw("offs_d = tl.arange(0, BLOCK_D)")
+    body.raw("offs_dv = tl.arange(0, BLOCK_DV)")
+    body.raw(f"mask_m = offs_m < {lq}")
+    body.raw(f"mask_d = offs_d < {d}")
+    body.raw(f"mask_dv = offs_dv < {dv}")
+    body.comment("block-shaped zeros make every load a full tile, whatever it broadcasts")
+    for zero, shape in (("zero_q", "BLOCK_M, BLOCK_D"), ("zero_k", "BLOCK_D, BLOCK_N"),
+                        ("zero_s", "BLOCK_M, BLOCK_N"), ("zero_v", "BLOCK_N, BLOCK_DV")):  # fmt: skip
+        body.raw(f"{zero} = tl.zeros(({shape}), dtype=tl.int32)")
+
+    def operand(b: Body, tensor: str, rows: str, cols: str, shape, mask: str, zero: str) -> str:
+        """The tile of ``tensor`` (through its prologue), zero where ``mask`` is off."""
+        ev = Evaluator(graph, inside, b, pointers, zero=zero, broadcast_all=True)
+        dims = {
+            "BLOCK_M": "offs_m",
+            "BLOCK_N": "offs_n",
+            "BLOCK_D": "offs_d",
+            "BLOCK_DV": "offs_dv",
+        }
+        index = Index((*bdims, f"{dims[rows]}[:, None]", f"{dims[cols]}[None, :]"), mask)
+        v = ev.value(tensor, broadcast_index(index, (*batch, *shape), graph.types[tensor].shape))
+        if masked_load(b, v, mask):
+            return v
+        return b.let(f"tl.where({mask}, {v}, 0.0)", "v")
+
+    body.comment("the query tile, loaded once (zero in the padded head dims)")
+    body.raw("mask_q = mask_m[:, None] & mask_d[None, :]")
+    q = operand(body, q_name, "BLOCK_M", "BLOCK_D", (lq, d), "mask_q", "zero_q")
+    start = -math.inf if a.max_floor is None else a.max_floor
+    body.comment("online softmax state per query row: running max, running sum, output")
+    body.raw(f"m_i = tl.full((BLOCK_M,), {literal(start, 'float32')}, dtype=tl.float32)")
+    body.raw("l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)")
+    body.raw("acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)")
+
+    # -- the key loop ---------------------------------------------------------
+    body.comment(f"walk the {lk} keys in BLOCK_N steps")
+    body.raw(f"for start_n in range(0, {lk}, BLOCK_N):")
+    loop = body.fork(body.indent + "    ")
+    loop.raw("offs_n = start_n + tl.arange(0, BLOCK_N)")
+    loop.raw(f"mask_n = offs_n < {lk}")
+    loop.raw("mask_k = mask_d[:, None] & mask_n[None, :]")
+    kt = operand(loop, k_name, "BLOCK_D", "BLOCK_N", (d, lk), "mask_k", "zero_k")
+    loop.raw(f"qk = {_dot(q, kt, m1.dtype)}")
+    loop.comment("the score chain on the tile, then -inf for keys past the end")
+    loop.raw("mask_s = mask_m[:, None] & mask_n[None, :]")
+    ev = Evaluator(graph, inside, loop, pointers, zero="zero_s", broadcast_all=True)
+    s_index = Index((*bdims, "offs_m[:, None]", "offs_n[None, :]"), "mask_s")
+    ev.provided[a.m1] = lambda index: _scores(index, s_index, name)
+    s = ev.value(a.x, s_index)
+    loop.raw(f's = tl.where(mask_n[None, :], {s}, float("-inf"))')
+    loop.comment("online softmax: grow the max, rescale what was summed so far")
+    loop.raw("m_new = tl.maximum(m_i, tl.max(s, 1))")
+    m_use = "m_new"
+    if a.max_floor is None:
+        loop.comment("a row with only -inf so far subtracts 0: its terms stay 0, not NaN")
+        loop.raw('m_use = tl.where(m_new == float("-inf"), 0.0, m_new)')
+        m_use = "m_use"
+    loop.raw(f"alpha = tl.exp(m_i - {m_use})")
+    loop.raw(f"p = tl.exp(s - {m_use}[:, None])")
+    loop.raw("l_i = l_i * alpha + tl.sum(p, 1)")
+    loop.raw("mask_v = mask_n[:, None] & mask_dv[None, :]")
+    v = operand(loop, v_name, "BLOCK_N", "BLOCK_DV", (lk, dv), "mask_v", "zero_v")
+    loop.raw(f"acc = acc * alpha[:, None] + {_dot('p', v, m2.dtype)}")
+    loop.raw("m_i = m_new")
+    body.lines += loop.lines
+
+    # -- normalise and store --------------------------------------------------
+    if a.sum_floor is not None:
+        body.raw(f"l_i = tl.maximum(l_i, {literal(a.sum_floor, 'float32')})")
+    body.comment("normalise (a row of only -inf gives 0 / 0 = NaN, as the reference) and store")
+    body.raw("l_i = tl.where(mask_m, l_i, 1.0)  # rows past the end: nothing to divide")
+    body.raw("out = acc / l_i[:, None]")
+    body.raw("mask_o = mask_m[:, None] & mask_dv[None, :]")
+    batch_off = f"pid_b * {lq * dv} + " if nbatch > 1 else ""
+    row = f"offs_m[:, None] * {dv}" if dv > 1 else "offs_m[:, None]"
+    body.raw(f"offs_o = {batch_off}{row} + offs_dv[None, :]")
+    store(body, graph, pointers, a.m2, "offs_o", "out", "mask_o")
+
+    blocks = {"BLOCK_D": max(MIN_DOT, _pow2(d)), "BLOCK_DV": max(MIN_DOT, _pow2(dv))}
+    gpu = {
+        "BLOCK_M": clamp_pow2(lq, MIN_DOT, roofline.ATTENTION_BLOCK_M),
+        "BLOCK_N": clamp_pow2(lk, MIN_DOT, roofline.ATTENTION_BLOCK_N),
+        **blocks,
+    }
+    fast = {
+        "BLOCK_M": clamp_pow2(lq, MIN_DOT, INTERPRET_BLOCK),
+        "BLOCK_N": clamp_pow2(lk, MIN_DOT, INTERPRET_BLOCK),
+    }
+    doc = describe(graph, k, writes) + [
+        "  traffic: Q read once, K and V once per block of query rows (from L2),",
+        "  score side inputs once per score tile; the scores and probabilities",
+        "  stay on chip.",
+    ]
+    return KernelSource(
+        name=name,
+        doc=doc,
+        args=list(pointers.items()),
+        constexprs=gpu,
+        interpret_constexprs=fast,
+        body=drop_unused(body.lines, ("zero_q", "zero_k", "zero_s", "zero_v", "mask_s")),
+        grid=[f"    grid = (triton.cdiv({lq}, BLOCK_M), {nbatch})"],
+    )
+
+
+def _dot(a: str, b: str, dtype: str) -> str:
+    """a @ b in fp32: IEEE for fp32, fp16 tensor cores for fp16 (fp32 accumulate)."""
+    if dtype == "float16":
+        return f"tl.dot({a}.to(tl.float16), {b}.to(tl.float16))"
+    return f'tl.dot({a}, {b}, input_precision="ieee")'
+
+
+def _scores(index: Index, expected: Index, name: str) -> str:
+    if index.dims != expected.dims:
+        raise AssertionError(f"{name}: the score chain reads the scores at {index.dims}")
+    return "qk"
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())

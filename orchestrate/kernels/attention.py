@@ -1,0 +1,358 @@
+"""The attention rule: ``softmax(scores) @ V`` as one flash-attention kernel.
+
+Enumeration grows connected sets around at most one compute anchor, so it
+never builds a kernel holding both matmuls of an attention head.  This rule
+(Adopter-style: a pattern matched against the primitive graph) adds those
+candidates; the linear program weighs them against the matmul / row-reduce /
+matmul triple.  The pattern is what fission makes of torch's attention and of
+ONNX Attention (``decompose/reduce.py`` Softmax, ``decompose/linalg.py``):
+
+    S = MATMUL(Q, K)                   m1, the scores [*batch, Lq, Lk]
+    X = elementwise nodes of S         scale, additive / where mask, casts, softcap
+    M = RMAX(X, last axis, keepdims)   optionally MAX(M, c): ONNX Attention's guard
+    E = EXP(SUB(X, M))
+    Z = SUM(E, last axis, keepdims)    optionally MAX(Z, c)
+    P = DIV(E, Z)                      optionally CASTs
+    O = MATMUL(P, V)                   m2, the anchor and the only output
+
+Prologue: the elementwise / layout nodes computing Q, K, V and the score
+chain's side inputs (head split reshapes and transposes, K's transpose,
+rotary embeddings, grouped-query EXPANDs, a mask) join the kernel when the
+kernel holds every reader of theirs.  The scores and the probabilities are
+never written, so nothing but O may be read outside the kernel.
+
+``attention_legality`` is the pure check (``templates.classify`` delegates to
+it for sets with two matmuls); ``analyse`` gives the roles of the nodes, which
+the emitter and the cost model re-derive from the node set alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from orchestrate import ir
+from orchestrate.ir import Graph, Node, Op
+from orchestrate.kernels.templates import (
+    ATTENTION,
+    POINTWISE_OPS,
+    Kernel,
+    Rejection,
+    convexity,
+)
+
+DOT_DTYPES = ("float16", "float32")
+MAX_BATCH = 65535  # the batch runs on grid axis 1
+
+
+@dataclass(frozen=True)
+class Attention:
+    """The roles of an attention kernel's nodes."""
+
+    m1: str  # scores = Q @ K
+    m2: str  # output = P @ V
+    scores: tuple[str, ...]  # elementwise nodes from m1 to the softmax input, graph order
+    x: str  # the softmax input (m1 itself when there is no score chain)
+    softmax: tuple[str, ...]  # RMAX, SUB, EXP, SUM, DIV, the floors and the casts of P
+    max_floor: float | None  # M = max(RMAX, c): the running max starts at c
+    sum_floor: float | None  # Z = max(SUM, c)
+    prologue: tuple[str, ...]  # computes Q, K, V or the side inputs of the scores
+
+
+def attention_candidates(graph: Graph, nodes: Sequence[str]) -> list[Kernel]:
+    """One attention kernel per ``P @ V`` matmul among ``nodes`` (a partition)
+    that ends the pattern above, with the largest prologue the partition allows."""
+    allowed = set(nodes)
+    out = []
+    for n in nodes:
+        node = graph.producer[n]
+        if node.op is not Op.MATMUL:
+            continue
+        core = _match(graph, node, allowed)
+        if core is None:
+            continue
+        k = attention_legality(graph, _with_prologue(graph, core, allowed))
+        if isinstance(k, Kernel):
+            out.append(k)
+    return out
+
+
+def attention_legality(graph: Graph, names: Iterable[str]) -> Kernel | Rejection:
+    """The attention kernel running ``names``, or why it cannot."""
+    order = {n.name: i for i, n in enumerate(graph.nodes)}
+    names = tuple(sorted(set(names), key=order.__getitem__))
+    if not names:
+        return Rejection("empty set")
+    reason = convexity(graph, set(names))
+    if reason:
+        return Rejection(reason)
+    a = analyse(graph, names)
+    if isinstance(a, Rejection):
+        return a
+    inside = set(names)
+    inputs = tuple(
+        dict.fromkeys(i for n in names for i in graph.producer[n].inputs if i not in inside)
+    )
+    m1 = graph.producer[a.m1]
+    return Kernel(ATTENTION, names, inputs, (a.m2,), (), a.m2, m1.shape)
+
+
+def analyse(graph: Graph, names: Iterable[str]) -> Attention | Rejection:
+    """The roles of ``names`` in the attention pattern, or the reason it is none."""
+    names = tuple(names)
+    inside = set(names)
+    matmuls = [graph.producer[n] for n in names if graph.producer[n].op is Op.MATMUL]
+    if len(matmuls) != 2:
+        return Rejection(f"attention needs two matmuls, not {len(matmuls)}")
+    m1, m2 = matmuls  # names come in graph order
+    other = next((n for n in names if graph.producer[n].op in (Op.CONV, Op.POOL)), None)
+    if other:
+        return Rejection(f"{other} ({graph.producer[other].op.value}) cannot join an attention")
+    softmax = _softmax(graph, m2, inside)
+    if isinstance(softmax, Rejection):
+        return softmax
+    x, parts, floors = softmax
+    down = _descendants(graph, m1.name, inside)
+    if x != m1.name and x not in down:
+        return Rejection(f"softmax input {x} does not follow the scores {m1.name}")
+    up = _ancestors(graph, x, inside) | {x}
+    scores = [n for n in names if n in down and n in up]
+    roles = {m1.name, m2.name, *scores, *parts}
+    prologue = [n for n in names if n not in roles]
+    reason = (
+        _check_scores(graph, m1, m2, x, scores, parts, inside)
+        or _check_prologue(graph, prologue, roles, down, inside)
+        or _check_outputs(graph, names, m2, inside)
+        or _check_types(graph, m1, m2, [*scores, *parts])
+    )
+    if reason:
+        return Rejection(reason)
+    return Attention(m1.name, m2.name, tuple(n for n in names if n in scores and n != m1.name),
+                     x, tuple(n for n in names if n in parts), *floors,
+                     tuple(prologue))  # fmt: skip
+
+
+def prologue_operands(graph: Graph, a: Attention) -> dict[str, str]:
+    """What each prologue node computes: ``"kv"`` (part of K or V, evaluated
+    once per block of query rows), ``"q"`` (part of Q only, evaluated once) or
+    ``"scores"`` (a side input of the score chain, evaluated once per score)."""
+    m1, m2 = graph.producer[a.m1], graph.producer[a.m2]
+    inside = set(a.prologue)
+
+    def feeding(t: str) -> set[str]:
+        return _ancestors(graph, t, inside) | {t} if t in inside else set()
+
+    kv = feeding(m1.inputs[1]) | feeding(m2.inputs[1])
+    q = feeding(m1.inputs[0])
+    return {n: "kv" if n in kv else "q" if n in q else "scores" for n in a.prologue}
+
+
+# -- the pattern -----------------------------------------------------------------
+
+
+def _softmax(graph: Graph, m2: Node, inside: set[str]):
+    """From m2's first operand back to the softmax input: (x, nodes, floors)."""
+    p = m2.inputs[0]
+    casts = []  # from m2 backwards
+    while p in inside and graph.producer[p].op is Op.CAST:
+        if graph.types[graph.producer[p].inputs[0]].dtype not in ir.FLOATS:
+            return Rejection(f"{p} casts a non-float value into {m2.name}")
+        casts.append(p)
+        p = graph.producer[p].inputs[0]
+    div = graph.producer.get(p) if p in inside else None
+    if div is None or div.op is not Op.DIV:
+        return Rejection(f"{m2.name}'s first operand is not a softmax (no division)")
+    e, z = div.inputs
+    exp = graph.producer.get(e) if e in inside else None
+    if exp is None or exp.op is not Op.EXP:
+        return Rejection(f"{div.name} does not divide an exp")
+    sub = graph.producer.get(exp.inputs[0]) if exp.inputs[0] in inside else None
+    if sub is None or sub.op is not Op.SUB:
+        return Rejection(f"{exp.name} is not the exp of a max-subtracted value")
+    x, mx = sub.inputs
+    rmax, max_floor = _floored(graph, mx, Op.RMAX, inside)
+    rsum, sum_floor = _floored(graph, z, Op.SUM, inside)
+    if rmax is None or rmax.inputs[0] != x:
+        return Rejection(f"{sub.name} does not subtract the row maximum of {x}")
+    if rsum is None or rsum.inputs[0] != e:
+        return Rejection(f"{div.name} does not divide by the row sum of {e}")
+    rank = len(graph.types[x].shape)
+    for r in (rmax, rsum):
+        if tuple(r.attrs["axes"]) != (rank - 1,) or not r.attrs["keepdims"]:
+            return Rejection(
+                f"softmax not over the key axis ({r.name} axes {list(r.attrs['axes'])})"
+            )
+    if max_floor == -math.inf:
+        max_floor = None  # max(m, -inf) changes nothing
+    if not all(math.isfinite(f) for f in (max_floor, sum_floor) if f is not None):
+        return Rejection(f"softmax guard {mx} / {z} is not a finite floor")
+    # every reader of each softmax value (floors: MAX(RMAX, c) between RMAX and SUB)
+    readers = {x: {rmax.name, sub.name}, sub.name: {exp.name}, exp.name: {rsum.name, div.name}}
+    readers |= _link(rmax.name, mx, sub.name) | _link(rsum.name, z, div.name)
+    path = [div.name, *reversed(casts), m2.name]
+    readers |= {a: {b} for a, b in zip(path, path[1:])}
+    for t, want in readers.items():
+        got = {c.name for c in graph.consumers.get(t, ())}
+        if got != want:
+            what = "scores" if t == x else "probabilities" if t in path else "softmax value"
+            return Rejection(_read_elsewhere(what, t, got - want, inside))
+    parts = [*casts, div.name, exp.name, sub.name, rmax.name, rsum.name]
+    parts += [f for f in (mx, z) if f not in parts]
+    return x, parts, (max_floor, sum_floor)
+
+
+def _link(reduction: str, floored: str, reader: str) -> dict[str, set[str]]:
+    if floored == reduction:
+        return {reduction: {reader}}
+    return {reduction: {floored}, floored: {reader}}
+
+
+def _floored(graph: Graph, t: str, op: Op, inside: set[str]):
+    """``t`` = op(...) or MAX(op(...), c) for a scalar constant c: (node, c)."""
+    n = graph.producer.get(t) if t in inside else None
+    if n is None:
+        return None, None
+    if n.op is op:
+        return n, None
+    if n.op is Op.MAX:
+        for r, c in (n.inputs, n.inputs[::-1]):
+            const = graph.constants.get(c)
+            inner = graph.producer.get(r) if r in inside else None
+            if inner is not None and inner.op is op and const is not None and const.size == 1:
+                return inner, float(const.reshape(()))
+    return None, None
+
+
+def _check_scores(graph, m1: Node, m2: Node, x: str, scores, parts, inside) -> str | None:
+    for n in scores:
+        node = graph.producer[n]
+        if node.op not in ir.ELEMENTWISE:
+            return f"{n} ({node.op.value}) cannot run on the scores"
+        if node.shape != m1.shape:
+            return f"{n} {list(node.shape)} is not aligned with the scores {list(m1.shape)}"
+    if m2.inputs[1] in {m1.name, *scores, *parts}:
+        return f"{m2.name} reads V from the scores or probabilities"
+    allowed = set(scores) | {p for p in parts if graph.producer[p].inputs[0] == x}
+    for n in [m1.name, *scores]:
+        readers = {c.name for c in graph.consumers.get(n, ())}
+        if n != x and not readers <= allowed:
+            return _read_elsewhere("scores", n, readers - allowed, inside)
+    return None
+
+
+def _read_elsewhere(what: str, t: str, readers: set[str], inside: set[str]) -> str:
+    where = "the kernel" if readers - inside else "the softmax"
+    return f"{what} {t} read outside {where} (by {', '.join(sorted(readers)) or 'nothing'})"
+
+
+def _check_prologue(graph, prologue, roles, down, inside) -> str | None:
+    feeds = set().union(*(_ancestors(graph, r, inside) for r in roles)) if roles else set()
+    for n in prologue:
+        node = graph.producer[n]
+        if n in down:
+            return f"{n} ({node.op.value}) follows the scores but is not part of the softmax"
+        if node.op not in POINTWISE_OPS:
+            return f"{n} ({node.op.value}) cannot run in an attention prologue"
+        if n not in feeds:
+            return f"{n} neither feeds nor follows the attention"
+    return None
+
+
+def _check_outputs(graph, names, m2: Node, inside) -> str | None:
+    outputs = set(graph.outputs)
+    for n in names:
+        if n == m2.name:
+            continue
+        readers = [c.name for c in graph.consumers.get(n, ()) if c.name not in inside]
+        if n in outputs or readers:
+            return f"{n} is read outside the kernel (only {m2.name} is written)"
+    if any(c.name in inside for c in graph.consumers.get(m2.name, ())):
+        return f"{m2.name} feeds the kernel's own nodes (attention takes no epilogue)"
+    return None
+
+
+def _check_types(graph, m1: Node, m2: Node, values) -> str | None:
+    for n in (m1, m2):
+        if any(graph.types[i].dtype not in DOT_DTYPES for i in n.inputs):
+            return f"{n.name}: attention runs on float16 / float32 matmuls only"
+    for n in values:
+        if graph.types[n].dtype not in DOT_DTYPES:
+            return f"{n} is {graph.types[n].dtype}: scores are float16 / float32 only"
+    if m1.shape[:-2] != m2.shape[:-2]:
+        return (
+            f"batch of the scores {list(m1.shape[:-2])} differs from the output's "
+            f"{list(m2.shape[:-2])}"
+        )
+    if math.prod(m1.shape[:-2]) > MAX_BATCH:
+        return f"batch of {math.prod(m1.shape[:-2])} exceeds grid axis 1"
+    return None
+
+
+# -- matching and the prologue ------------------------------------------------------
+
+
+def _match(graph: Graph, m2: Node, allowed: set[str]) -> set[str] | None:
+    """m1, the score chain, the softmax and ``m2`` when m2 ends the pattern."""
+    found = _softmax(graph, m2, allowed)
+    if isinstance(found, Rejection):
+        return None
+    x, parts, _ = found
+    # the score chain: same-shaped elementwise ancestors of x, back to a matmul
+    shape = graph.types[x].shape
+    chain, stack, m1s = set(), [x], set()
+    while stack:
+        t = stack.pop()
+        node = graph.producer.get(t)
+        if node is None or t not in allowed or t in chain or node.shape != shape:
+            continue
+        if node.op is Op.MATMUL:
+            m1s.add(t)
+        elif node.op in ir.ELEMENTWISE:
+            chain.add(t)
+            stack += node.inputs
+    if len(m1s) != 1:
+        return None
+    m1 = m1s.pop()
+    scores = (_descendants(graph, m1, chain) & chain) | {m1}
+    return scores | set(parts) | {m2.name}
+
+
+def _with_prologue(graph: Graph, core: set[str], allowed: set[str]) -> set[str]:
+    """``core`` plus every pointwise producer of its inputs (transitively)
+    whose readers are all in the kernel."""
+    names = set(core)
+    outputs = set(graph.outputs)
+    grown = True
+    while grown:
+        grown = False
+        for t in sorted({i for n in names for i in graph.producer[n].inputs} - names):
+            p = graph.producer.get(t)
+            if p is None or t not in allowed or t in outputs or p.op not in POINTWISE_OPS:
+                continue
+            if all(c.name in names for c in graph.consumers.get(t, ())):
+                names.add(t)
+                grown = True
+    return names
+
+
+def _ancestors(graph: Graph, start: str, inside: set[str]) -> set[str]:
+    out: set[str] = set()
+    stack = [start]
+    while stack:
+        for i in graph.producer[stack.pop()].inputs:
+            if i in inside and i not in out:
+                out.add(i)
+                stack.append(i)
+    return out
+
+
+def _descendants(graph: Graph, start: str, inside: set[str]) -> set[str]:
+    out: set[str] = set()
+    stack = [start]
+    while stack:
+        for c in graph.consumers.get(stack.pop(), ()):
+            if c.name in inside and c.name not in out:
+                out.add(c.name)
+                stack.append(c.name)
+    return out

@@ -1,0 +1,371 @@
+"""The attention rule, its legality and cost, and the flash-attention kernel
+against the reference executor (in the interpreter)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from orchestrate import ir
+from orchestrate.cost import roofline
+from orchestrate.cost.devices import get_device
+from orchestrate.decompose import fission
+from orchestrate.emit import attention as attention_module
+from orchestrate.frontend import prepare
+from orchestrate.ir import Op
+from orchestrate.kernels.attention import analyse, attention_candidates, attention_legality
+from orchestrate.kernels.templates import ATTENTION, Kernel, Rejection, classify
+from orchestrate.planner import PlanOptions, plan
+from tests import graphs
+from tests.emit_util import assert_matches_reference, plan_from_sets
+from tests.util import node_model
+
+# -- graphs ---------------------------------------------------------------------------
+
+
+def attention_fn(scale=None, mask=None, kv_heads=None, split_heads=None, where=False):
+    """softmax(Q @ K^T * scale + mask) @ V from 4-D (or, with ``split_heads``,
+    3-D [B, L, H*D]) inputs; ``kv_heads``: K and V repeated as grouped-query."""
+
+    def fn(b, q, k, v, *extra):
+        if split_heads:
+            q, k, v = (_split(b, t, h) for t, h in zip((q, k, v), split_heads))
+        if kv_heads:
+            k, v = (_repeat(b, t, q.shape[1] // t.shape[1]) for t in (k, v))
+        s = b.matmul(q, b.transpose(k, (0, 1, 3, 2)))
+        if scale is not None:
+            s = b.mul(s, scale)
+        if mask is not None:
+            m = extra[0] if extra else b.constant(mask)
+            s = b.where(m, s, float("-inf")) if where else b.add(s, m)
+        return b.matmul(graphs.softmax(b, s), v)
+
+    return fn
+
+
+def _split(b, x, heads):
+    batch, seq, hidden = x.shape
+    return b.transpose(b.reshape(x, (batch, seq, heads, hidden // heads)), (0, 2, 1, 3))
+
+
+def _repeat(b, t, reps):
+    batch, heads, seq, dim = t.shape
+    t = b.expand(b.reshape(t, (batch, heads, 1, seq, dim)), (batch, heads, reps, seq, dim))
+    return b.reshape(t, (batch, heads * reps, seq, dim))
+
+
+def _kernel(g: ir.Graph) -> Kernel:
+    ks = attention_candidates(g, [n.name for n in g.nodes])
+    assert len(ks) == 1, ks
+    return ks[0]
+
+
+def _plan(g: ir.Graph, k: Kernel) -> dict:
+    """The attention kernel (at its anchor's place) and one kernel per other node."""
+    sets = [[n.name] for n in g.nodes if n.name not in k.nodes or n.name == k.anchor]
+    return plan_from_sets(g, [list(k.nodes) if s == [k.anchor] else s for s in sets])
+
+
+def _check(g, inputs=None, rtol=1e-5, atol=1e-6) -> str:
+    inputs = inputs or graphs.random_inputs(g)
+    return assert_matches_reference(g, _plan(g, _kernel(g)), inputs, rtol, atol)
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Interpreter blocks of 16: several query blocks and key steps."""
+    monkeypatch.setattr(attention_module, "INTERPRET_BLOCK", 16)
+
+
+# -- the rule on exported models ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_graphs(tmp_path_factory):
+    import onnx
+
+    from examples import export_example
+    from orchestrate import pipeline
+
+    out = {}
+    for name in ("bert", "gpt2", "llama"):
+        path = tmp_path_factory.mktemp(name) / f"{name}.onnx"
+        _, inputs = export_example(name, path, dynamo=False, opset=17, size="tiny")
+        shapes = {i.name: tuple(i.shape) for i in inputs}
+        out[name] = pipeline.fission_model(onnx.load(path), shapes, str(path))
+    return out
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])
+def test_rule_finds_one_kernel_per_attention_block(tiny_graphs, name):
+    from orchestrate.ilp.partition import partition
+
+    g = tiny_graphs[name]
+    pv = [n for n in g.nodes if n.op is Op.MATMUL and n.shape[1:2] == (4,) and len(n.shape) == 4]
+    found = [k for p in partition(g) for k in attention_candidates(g, p.nodes)]
+    assert len(found) == 2 == len(pv) // 2  # two layers, QK^T and PV per layer
+    for k in found:
+        assert k.template == ATTENTION and k.outputs == (k.anchor,)
+        assert classify(g, k.nodes) == k
+        a = analyse(g, k.nodes)
+        assert {graph_op(g, n) for n in a.softmax} == {Op.RMAX, Op.SUB, Op.EXP, Op.SUM, Op.DIV}
+        prologue_ops = {graph_op(g, n) for n in a.prologue}
+        assert Op.TRANSPOSE in prologue_ops
+        if name == "llama":  # grouped-query heads and rotary embeddings
+            assert {Op.EXPAND, Op.CONCAT, Op.SLICE} <= prologue_ops
+
+
+def graph_op(g, n):
+    return g.producer[n].op
+
+
+def _onnx_attention(feeds, **attrs):
+    model = node_model("Attention", feeds, opset=23, **attrs)
+    return fission(prepare(model, {k: v.shape for k, v in feeds.items()}))
+
+
+def _rand(shape, seed, dtype="float32"):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def test_rule_on_onnx_attention_gqa_causal_with_float_mask():
+    feeds = {"q": _rand((2, 5, 16), 0), "k": _rand((2, 7, 8), 1), "v": _rand((2, 7, 8), 2),
+             "mask": _rand((5, 7), 3)}  # fmt: skip
+    g = _onnx_attention(feeds, q_num_heads=4, kv_num_heads=2, is_causal=1)
+    a = analyse(g, _kernel(g).nodes)
+    # the float mask switches the decomposition's guard on: max(M, lowest), max(Z, 1)
+    assert a.max_floor == float(np.finfo(np.float32).min) and a.sum_floor == 1.0
+    assert Op.EXPAND in {graph_op(g, n) for n in a.prologue}
+    _check(g, feeds)
+
+
+def test_onnx_attention_fully_masked_rows_are_zero_like_the_reference():
+    mask = np.ones((3, 5), bool)
+    mask[1] = False
+    feeds = {"q": _rand((1, 2, 3, 24), 0), "k": _rand((1, 2, 5, 24), 1),
+             "v": _rand((1, 2, 5, 4), 2), "mask": mask}  # fmt: skip
+    g = _onnx_attention(feeds, softcap=2.5)
+    _check(g, feeds)
+
+
+# -- legality -----------------------------------------------------------------------------
+
+
+def _names(g):
+    return [n.name for n in g.nodes]
+
+
+def test_softmax_over_another_axis_is_rejected():
+    def fn(b, q, k, v):
+        s = b.matmul(q, b.transpose(k, (0, 1, 3, 2)))
+        return b.matmul(graphs.softmax(b, s, axis=2), v)
+
+    g = graphs.build(fn, [(1, 2, 8, 4), (1, 2, 8, 4), (1, 2, 8, 4)])
+    r = attention_legality(g, _names(g))
+    assert isinstance(r, Rejection) and "softmax not over the key axis" in r.reason
+    assert attention_candidates(g, _names(g)) == []
+
+
+def test_scores_read_outside_the_kernel_are_rejected():
+    def fn(b, q, k, v):
+        s = b.mul(b.matmul(q, b.transpose(k, (0, 1, 3, 2))), 0.5)
+        return b.matmul(graphs.softmax(b, s), v), s
+
+    g = graphs.build(fn, [(1, 2, 8, 4), (1, 2, 8, 4), (1, 2, 8, 4)])
+    r = classify(g, _names(g))
+    assert isinstance(r, Rejection) and "read outside the kernel" in r.reason
+    assert attention_candidates(g, _names(g)) == []
+
+
+def test_probabilities_read_outside_are_rejected():
+    def fn(b, q, k, v):
+        p = graphs.softmax(b, b.matmul(q, b.transpose(k, (0, 1, 3, 2))))
+        return b.matmul(p, v), b.mul(p, 2.0)
+
+    g = graphs.build(fn, [(1, 2, 8, 4), (1, 2, 8, 4), (1, 2, 8, 4)])
+    names = [n for n in _names(g) if g.producer[n].op is not Op.MUL]
+    r = classify(g, names)
+    assert isinstance(r, Rejection) and "probabilities" in r.reason
+
+
+@pytest.mark.parametrize("value", ["scores", "probabilities"])
+def test_values_computed_from_the_scores_are_rejected(value):
+    def fn(b, q, k):
+        s = b.matmul(q, b.transpose(k, (1, 0)))
+        p = graphs.softmax(b, s)
+        return b.matmul(p, s if value == "scores" else p)
+
+    g = graphs.build(fn, [(8, 4), (8, 4)])
+    r = classify(g, _names(g))
+    want = "read outside the softmax (by g/matmul_2)" if value == "scores" else "reads V"
+    assert isinstance(r, Rejection) and want in r.reason, r
+    assert attention_candidates(g, _names(g)) == []
+
+
+def test_two_matmuls_without_a_softmax_are_rejected():
+    g = graphs.build(lambda b, x, y, z: b.matmul(b.matmul(x, y), z), [(4, 4)] * 3)
+    r = classify(g, _names(g))
+    assert isinstance(r, Rejection) and "not a softmax" in r.reason
+
+
+def test_layout_on_the_scores_is_rejected():
+    def fn(b, q, k, v):
+        s = b.transpose(b.matmul(q, b.transpose(k, (0, 1, 3, 2))), (0, 1, 3, 2))
+        return b.matmul(graphs.softmax(b, s), v)
+
+    g = graphs.build(fn, [(1, 2, 8, 4), (1, 2, 8, 4), (1, 2, 8, 4)])
+    r = classify(g, _names(g))
+    assert isinstance(r, Rejection) and "cannot run on the scores" in r.reason
+    assert attention_candidates(g, _names(g)) == []
+
+
+def test_a_lone_matmul_pair_keeps_the_old_rules():
+    g = graphs.build(lambda b, x, y: b.add(b.matmul(x, y), b.matmul(y, x)), [(4, 4)] * 2)
+    r = classify(g, _names(g))
+    assert isinstance(r, Rejection)
+    r = classify(g, [n for n in _names(g) if graph_op(g, n) is Op.MATMUL][:1])
+    assert isinstance(r, Kernel) and r.template == "matmul"
+
+
+# -- cost ---------------------------------------------------------------------------------
+
+
+def test_cost_by_hand():
+    b, h, lq, lk, d = 1, 2, 16, 16, 8
+    g = graphs.build(attention_fn(scale=0.125), [(b, h, lq, d), (b, h, lk, d), (b, h, lk, d)])
+    k = _kernel(g)
+    device = get_device("h100")
+    c = roofline.cost(g, k, device)
+    tensor = b * h * lq * d * 4
+    assert c.bytes == 3 * tensor + tensor + 4  # Q, K, V, the scale (a scalar), O
+    scores, outputs, rows = b * h * lq * lk, b * h * lq * d, b * h * lq
+    matmuls = 2 * scores * d + 2 * outputs * lk
+    other = (
+        scores  # scale
+        + scores * (1 + 1 + 4 + 1)  # max, subtract, exp, sum
+        + outputs * 4  # the final division
+        + (rows * 4 + outputs)  # one rescale (one key block)
+        + b * h * lk * d  # K's transpose, once per query block
+    )
+    assert c.flops == matmuls + other
+    assert c.compute_us == pytest.approx((matmuls + other) / (device.fp32_tflops * 1e6))
+    assert c.memory_us == pytest.approx(c.bytes / (device.bandwidth_gbs * 1e3))
+
+
+def test_head_dims_that_do_not_fit_are_rejected():
+    g = graphs.build(attention_fn(), [(1, 1, 4, 128)] * 3)
+    k = _kernel(g)
+    assert roofline.working_set_rejection(g, k, get_device("h100")) is None
+    r = roofline.working_set_rejection(g, k, get_device("v100"))
+    assert r is not None and "shared memory" in r.reason
+    g = graphs.build(attention_fn(), [(1, 1, 4, 256)] * 3)
+    r = roofline.working_set_rejection(g, _kernel(g), get_device("h100"))
+    assert r is not None and "head dims 256 / 256" in r.reason
+
+
+def test_the_planner_picks_attention():
+    g = graphs.build(attention_fn(scale=0.25), [(1, 4, 64, 16)] * 3)
+    p = plan(g, PlanOptions(device="h100", reproducible=True))
+    assert [k["template"] for k in p["kernels"]] == [ATTENTION]
+    assert p["summary"]["predicted_us"] < p["baselines"]["greedy"]["predicted_us"]
+
+
+# -- the generated kernel against the reference ----------------------------------------
+
+
+def test_scaled_head_dim_24_seq_37(small_blocks):
+    g = graphs.build(attention_fn(scale=1 / math.sqrt(24)), [(2, 3, 37, 24)] * 3)
+    src = _check(g)
+    assert "BLOCK_M = 16" in src and "BLOCK_D = 32" in src
+
+
+def test_causal_mask(small_blocks):
+    causal = np.tril(np.ones((37, 37), bool))[None, None]
+    g = graphs.build(attention_fn(scale=0.2, mask=causal, where=True), [(1, 2, 37, 16)] * 3)
+    _check(g)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide")
+def test_padding_mask_minus_inf_with_fully_masked_rows(small_blocks):
+    """Batch 0 hides keys 0..19 (the first key block is all -inf for every
+    row), batch 1 hides every key: its rows are NaN, as in the reference."""
+    fn = attention_fn(scale=0.3, mask=True)
+    g = graphs.build(fn, [(2, 2, 21, 8), (2, 2, 37, 8), (2, 2, 37, 8), (2, 1, 1, 37)])
+    inputs = graphs.random_inputs(g)
+    mask = np.zeros((2, 1, 1, 37), np.float32)
+    mask[0, ..., :20] = -np.inf
+    mask[1] = -np.inf
+    inputs["x3"] = mask
+    _check(g, inputs)
+
+
+def test_padding_mask_large_negative(small_blocks):
+    fn = attention_fn(mask=True)
+    g = graphs.build(fn, [(2, 2, 17, 8), (2, 2, 33, 8), (2, 2, 33, 8), (2, 1, 1, 33)])
+    inputs = graphs.random_inputs(g)
+    mask = np.zeros((2, 1, 1, 33), np.float32)
+    mask[0, ..., 5:] = -1e9
+    # every key hidden: the scores vanish next to the lowest float (in float64
+    # too), so the output is the plain average of V
+    mask[1] = np.finfo(np.float32).min
+    inputs["x3"] = mask
+    _check(g, inputs)
+
+
+@pytest.mark.parametrize("mask_shape", [(33,), (17, 1), (1, 3, 17, 33), (2, 1, 1, 33)])
+def test_additive_mask_broadcast_in_every_position(small_blocks, mask_shape):
+    fn = attention_fn(scale=0.5, mask=True)
+    _check(graphs.build(fn, [(2, 3, 17, 8), (2, 3, 33, 8), (2, 3, 33, 8), mask_shape]))
+
+
+def test_no_batch_dims():
+    def fn(b, q, k, v):
+        return b.matmul(graphs.softmax(b, b.matmul(q, b.transpose(k, (1, 0)))), v)
+
+    _check(graphs.build(fn, [(5, 8), (9, 8), (9, 4)]))
+
+
+def test_grouped_query_heads_split_from_3d(small_blocks):
+    fn = attention_fn(scale=0.25, kv_heads=True, split_heads=(4, 2, 2))
+    g = graphs.build(fn, [(1, 19, 4 * 12), (1, 19, 2 * 12), (1, 19, 2 * 12)])
+    k = _kernel(g)
+    assert {Op.EXPAND, Op.RESHAPE, Op.TRANSPOSE} <= {graph_op(g, n) for n in k.nodes}
+    _check(g)
+
+
+def test_cross_attention_value_dim_and_decode_step():
+    g = graphs.build(attention_fn(scale=0.5), [(2, 2, 1, 8), (2, 2, 37, 8), (2, 2, 37, 5)])
+    _check(g)
+    g = graphs.build(attention_fn(), [(1, 1, 1, 3), (1, 1, 1, 3), (1, 1, 1, 3)])
+    _check(g)
+
+
+def test_float16(small_blocks):
+    causal = np.tril(np.ones((37, 37), bool))[None, None]
+    fn = attention_fn(scale=0.25, mask=causal, where=True)
+    g = graphs.build(fn, [(1, 2, 37, 24)] * 3, dtype="float16")
+    _check(g, rtol=2e-3, atol=2e-3)
+
+
+# -- end to end ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])
+def test_optimize_picks_attention_and_verifies(tmp_path, monkeypatch, name):
+    import orchestrate
+    from examples import export_example
+    from orchestrate import pipeline, planner
+
+    src = tmp_path / f"{name}.onnx"
+    export_example(name, src, dynamo=False, opset=17, size="tiny")
+    result = orchestrate.optimize(src, tmp_path / "out", trials=2, rtol=1e-4, reproducible=True)
+    assert result.report.ok and max(c.rel for c in result.report.checks) <= 1e-4
+    templates = [k["template"] for k in result.plan["kernels"]]
+    assert templates.count(ATTENTION) == 2, templates  # one per layer
+    # the same model planned without the rule: the optimum can only be worse
+    monkeypatch.setattr(planner, "attention_candidates", lambda graph, nodes: [])
+    without = plan(pipeline.fission_file(src), PlanOptions(reproducible=True))
+    assert ATTENTION not in {k["template"] for k in without["kernels"]}
+    assert result.plan["summary"]["predicted_us"] < without["summary"]["predicted_us"]
