@@ -24,7 +24,7 @@ import math
 from orchestrate.emit.codegen import Body, Evaluator, Index, Pointers, paren, split_linear
 from orchestrate.emit.source import KernelSource, describe, next_pow2, store
 from orchestrate.ir import Graph, Op
-from orchestrate.kernels.templates import WINDOW, Kernel
+from orchestrate.kernels.templates import WINDOW, Kernel, descendants_within
 
 MAX_BLOCK = 512  # output elements per program on a GPU
 INTERPRET_BLOCK = 1 << 14  # ... and in the interpreter (fewer, wider programs)
@@ -40,7 +40,7 @@ def window(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> Kerne
     pool = graph.producer[k.anchor]
     if pool.op is not Op.POOL or pool.attrs["kind"] not in ("max", "avg"):
         raise AssertionError(f"{name}: anchor {pool.name} is not a max/avg pool")
-    epilogue = _downstream(graph, pool.name, set(k.nodes))
+    epilogue = descendants_within(graph, pool.name, set(k.nodes))
     prologue = set(k.nodes) - epilogue - {pool.name}
     bad = [t for t in writes if t != pool.name and t not in epilogue]
     if bad:
@@ -180,17 +180,6 @@ def _loops(body: Body, pool, x_shape, out_shape, corner: list[str], loop: str):
     inner = levels[-1]
     tap_mask = inner.let(" & ".join(map(paren, inside)), "m") if inside else None
     return levels, pos, tap_mask
-
-
-def _downstream(graph: Graph, start: str, inside: set[str]) -> set[str]:
-    out: set[str] = set()
-    stack = [start]
-    while stack:
-        for c in graph.consumers.get(stack.pop(), ()):
-            if c.name in inside and c.name not in out:
-                out.add(c.name)
-                stack.append(c.name)
-    return out
 
 
 def _mul(e: str, k: int) -> str:

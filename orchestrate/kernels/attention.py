@@ -39,7 +39,9 @@ from orchestrate.kernels.templates import (
     POINTWISE_OPS,
     Kernel,
     Rejection,
+    ancestors_within,
     convexity,
+    descendants_within,
 )
 
 DOT_DTYPES = ("float16", "float32")
@@ -113,10 +115,10 @@ def analyse(graph: Graph, names: Iterable[str]) -> Attention | Rejection:
     if isinstance(softmax, Rejection):
         return softmax
     x, parts, floors = softmax
-    down = _descendants(graph, m1.name, inside)
+    down = descendants_within(graph, m1.name, inside)
     if x != m1.name and x not in down:
         return Rejection(f"softmax input {x} does not follow the scores {m1.name}")
-    up = _ancestors(graph, x, inside) | {x}
+    up = ancestors_within(graph, x, inside) | {x}
     scores = [n for n in names if n in down and n in up]
     roles = {m1.name, m2.name, *scores, *parts}
     prologue = [n for n in names if n not in roles]
@@ -141,7 +143,7 @@ def prologue_operands(graph: Graph, a: Attention) -> dict[str, str]:
     inside = set(a.prologue)
 
     def feeding(t: str) -> set[str]:
-        return _ancestors(graph, t, inside) | {t} if t in inside else set()
+        return ancestors_within(graph, t, inside) | {t} if t in inside else set()
 
     kv = feeding(m1.inputs[1]) | feeding(m2.inputs[1])
     q = feeding(m1.inputs[0])
@@ -247,7 +249,7 @@ def _read_elsewhere(what: str, t: str, readers: set[str], inside: set[str]) -> s
 
 
 def _check_prologue(graph, prologue, roles, down, inside) -> str | None:
-    feeds = set().union(*(_ancestors(graph, r, inside) for r in roles)) if roles else set()
+    feeds = set().union(*(ancestors_within(graph, r, inside) for r in roles)) if roles else set()
     for n in prologue:
         node = graph.producer[n]
         if n in down:
@@ -314,7 +316,7 @@ def _match(graph: Graph, m2: Node, allowed: set[str]) -> set[str] | None:
     if len(m1s) != 1:
         return None
     m1 = m1s.pop()
-    scores = (_descendants(graph, m1, chain) & chain) | {m1}
+    scores = (descendants_within(graph, m1, chain) & chain) | {m1}
     return scores | set(parts) | {m2.name}
 
 
@@ -334,25 +336,3 @@ def _with_prologue(graph: Graph, core: set[str], allowed: set[str]) -> set[str]:
                 names.add(t)
                 grown = True
     return names
-
-
-def _ancestors(graph: Graph, start: str, inside: set[str]) -> set[str]:
-    out: set[str] = set()
-    stack = [start]
-    while stack:
-        for i in graph.producer[stack.pop()].inputs:
-            if i in inside and i not in out:
-                out.add(i)
-                stack.append(i)
-    return out
-
-
-def _descendants(graph: Graph, start: str, inside: set[str]) -> set[str]:
-    out: set[str] = set()
-    stack = [start]
-    while stack:
-        for c in graph.consumers.get(stack.pop(), ()):
-            if c.name in inside and c.name not in out:
-                out.add(c.name)
-                stack.append(c.name)
-    return out

@@ -236,8 +236,8 @@ def _row_reduce(graph, nodes, inside, inputs, sinks, exposed, reductions) -> Ker
 
 
 def _anchored(graph, nodes, inside, inputs, sinks, exposed, anchor) -> Kernel | Rejection:
-    downstream = _descendants_within(graph, anchor.name, inside)
-    upstream = _ancestors_within(graph, anchor.name, inside)
+    downstream = descendants_within(graph, anchor.name, inside)
+    upstream = ancestors_within(graph, anchor.name, inside)
     template = {Op.MATMUL: MATMUL, Op.CONV: CONV, Op.POOL: WINDOW}[anchor.op]
     for n in nodes:
         if n.name == anchor.name:
@@ -270,7 +270,8 @@ def _anchored(graph, nodes, inside, inputs, sinks, exposed, anchor) -> Kernel | 
     return Kernel(template, names, inputs, sinks, optional, anchor.name, anchor.shape)
 
 
-def _ancestors_within(graph: Graph, start: str, inside: set[str]) -> set[str]:
+def ancestors_within(graph: Graph, start: str, inside: set[str]) -> set[str]:
+    """Nodes of ``inside`` that ``start`` depends on (not ``start`` itself)."""
     out: set[str] = set()
     stack = [start]
     while stack:
@@ -281,12 +282,12 @@ def _ancestors_within(graph: Graph, start: str, inside: set[str]) -> set[str]:
     return out
 
 
-def _descendants_within(graph: Graph, start: str, inside: set[str]) -> set[str]:
+def descendants_within(graph: Graph, start: str, inside: set[str]) -> set[str]:
+    """Nodes of ``inside`` that depend on ``start`` (not ``start`` itself)."""
     out: set[str] = set()
     stack = [start]
     while stack:
-        v = stack.pop()
-        for c in graph.consumers.get(v, ()):
+        for c in graph.consumers.get(stack.pop(), ()):
             if c.name in inside and c.name not in out:
                 out.add(c.name)
                 stack.append(c.name)
