@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
@@ -14,19 +12,6 @@ from orchestrate.emit import conv as conv_module
 from orchestrate.kernels.templates import CONV, classify
 from tests import graphs
 from tests.emit_util import assert_matches_reference, one_kernel, plan_from_sets
-
-
-def _register_generators() -> None:
-    """Register each generator module that exists (emit._register needs all of them)."""
-    for template in ("row_reduce", "matmul", "conv", "window"):
-        try:
-            module = importlib.import_module(f"orchestrate.emit.{template}")
-        except ImportError:
-            continue
-        emit.GENERATORS.setdefault(template, getattr(module, template))
-
-
-_register_generators()
 
 
 @pytest.fixture

@@ -8,14 +8,12 @@ is intended, regenerate the copies and review the diff:
 
 The update runs every regenerated module in the Triton interpreter against
 the float64 reference before writing it, so a golden copy is always code
-that computes the right thing.  Cases whose template has no generator yet
-are skipped (and left alone by the update).
+that computes the right thing.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import sys
 from collections.abc import Callable
@@ -32,16 +30,6 @@ GOLDEN = Path(__file__).parent / "golden"
 UPDATE = "python -m tests.test_emit_golden --update"
 
 
-def _register_generators() -> None:
-    """Register each generator module that exists (emit._register needs all of them)."""
-    for template in ("row_reduce", "matmul", "conv", "window"):
-        try:
-            module = importlib.import_module(f"orchestrate.emit.{template}")
-        except ImportError:
-            continue
-        emit.GENERATORS.setdefault(template, getattr(module, template))
-
-
 def _gelu(b, h):
     return b.mul(b.mul(h, 0.5), b.add(b.erf(b.mul(h, 1 / math.sqrt(2))), 1.0))
 
@@ -49,7 +37,7 @@ def _gelu(b, h):
 @dataclass(frozen=True)
 class Case:
     name: str
-    template: str  # the one kernel's template (and the generator module it needs)
+    template: str  # the one kernel's template
     fn: Callable
     shapes: list[tuple[int, ...]]
     what: str
@@ -60,18 +48,7 @@ class Case:
     def path(self) -> Path:
         return GOLDEN / f"{self.name}.py"
 
-    def missing_generator(self) -> str | None:
-        """Why this case cannot be generated yet, or None."""
-        if self.template == "pointwise":
-            return None
-        try:
-            importlib.import_module(f"orchestrate.emit.{self.template}")
-        except ImportError:
-            return f"no {self.template} generator yet (orchestrate/emit/{self.template}.py)"
-        return None
-
     def source(self) -> tuple[ir.Graph, dict, str]:
-        _register_generators()
         g = self.graph()
         plan = one_kernel(g)
         templates = [k["template"] for k in plan["kernels"]]
@@ -99,9 +76,6 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_generated_source_matches_golden_copy(case: Case):
-    why = case.missing_generator()
-    if why:
-        pytest.skip(why)
     _, _, src = case.source()
     if not case.path().exists():
         pytest.fail(f"no golden copy {case.path()}: run `{UPDATE}`")
@@ -127,14 +101,10 @@ def _diff(want: str, got: str, path: Path) -> str:
 
 
 def update() -> int:
-    """Regenerate every golden copy whose generator exists, after checking it
-    against the reference.  Returns a process exit status."""
+    """Regenerate every golden copy after checking it against the reference.
+    Returns a process exit status."""
     GOLDEN.mkdir(exist_ok=True)
     for case in CASES:
-        why = case.missing_generator()
-        if why:
-            print(f"skip   {case.name}: {why}")
-            continue
         g, plan, src = case.source()
         assert_matches_reference(g, plan, graphs.random_inputs(g, 0), rtol=1e-4, atol=1e-5)
         old = case.path().read_text() if case.path().exists() else None
@@ -150,8 +120,6 @@ def check() -> int:
     """Report stale golden copies without writing."""
     stale = 0
     for case in CASES:
-        if case.missing_generator():
-            continue
         _, _, src = case.source()
         same = case.path().exists() and case.path().read_text() == src
         stale += not same

@@ -19,7 +19,6 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from orchestrate.cost import roofline
-from orchestrate.emit import GENERATORS
 from orchestrate.emit import row_reduce as rr
 from orchestrate.ir import Op
 from tests import graphs
@@ -28,11 +27,6 @@ from tests.util import has_nvidia_backend
 
 # masked-out lanes of partial blocks compute on neutral values (inf - inf)
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
-
-
-@pytest.fixture(autouse=True)
-def _generator(monkeypatch):
-    monkeypatch.setitem(GENERATORS, "row_reduce", rr.row_reduce)
 
 
 @pytest.fixture
@@ -159,7 +153,6 @@ def test_random_axes(shape, mask, loop, seed):
         return _softmax_axes(b, d, axes), b.reduce_max(d, axes, keepdims=False)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(GENERATORS, "row_reduce", rr.row_reduce)
         if loop:
             mp.setattr(roofline, "SINGLE_PASS_ROW", 1)
             mp.setattr(rr, "INTERPRET_LOOP_BLOCK", 2)
@@ -402,14 +395,12 @@ _COMPILE = textwrap.dedent(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from orchestrate.cost import roofline
-    from orchestrate.emit import GENERATORS, kernel_source
-    from orchestrate.emit import row_reduce as rr
+    from orchestrate.emit import kernel_source
     from orchestrate.emit.source import module
     from orchestrate.ir import Op
     from tests import graphs
     from tests.emit_util import one_kernel
 
-    GENERATORS["row_reduce"] = rr.row_reduce
     PTR = {"float16": "*fp16", "float32": "*fp32", "float64": "*fp64", "int8": "*i8",
            "int32": "*i32", "int64": "*i64", "uint8": "*u8"}
 

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrate import emit
 from orchestrate.decompose import fission
 from orchestrate.emit import window as window_module
 from orchestrate.frontend import prepare
@@ -20,18 +17,6 @@ from tests import graphs
 from tests.emit_util import assert_matches_reference, one_kernel, plan_from_sets
 from tests.util import node_model
 
-
-def _register_generators() -> None:
-    """Register each generator module that exists (emit._register needs all of them)."""
-    for template in ("row_reduce", "matmul", "conv", "window"):
-        try:
-            module = importlib.import_module(f"orchestrate.emit.{template}")
-        except ImportError:
-            continue
-        emit.GENERATORS.setdefault(template, getattr(module, template))
-
-
-_register_generators()
 # the interpreter evaluates the prologue at padding taps too (masked loads
 # give 0, e.g. log(|0|) in a power) before those taps are replaced
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
