@@ -29,7 +29,7 @@ from orchestrate.decompose import (
     reduce,
     resize,
 )
-from orchestrate.decompose.builder import Builder, Value
+from orchestrate.decompose.builder import Builder, Value, onnx_dtype_name
 from orchestrate.errors import GraphError, UnsupportedError
 
 Decomposition = Callable[..., Value | tuple[Value | None, ...]]
@@ -120,7 +120,7 @@ def _value_type(vi: onnx.ValueInfoProto, source: str) -> ir.TensorType:
     tt = vi.type.tensor_type
     if not vi.type.HasField("tensor_type"):
         raise UnsupportedError(f"{source}: input {vi.name!r} is not a tensor", {"non-tensor": 1})
-    dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else "?"
+    dtype = onnx_dtype_name(tt.elem_type) if tt.elem_type else "?"
     _check_dtype(dtype, f"{source}: input {vi.name!r}")
     dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
     if not tt.HasField("shape") or None in dims:

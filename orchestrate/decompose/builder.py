@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+from onnx import helper
 
 from orchestrate import ir
 from orchestrate.errors import GraphError, UnsupportedError
@@ -360,6 +361,26 @@ class Builder:
             Op.POOL, [x], kind=kind, kernel=tuple(kernel), strides=tuple(strides),
             pads=tuple(pads), dilations=tuple(dilations),
         )  # fmt: skip
+
+
+def onnx_dtype_name(onnx_type: int) -> str:
+    """The numpy name of an ONNX element type (its ONNX name when numpy has none)."""
+    try:
+        return helper.tensor_dtype_to_np_dtype(onnx_type).name
+    except (KeyError, TypeError, ValueError):
+        try:
+            return helper.tensor_dtype_to_string(onnx_type)
+        except (KeyError, TypeError, ValueError):
+            return str(onnx_type)
+
+
+def onnx_dtype(onnx_type: int) -> str:
+    """The IR dtype of an ONNX element type (a Cast's ``to``); UnsupportedError
+    when the IR has none (bfloat16, float8, strings, ...)."""
+    name = onnx_dtype_name(onnx_type)
+    if name not in ir.ALL_DTYPES:
+        raise UnsupportedError(f"dtype {name} is not supported", {f"dtype {name}": 1})
+    return name
 
 
 def _type_of(arr: np.ndarray) -> TensorType:

@@ -9,22 +9,10 @@ from __future__ import annotations
 
 import math
 
-from onnx import helper
-
 from orchestrate import ir
-from orchestrate.decompose.builder import Builder, Value
+from orchestrate.decompose.builder import Builder, Value, onnx_dtype
 from orchestrate.errors import UnsupportedError
 from orchestrate.ir import Op
-
-
-def _onnx_dtype(to: int) -> str:
-    try:
-        name = helper.tensor_dtype_to_np_dtype(to).name
-    except (KeyError, TypeError, ValueError):
-        name = helper.tensor_dtype_to_string(to) if isinstance(to, int) else str(to)
-    if name not in ir.ALL_DTYPES:
-        raise UnsupportedError(f"dtype {name} is not supported", {f"dtype {name}": 1})
-    return name
 
 
 def _same(b: Builder, y: Value, like: Value) -> Value:
@@ -57,7 +45,7 @@ def IsInf(b: Builder, x: Value, *, detect_negative: int = 1, detect_positive: in
 
 
 def Cast(b: Builder, x: Value, *, to: int, saturate: int = 1, round_mode: str = "up") -> Value:
-    return b.cast(x, _onnx_dtype(to))
+    return b.cast(x, onnx_dtype(to))
 
 
 def CastLike(b: Builder, x: Value, target: Value, *, saturate: int = 1, round_mode: str = "up"):

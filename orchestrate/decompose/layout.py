@@ -14,10 +14,9 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from onnx import helper
 
 from orchestrate import ir
-from orchestrate.decompose.builder import Builder, Value
+from orchestrate.decompose.builder import Builder, Value, onnx_dtype
 from orchestrate.errors import UnsupportedError
 
 # -- helpers -------------------------------------------------------------------
@@ -66,16 +65,6 @@ def _axes(axes: Sequence[int], rank: int, op: str) -> list[int]:
     if len(set(out)) != len(out):
         raise _invalid(op, f"axes {list(axes)} repeat an axis")
     return out
-
-
-def _onnx_dtype(to: int) -> str:
-    try:
-        name = helper.tensor_dtype_to_np_dtype(to).name
-    except (KeyError, TypeError, ValueError):
-        name = str(to)
-    if name not in ir.ALL_DTYPES:
-        raise UnsupportedError(f"dtype {name} is not supported", {f"dtype {name}": 1})
-    return name
 
 
 # -- shape and axis reshuffles --------------------------------------------------
@@ -430,7 +419,7 @@ def Range(b: Builder, start: Value, limit: Value, delta: Value) -> Value:
 def EyeLike(b: Builder, x: Value, *, dtype: int | None = None, k: int = 0) -> Value:
     if x.rank != 2:
         raise _invalid("EyeLike", f"input must be 2-D, got {x.shape}")
-    out = x.dtype if dtype is None else _onnx_dtype(dtype)
+    out = x.dtype if dtype is None else onnx_dtype(dtype)
     return b.constant(np.eye(*x.shape, k=k, dtype=out))
 
 

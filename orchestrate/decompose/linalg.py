@@ -14,10 +14,9 @@ import math
 from collections import Counter
 
 import numpy as np
-from onnx import helper
 
 from orchestrate import ir
-from orchestrate.decompose.builder import Builder, Value
+from orchestrate.decompose.builder import Builder, Value, onnx_dtype_name
 from orchestrate.errors import UnsupportedError
 
 # -- MatMul and Gemm ------------------------------------------------------------
@@ -366,10 +365,7 @@ def _repeat_heads(b: Builder, t: Value, reps: int) -> Value:
 
 
 def _float_dtype(onnx_type: int) -> str:
-    try:
-        name = helper.tensor_dtype_to_np_dtype(onnx_type).name
-    except (KeyError, TypeError, ValueError):
-        name = str(onnx_type)
+    name = onnx_dtype_name(onnx_type)
     if name not in ir.FLOATS:
         raise UnsupportedError(
             f"Attention: softmax_precision {name}", {"Attention.softmax_precision": 1}

@@ -24,19 +24,15 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from onnx import helper
 
 from orchestrate import ir
-from orchestrate.decompose.builder import Builder, Value
+from orchestrate.decompose.builder import Builder, Value, onnx_dtype_name
 from orchestrate.decompose.reduce import check_axis, mean_over
 from orchestrate.errors import UnsupportedError
 
 
 def _stash_dtype(op: str, stash_type: int) -> str:
-    try:
-        name = helper.tensor_dtype_to_np_dtype(stash_type).name
-    except (KeyError, TypeError, ValueError):
-        name = str(stash_type)
+    name = onnx_dtype_name(stash_type)
     if name not in ir.FLOATS:
         raise UnsupportedError(
             f"{op}: stash_type {stash_type} ({name}) is not supported", {f"{op}.stash_type": 1}
