@@ -53,6 +53,16 @@ class Input:
         return rng.standard_normal(shape).astype(self.dtype)
 
 
+def token_inputs(batch: int, seq: int, vocab: int, *, mask: bool) -> tuple[Input, ...]:
+    """input_ids (ids below ``vocab``), and an attention_mask when ``mask``;
+    batch and sequence are the dynamic axes."""
+    axes = ((0, "batch"), (1, "sequence"))
+    ids = Input("input_ids", (batch, seq), "int64", high=vocab, dynamic=axes)
+    if not mask:
+        return (ids,)
+    return (ids, Input("attention_mask", (batch, seq), "int64", high=2, dynamic=axes))
+
+
 def attention_mask(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
     """A padding mask (int64, 1 = token, 0 = padding): each row keeps a random
     non-empty prefix, like a batch of sentences of different lengths."""

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from examples.export import Input
+from examples.export import Input, token_inputs
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,7 @@ class LlamaConfig:
     seq: int = 128
 
     def inputs(self) -> tuple[Input, ...]:
-        axes = ((0, "batch"), (1, "sequence"))
-        return (Input("input_ids", (self.batch, self.seq), "int64", high=self.vocab, dynamic=axes),)
+        return token_inputs(self.batch, self.seq, self.vocab, mask=False)
 
 
 class RmsNorm(nn.Module):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from examples.export import Input
+from examples.export import Input, token_inputs
 
 
 @dataclass(frozen=True)
@@ -34,12 +34,7 @@ class T5Config:
     seq: int = 128
 
     def inputs(self) -> tuple[Input, ...]:
-        axes = ((0, "batch"), (1, "sequence"))
-        shape = (self.batch, self.seq)
-        return (
-            Input("input_ids", shape, "int64", high=self.vocab, dynamic=axes),
-            Input("attention_mask", shape, "int64", high=2, dynamic=axes),
-        )
+        return token_inputs(self.batch, self.seq, self.vocab, mask=True)
 
 
 class T5LayerNorm(nn.Module):

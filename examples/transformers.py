@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from examples.export import Input
+from examples.export import Input, token_inputs
 
 
 def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -55,12 +55,7 @@ class BertConfig:
     seq: int = 128
 
     def inputs(self) -> tuple[Input, ...]:
-        axes = ((0, "batch"), (1, "sequence"))
-        shape = (self.batch, self.seq)
-        return (
-            Input("input_ids", shape, "int64", high=self.vocab, dynamic=axes),
-            Input("attention_mask", shape, "int64", high=2, dynamic=axes),
-        )
+        return token_inputs(self.batch, self.seq, self.vocab, mask=True)
 
 
 class BertLayer(nn.Module):
@@ -131,8 +126,7 @@ class Gpt2Config:
     seq: int = 128
 
     def inputs(self) -> tuple[Input, ...]:
-        axes = ((0, "batch"), (1, "sequence"))
-        return (Input("input_ids", (self.batch, self.seq), "int64", high=self.vocab, dynamic=axes),)
+        return token_inputs(self.batch, self.seq, self.vocab, mask=False)
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
