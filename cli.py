@@ -349,14 +349,10 @@ def verify(bundle_dir: Path, model: Path, shapes, trials, rtol, atol) -> None:
 @reports_errors
 def bench(bundle_dir: Path, model: Path, shapes, runs: int, warmup: int) -> None:
     """Time bundle OUT against onnxruntime running MODEL (same inputs)."""
-    from orchestrate import api, pipeline
+    from orchestrate import api
     from orchestrate import bench as benchmark
 
-    loaded = api.load(bundle_dir)
-    onnx_model = pipeline.load(model)
-    binding = _shapes(shapes) or {k: tuple(v) for k, v in loaded.manifest.get("shapes", {}).items()}
-    graph = pipeline.fission_model(onnx_model, binding, str(model))
-    api.check_same_interface(loaded, graph, model)
+    loaded, onnx_model, graph = api.bundle_and_model(bundle_dir, model, _shapes(shapes) or None)
     timings = benchmark.bench(loaded, onnx_model, graph, runs=runs, warmup=warmup)
     for line in benchmark.table(timings, loaded.interpret):
         click.echo(line)

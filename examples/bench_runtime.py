@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, default=Path("out/bench"))
     p.add_argument("--runs", type=int, default=50)
     args = p.parse_args(argv)
-    from orchestrate import api, bench, pipeline
+    from orchestrate import api, bench
     from orchestrate.runtime import gpu_available
 
     if not gpu_available():
@@ -35,9 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         out = args.cache / f"{name}.orch"
         if not out.exists():
             api.optimize(src, out, trials=1)
-        loaded = api.load(out)
-        model = pipeline.load(src)
-        graph = pipeline.fission_model(model, None, str(src))
+        loaded, model, graph = api.bundle_and_model(out, src)
         print(f"\n{name}:")
         for line in bench.table(bench.bench(loaded, model, graph, runs=args.runs), False):
             print("  " + line)

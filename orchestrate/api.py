@@ -151,24 +151,32 @@ def verify_bundle(
     atol: float | None = None,
 ) -> Report:
     """Compare a bundle with onnxruntime running ``model_path``."""
+    loaded, model, graph = bundle_and_model(out_dir, model_path, shapes)
+    return verify(model, graph, loaded.run, trials=trials, rtol=rtol, atol=atol)
+
+
+def bundle_and_model(
+    out_dir: str | os.PathLike,
+    model_path: str | os.PathLike,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+):
+    """(bundle, ONNX model, its primitive graph) for comparing the two; the
+    shapes default to those the bundle was built with.  InputError when the
+    model's inputs and outputs are not the bundle's."""
+    from orchestrate.errors import InputError
+
     loaded = load(out_dir)
     model = pipeline.load(model_path)
     if shapes is None:
         shapes = {k: tuple(v) for k, v in loaded.manifest.get("shapes", {}).items()}
     graph = pipeline.fission_model(model, shapes, str(model_path))
-    check_same_interface(loaded, graph, model_path)
-    return verify(model, graph, loaded.run, trials=trials, rtol=rtol, atol=atol)
-
-
-def check_same_interface(loaded: Bundle, graph, model_path) -> None:
-    from orchestrate.errors import InputError
-
     want = {i.name: (i.type.shape, i.type.dtype) for i in graph.inputs}
     if want != loaded.inputs or list(graph.outputs) != loaded.outputs:
         raise InputError(
             f"{model_path}: its inputs/outputs do not match the bundle's "
             f"({sorted(want)} -> {list(graph.outputs)} vs {sorted(loaded.inputs)} -> {loaded.outputs})"
         )
+    return loaded, model, graph
 
 
 def _report_md(plan: dict, result: Report | None) -> str:
