@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 from onnx.external_data_helper import load_external_data_for_model, uses_external_data
 
-from orchestrate.errors import InputError, OrchestrateError, UnsupportedError
+from orchestrate.errors import InputError, UnsupportedError
 
 # Folding a constant computation is skipped when its result is larger than
 # this many elements and larger than its inputs (it stays a node to fuse).
@@ -394,15 +394,3 @@ def _prune(m: onnx.ModelProto, weights: Mapping[str, onnx.TensorProto]) -> onnx.
     del g.input[:]
     g.input.extend(real)
     return m
-
-
-def load_and_prepare(
-    path: str | os.PathLike, shapes: Mapping[str, tuple[int, ...]] | None = None
-) -> onnx.ModelProto:
-    return prepare(load(path), shapes, str(path))
-
-
-__all__ = [
-    "OrchestrateError", "load", "prepare", "parse_shape", "fold_constants", "graph_inputs",
-    "static_shapes", "load_and_prepare",
-]  # fmt: skip

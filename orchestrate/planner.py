@@ -305,25 +305,22 @@ def _transplant(graph, src: Partition, dst: Partition, chosen):
 
 def _solve_with_budget(graph, parts, sigs, problems, write_us, nbytes, options, stats):
     """One program for all partitions: the budget couples them."""
-    kernels, costs, warm, required = [], [], [], []
+    kernels, costs, required = [], [], []
     available = {i.name for i in graph.inputs} | set(graph.constants)
     owner = []
     for p, sig in zip(parts, sigs):
         rep = parts[sigs.index(sig)]
         prob = problems[sig]
-        base = len(kernels)
         mapped = _transplant(graph, rep, p, [(k, k.outputs) for k in prob.kernels])
         for (k, _), c in zip(mapped, prob.costs):
             kernels.append(k)
             costs.append(c)
             owner.append(p.index)
-        for w in prob.warm:
-            names = dict(zip(rep.nodes, p.nodes))
-            warm.append(program.Choice(base + w.kernel, tuple(names.get(t, t) for t in w.writes)))
         required += list(p.outputs)
+    # no warm start: the greedy plan need not fit the budget
     sol = program.solve(
         kernels, costs, write_us, nbytes, available,
-        list(dict.fromkeys(required)), warm=(), time_limit=options.time_limit,
+        list(dict.fromkeys(required)), time_limit=options.time_limit,
         budget=options.memory_budget, recompute=options.recompute, name="budgeted",
         edges=primitive_edges(graph, [n.name for n in graph.nodes]),
         budget_exempt=set(graph.outputs),

@@ -150,7 +150,6 @@ class Program:
         return {o: env[o].cpu().numpy() for o in self.outputs}
 
     def _execute(self, feeds: dict) -> dict:
-        torch = self.torch
         self.stats = {"allocated": 0, "reused": 0}
         env = dict(self.constants)
         env.update(feeds)
@@ -168,7 +167,6 @@ class Program:
                 buf = env.get(r)
                 if buf is not None:
                     pool.setdefault(buf.untyped_storage().nbytes(), []).append(buf)
-        del torch
         return env
 
     def _allocate(self, pool: dict, shape, dtype: str, keep: bool):

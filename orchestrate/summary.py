@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from orchestrate import frontend, ir
+from orchestrate import ir
 
 
 def _mb(nbytes: int) -> str:
@@ -70,6 +70,3 @@ def format_inspection(info: dict) -> str:
         lines.append(f"\nlargest tensor {big['name']!r}: {big['type']} ({_mb(big['bytes'])})")
     lines.append(f"constants after folding: {_mb(info['constants_bytes'])}")
     return "\n".join(lines)
-
-
-__all__ = ["inspection", "format_inspection", "frontend"]

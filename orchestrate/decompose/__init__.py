@@ -14,7 +14,6 @@ import inspect
 from collections import Counter
 from collections.abc import Callable, Mapping
 
-import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
@@ -237,4 +236,4 @@ def decompose(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | No
     return to_onnx(fission(prepared), name=model.graph.name or "graph")
 
 
-__all__ = ["TABLE", "SUPPORTED_OPS", "fission", "decompose", "Builder", "Value", "np"]
+__all__ = ["TABLE", "SUPPORTED_OPS", "fission", "decompose", "Builder", "Value"]

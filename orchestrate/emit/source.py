@@ -11,7 +11,6 @@ programs, not with the block size.
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 
@@ -151,6 +150,3 @@ def module(kernels: list[KernelSource], title: str) -> str:
     parts = ["\n".join(head)] + _used_helpers(kernels, helpers) + [k.render() for k in kernels]
     table = ["LAUNCHERS = {"] + [f'    "{k.name}": launch_{k.name},' for k in kernels] + ["}"]
     return "\n\n\n".join(p.rstrip("\n") for p in parts) + "\n\n\n" + "\n".join(table) + "\n"
-
-
-__all__ = ["KernelSource", "describe", "store", "module", "next_pow2", "math"]
