@@ -107,17 +107,23 @@ def _add_bias(b: Builder, y: Value, bias: Value | None) -> Value:
     return b.add(y, b.reshape(bias, (1, y.shape[1]) + (1,) * (y.rank - 2)))
 
 
+def _kernel(w: Value, kernel_shape, op: str) -> tuple[int, ...]:
+    """The weight's spatial shape, which a kernel_shape attribute must repeat."""
+    kernel = tuple(w.shape[2:])
+    if kernel_shape is not None and tuple(kernel_shape) != kernel:
+        raise UnsupportedError(
+            f"{op}: kernel_shape {list(kernel_shape)} differs from weight {w.shape}",
+            {f"{op}.kernel_shape": 1},
+        )
+    return kernel
+
+
 def Conv(
     b: Builder, x: Value, w: Value, bias: Value | None = None, *, auto_pad: str = "NOTSET",
     dilations=None, group: int = 1, kernel_shape=None, pads=None, strides=None,
 ) -> Value:  # fmt: skip
     n = _spatial(x, "Conv")
-    kernel = tuple(w.shape[2:])
-    if kernel_shape is not None and tuple(kernel_shape) != kernel:
-        raise UnsupportedError(
-            f"Conv: kernel_shape {list(kernel_shape)} differs from weight {w.shape}",
-            {"Conv.kernel_shape": 1},
-        )
+    kernel = _kernel(w, kernel_shape, "Conv")
     if group < 1 or x.shape[1] != w.shape[1] * group or w.shape[0] % group:
         raise UnsupportedError(
             f"Conv: input {x.shape} and weight {w.shape} do not fit group={group}", {"W": 1}
@@ -196,12 +202,7 @@ def ConvTranspose(
     pads=None, strides=None,
 ) -> Value:  # fmt: skip
     n = _spatial(x, "ConvTranspose")
-    kernel = tuple(w.shape[2:])
-    if kernel_shape is not None and tuple(kernel_shape) != kernel:
-        raise UnsupportedError(
-            f"ConvTranspose: kernel_shape {list(kernel_shape)} differs from weight {w.shape}",
-            {"ConvTranspose.kernel_shape": 1},
-        )
+    kernel = _kernel(w, kernel_shape, "ConvTranspose")
     if x.shape[1] != w.shape[0]:
         raise UnsupportedError(
             f"ConvTranspose: input {x.shape} and weight {w.shape} do not match", {"W": 1}
