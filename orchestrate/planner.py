@@ -84,8 +84,15 @@ def plan(
         report("enumerate", i + 1, len(unique))
         rep = parts[sigs.index(sig)]
         problems[sig] = _build(graph, rep, device, config, options.limits, cost_cache)
-    for p in parts:
-        greedy_by_part[p.index] = greedy(graph, p.nodes, device, config)
+    greedy_by_sig = {
+        sig: greedy(graph, parts[sigs.index(sig)].nodes, device, config) for sig in unique
+    }
+    for p, sig in zip(parts, sigs):  # identical partitions fuse identically
+        rep, done = parts[sigs.index(sig)], greedy_by_sig[sig]
+        moved = _transplant(graph, rep, p, [(g.kernel, g.writes) for g in done])
+        greedy_by_part[p.index] = [
+            Priced(k, writes, g.time_us, g.bytes, g.flops) for (k, writes), g in zip(moved, done)
+        ]
     write_us = {n.name: us_for_bytes(n.type.nbytes, device) for n in graph.nodes}
     nbytes = {n.name: n.type.nbytes for n in graph.nodes}
     unfused_plan = unfused(graph, device, config)
