@@ -91,18 +91,19 @@ def solve(
     prob = pulp.LpProblem(_safe(name), pulp.LpMinimize)
     x = [pulp.LpVariable(f"x{k}", cat=pulp.LpBinary) for k in range(len(kernels))]
     w: dict[tuple[int, str], pulp.LpVariable] = {}
-    writers: dict[str, list[pulp.LpVariable]] = {}
+    # tensor -> (kernel, variable that says the kernel writes it)
+    writers: dict[str, list[tuple[int, pulp.LpVariable]]] = {}
     objective = []
     for k, (kern, c) in enumerate(zip(kernels, costs)):
         for t in kern.outputs:
-            writers.setdefault(t, []).append(x[k])
+            writers.setdefault(t, []).append((k, x[k]))
         if kern.optional:
             tk = pulp.LpVariable(f"T{k}", lowBound=0)
             extra = []
             for j, t in enumerate(kern.optional):
                 v = pulp.LpVariable(f"w{k}_{j}", cat=pulp.LpBinary)
                 w[k, t] = v
-                writers.setdefault(t, []).append(v)
+                writers.setdefault(t, []).append((k, v))
                 prob += v <= x[k]
                 extra.append(write_us[t] * v)
             prob += tk >= c.memory_us * x[k] + pulp.lpSum(extra)
@@ -114,7 +115,7 @@ def solve(
     for t in required:
         if t not in writers:
             raise AssertionError(f"no candidate writes required tensor {t}")
-        prob += pulp.lpSum(writers[t]) >= 1
+        prob += pulp.lpSum(v for _, v in writers[t]) >= 1
     for k, kern in enumerate(kernels):
         for t in kern.inputs:
             if t in available:
@@ -122,20 +123,13 @@ def solve(
             if t not in writers:
                 prob += x[k] == 0  # nothing can feed it
             else:
-                prob += pulp.lpSum(writers[t]) >= x[k]
+                prob += pulp.lpSum(v for _, v in writers[t]) >= x[k]
     if budget is not None:
-        # a view aliases its input and materialises nothing
-        real: dict[str, list[pulp.LpVariable]] = {}
-        for k, kern in enumerate(kernels):
-            if kern.template == VIEW:
-                continue
-            for t in kern.outputs:
-                real.setdefault(t, []).append(x[k])
-            for t in kern.optional:
-                real.setdefault(t, []).append(w[k, t])
         terms = []
-        for t, vs in sorted(real.items()):
-            if t in budget_exempt:
+        for t, ws in sorted(writers.items()):
+            # a view aliases its input and materialises nothing
+            vs = [v for k, v in ws if kernels[k].template != VIEW]
+            if t in budget_exempt or not vs:
                 continue
             m = pulp.LpVariable(f"m_{len(terms)}", cat=pulp.LpBinary)
             for v in vs:
@@ -263,10 +257,5 @@ def _cut_cycle(prob, x, writers, kernels, stuck: list[Choice], available) -> Non
         for t in kernels[c.kernel].inputs
         if t not in available and t in written_inside
     }
-    member_vars = {id(x[k]) for k in members}
-    rescuers = []
-    for t in sorted(needed):
-        for v in writers.get(t, ()):
-            if id(v) not in member_vars and not any(v.name.startswith(f"w{k}_") for k in members):
-                rescuers.append(v)
+    rescuers = [v for t in sorted(needed) for k, v in writers.get(t, ()) if k not in members]
     prob += pulp.lpSum(x[k] for k in sorted(members)) - pulp.lpSum(rescuers) <= len(members) - 1
