@@ -97,7 +97,7 @@ class Program:
             i["name"]: (tuple(i["shape"]), i["dtype"]) for i in plan["graph"]["input_types"]
         }
         self.outputs = list(plan["graph"]["outputs"])
-        self.constants = {k: self._tensor(np.ascontiguousarray(v)) for k, v in constants.items()}
+        self.constants = {k: self._tensor(v) for k, v in constants.items()}
         self._lifetimes()
         self.use_cuda_graph = cuda_graph and not self.interpret
         self._graph = None
