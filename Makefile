@@ -14,7 +14,7 @@ JOBS   ?= 2
 DEMO   := examples/models/tiny_bert.onnx
 
 .PHONY: install demo test test-slow test-gpu lint format examples golden-update \
-        conformance bench-plan bench bench-gpu clean
+        conformance bench-plan bench bench-gpu hf-check clean
 
 install: $(STAMP)
 
@@ -70,6 +70,13 @@ bench: demo
 # base transformers against onnxruntime's CUDA provider (needs a GPU)
 bench-gpu: install
 	$(PY) -m examples.bench_runtime
+
+# Hugging Face architectures from configs (random weights, no download) through
+# optimize + verify; transformers is installed for this target only
+HF := transformers==5.24.0
+hf-check: install
+	$(PY) -m pip install -q $(HF)
+	HF_HUB_OFFLINE=1 $(PY) -m examples.hf_models
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache

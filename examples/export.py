@@ -18,6 +18,7 @@ import inspect
 import io
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -172,12 +173,33 @@ def _quiet():
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        with (
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(io.StringIO()),
+            _native_stdout_discarded(),
+        ):
             warnings.simplefilter("ignore")
             yield
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+
+
+@contextlib.contextmanager
+def _native_stdout_discarded():
+    """Discard what native code writes to file descriptor 1: the TorchScript
+    exporter prints its whole IR graph there when a conversion fails (its
+    setup_onnx_logging tests a function object for truth, so the log is always
+    on); the failure itself still reaches the caller as an ExportError."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 @contextlib.contextmanager

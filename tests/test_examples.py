@@ -237,6 +237,25 @@ def test_torchscript_dynamic_encoder_is_refused(tmp_path):
         export_example("torch_encoder", tmp_path / "m.onnx", dynamo=False, opset=17, dynamic=True)
 
 
+class _GroupedQueryAttention(torch.nn.Module):
+    def forward(self, q):
+        k = q[:, :2]
+        return torch.nn.functional.scaled_dot_product_attention(q, k, k, enable_gqa=True)
+
+
+def test_failed_torchscript_export_is_one_error_not_an_ir_dump(tmp_path, capfd):
+    """The TorchScript exporter cannot convert grouped-query SDPA and, on any
+    failure, prints its whole IR graph from native code; export keeps that off
+    the terminal and raises ExportError with the reason."""
+    q = torch.randn(1, 4, 8, 16)
+    with pytest.raises(ExportError, match="torchscript export failed: .*enable_gqa"):
+        export(_GroupedQueryAttention(), [q], tmp_path / "m.onnx", dynamo=False, opset=17)
+    out, err = capfd.readouterr()
+    assert "Torch IR graph" not in out + err
+    print("still printing")  # the descriptor is restored
+    assert capfd.readouterr().out == "still printing\n"
+
+
 def test_build_writes_models(tmp_path, capsys):
     assert build_main(["--out", str(tmp_path), "--only", "resnet", "inception"]) == 0
     written = sorted(p.name for p in tmp_path.iterdir())
