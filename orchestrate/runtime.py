@@ -108,7 +108,9 @@ class Program:
     # -- set-up -------------------------------------------------------------
 
     def _tensor(self, arr: np.ndarray):
-        t = self.torch.from_numpy(np.array(arr, copy=True))
+        # a C-ordered copy: kernels index buffers densely, and numpy's default
+        # copy keeps the strides of a transposed or Fortran-ordered array
+        t = self.torch.from_numpy(np.array(arr, copy=True, order="C"))
         return t.to(self.device) if self.device != "cpu" else t
 
     def _lifetimes(self) -> None:

@@ -74,6 +74,25 @@ def test_load_and_run_matches_onnxruntime(built):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("layout", ["transposed view", "fortran order", "every other row"])
+def test_inputs_in_any_memory_layout(built, layout):
+    """Kernels index their buffers densely, so a strided input (a transposed
+    view, Fortran order, a slice with a step) must be laid out in C order
+    before it reaches them, whatever numpy hands the runner."""
+    src, out = built
+    dense = np.random.default_rng(5).standard_normal((3, 17)).astype(np.float32)
+    x = {
+        "transposed view": np.ascontiguousarray(dense.T).T,
+        "fortran order": np.asfortranarray(dense),
+        "every other row": np.repeat(dense, 2, axis=0)[::2],
+    }[layout]
+    assert not x.flags.c_contiguous and np.array_equal(x, dense)
+    got = orchestrate.load(out).run({"x": x})
+    want = onnxrt.run(_model(), {"x": dense})
+    for name in ("y", "z"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+
+
 def test_nan_and_inf_propagate_like_onnxruntime(built):
     _, out = built
     x = np.random.default_rng(4).standard_normal((3, 17)).astype(np.float32)
