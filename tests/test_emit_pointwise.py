@@ -65,6 +65,20 @@ def test_gather_with_negative_indices():
     assert_matches_reference(g, one_kernel(g), inputs)
 
 
+@pytest.mark.parametrize("index", [0, -1])
+def test_constant_index_gather_of_a_broadcast_row(index):
+    """ViT's class-token pick after its last layernorm: a constant scalar
+    gather fixes the row, so the per-row scale is read at an offset that is
+    the same for every lane and must still be loaded as a block."""
+
+    def fn(b, x, r):
+        return b.gather(b.mul(x, r), b.constant(np.array(index, np.int64)), 1)
+
+    g = graphs.build(fn, [(1, 17, 64), (1, 17, 1)])
+    src = assert_matches_reference(g, one_kernel(g), graphs.random_inputs(g))
+    assert src.count("tl.load(") == 2
+
+
 @pytest.mark.parametrize("dtype", ["float16", "int32"])
 def test_dtypes(dtype):
     def fn(b, x, y):

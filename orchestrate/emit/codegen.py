@@ -113,6 +113,7 @@ class Body:
         self._names: dict[str, str] = {}
         self._counter = counter if counter is not None else [0]
         self.linear_of: dict[tuple, str] = {}  # (dims, shape) -> the linear index they split
+        self._invariant: set[str] = set()  # names bound to block-invariant scalars
 
     def let(self, expr: str, stem: str = "t") -> str:
         if _trivial(expr):
@@ -123,7 +124,18 @@ class Body:
         name = f"{stem}{self._counter[0]}"
         self.lines.append(f"{self.indent}{name} = {expr}")
         self._names[expr] = name
+        if self.invariant(expr):
+            self._invariant.add(name)
         return name
+
+    def invariant(self, expr: str) -> bool:
+        """Whether ``expr`` is the same scalar for every lane of the block:
+        built from literals, ``tl`` functions and names bound to such
+        expressions (a constant gather index, say), not from block indices."""
+        return all(
+            w.startswith("tl.") or w in self._invariant
+            for w in re.findall(r"[A-Za-z_][A-Za-z_0-9.]*", expr)
+        )
 
     def comment(self, text: str) -> None:
         self.lines.append(f"{self.indent}# {text}")
@@ -137,6 +149,7 @@ class Body:
         child = Body(indent, self._counter)
         child._names = dict(self._names)
         child.linear_of = dict(self.linear_of)
+        child._invariant = set(self._invariant)
         return child
 
 
@@ -242,7 +255,7 @@ class Evaluator:
         if const is not None and const.size == 1:
             return literal(np.asarray(const).reshape(()).item(), compute_dtype(t.dtype))
         offset = linearise(index.dims, t.shape, self.body)
-        if self.zero and (self.broadcast_all or not re.search(r"[A-Za-z_]", offset)):
+        if self.zero and (self.broadcast_all or self.body.invariant(offset)):
             offset = f"{self.zero} + {offset}" if offset != "0" else self.zero
         offset = self.body.let(offset, "o")
         mask = _and(self.mask, index.mask)
