@@ -45,7 +45,8 @@ def load_kernels(path: Path, interpret: bool):
             # compiler or the interpreter once, when first imported
             raise OrchestrateError(
                 "no GPU, and triton was imported before orchestrate could switch on its "
-                "interpreter: set TRITON_INTERPRET=1 before importing triton"
+                "interpreter: set TRITON_INTERPRET=1 before importing triton (torch's "
+                "dynamo ONNX exporter and torch.compile import it)"
             )
         os.environ["TRITON_INTERPRET"] = "1"
         if not _WARNED.is_set():
