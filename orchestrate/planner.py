@@ -115,7 +115,7 @@ def plan(
             sol = program.solve(
                 prob.kernels, prob.costs, write_us, nbytes, prob.available, prob.required,
                 warm=prob.warm, time_limit=options.time_limit, recompute=options.recompute,
-                edges=primitive_edges(graph, rep.nodes), name=f"partition{rep.index}",
+                edges=primitive_edges(graph, rep.nodes), name=f"partition {rep.index}",
             )  # fmt: skip
             _merge_stats(stats, sol)
             chosen = [(prob.kernels[c.kernel], c.writes) for c in sol.choices]
@@ -328,7 +328,7 @@ def _solve_with_budget(graph, parts, sigs, problems, write_us, nbytes, options, 
     sol = program.solve(
         kernels, costs, write_us, nbytes, available,
         list(dict.fromkeys(required)), time_limit=options.time_limit,
-        budget=options.memory_budget, recompute=options.recompute, name="budgeted",
+        budget=options.memory_budget, recompute=options.recompute, name="the memory-budgeted program",
         edges=primitive_edges(graph, [n.name for n in graph.nodes]),
         budget_exempt=set(graph.outputs),
     )  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import onnx
@@ -68,6 +69,10 @@ def test_memory_budget_too_small_is_a_clear_error(tmp_path):
     r = invoke("plan", src, "-o", plan, "--memory-budget", "0", "--no-recompute")
     assert r.exit_code == 2 and "--memory-budget 0" in r.output and "Traceback" not in r.output
     assert not plan.exists()
+    least = re.search(r"every plan materialises at least (\d+) bytes", r.output).group(1)
+    r = invoke("plan", src, "-o", plan, "--memory-budget", least, "--no-recompute")
+    assert r.exit_code == 0, r.output
+    assert json.loads(plan.read_text())["summary"]["materialized_bytes"] == int(least)
 
 
 def test_bad_options_and_files(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import pytest
 
@@ -109,6 +110,27 @@ def test_ilp_equals_brute_force_under_a_memory_budget(seed):
         sol = program.solve(kernels, costs, write_us, nbytes, available, list(g.outputs),
                             budget=budget, budget_exempt=set(g.outputs))  # fmt: skip
         assert sol.objective_us == pytest.approx(want, rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", SEEDS[:12])
+def test_an_infeasible_budget_names_the_least_that_fits(seed):
+    """The error gives the fewest intermediate bytes any plan writes: that
+    budget is feasible, one byte less is not (and says the same)."""
+    g = graphs.random_dag(seed)
+    kernels, costs, write_us, nbytes, available = _problem(g)
+
+    def solve(budget):
+        return program.solve(kernels, costs, write_us, nbytes, available, list(g.outputs),
+                             budget=budget, budget_exempt=set(g.outputs))  # fmt: skip
+
+    try:
+        solve(0)
+        pytest.skip("every output is computed without materialising anything")
+    except InputError as e:
+        least = int(re.search(r"at least (\d+) bytes", str(e)).group(1))
+    assert least > 0 and solve(least).status == "optimal"
+    with pytest.raises(InputError, match=f"at least {least} bytes"):
+        solve(least - 1)
 
 
 def _kernels(p):

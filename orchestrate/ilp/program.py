@@ -49,6 +49,7 @@ from orchestrate.kernels.templates import VIEW, Kernel
 OPTIMAL = "optimal"
 FEASIBLE = "feasible"  # time limit hit with an integer solution in hand
 MAX_CYCLE_ROUNDS = 50
+BUDGET = "memory_budget"  # name of the budget constraint
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,8 @@ def solve(
             for v in vs:
                 prob += m >= v
             terms.append(nbytes[t] * m)
-        prob += pulp.lpSum(terms) <= budget
+        materialised = pulp.lpSum(terms)
+        prob += (materialised <= budget, BUDGET)
     by_node: dict[str, list[pulp.LpVariable]] = {}
     for k, kern in enumerate(kernels):
         for n in kern.nodes:
@@ -150,13 +152,21 @@ def solve(
     while True:
         rounds += 1
         status, gap = _run_cbc(prob, time_limit, bool(warm))
-        if status is None:
+        if status is None and prob.status != pulp.LpStatusInfeasible:
             raise InputError(
-                f"--memory-budget {budget}: no plan fits (the tensors that must be "
-                "materialised alone exceed it)"
-                if budget is not None
-                else f"{name}: the linear program is infeasible"
+                f"--time-limit {time_limit:g}: the solver found no plan in time for {name}; "
+                "raise the limit"
             )
+        if status is None and budget is not None:
+            least = _least_materialised(prob, materialised, time_limit)
+            raise InputError(
+                f"--memory-budget {budget}: no plan fits; every plan materialises at least "
+                f"{least} bytes of intermediate tensors"
+                if least is not None
+                else f"--memory-budget {budget}: no plan fits"
+            )
+        if status is None:
+            raise AssertionError(f"{name}: the linear program is infeasible")
         choices = _read(x, w, kernels)
         order, stuck = schedule(
             [kernels[c.kernel] for c in choices], [c.writes for c in choices], available
@@ -170,6 +180,16 @@ def solve(
         if rounds >= MAX_CYCLE_ROUNDS:
             raise AssertionError(f"{name}: cycle cuts did not converge")
         _cut_cycle(prob, x, writers, kernels, [choices[i] for i in stuck], available)
+
+
+def _least_materialised(prob, materialised, time_limit) -> int | None:
+    """The fewest intermediate bytes any plan writes, from the same program
+    without its budget, minimising those bytes instead of time.  Cycles between
+    kernels are not cut here, so this is a lower bound; None if not proven."""
+    del prob.constraints[BUDGET]
+    prob.setObjective(materialised)
+    status, _ = _run_cbc(prob, time_limit, False)
+    return round(pulp.value(prob.objective) or 0) if status == "optimal" else None
 
 
 def _add_computed_cuts(prob, by_node, available, required, edges) -> None:
