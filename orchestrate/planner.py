@@ -107,25 +107,32 @@ def plan(
         )
     solutions: dict[int, list[tuple[Kernel, tuple[str, ...]]]] = {}
     stats = {"status": program.OPTIMAL, "gap": 0.0, "rounds": 0}
-    if options.memory_budget is None:
-        for i, sig in enumerate(unique):
-            report("solve", i + 1, len(unique))
-            rep = parts[sigs.index(sig)]
-            prob = problems[sig]
-            sol = program.solve(
-                prob.kernels, prob.costs, write_us, nbytes, prob.available, prob.required,
-                warm=prob.warm, time_limit=options.time_limit, recompute=options.recompute,
-                edges=primitive_edges(graph, rep.nodes), name=f"partition {rep.index}",
-            )  # fmt: skip
-            _merge_stats(stats, sol)
-            chosen = [(prob.kernels[c.kernel], c.writes) for c in sol.choices]
-            for p, s in zip(parts, sigs):
-                if s == sig:
-                    solutions[p.index] = _transplant(graph, rep, p, chosen)
-    else:
-        report("solve", 1, 1)
+    fastest: dict[str, tuple[program.Choice, ...]] = {}
+    steps = len(unique) + (options.memory_budget is not None)
+    for i, sig in enumerate(unique):
+        report("solve", i + 1, steps)
+        rep = parts[sigs.index(sig)]
+        prob = problems[sig]
+        sol = program.solve(
+            prob.kernels, prob.costs, write_us, nbytes, prob.available, prob.required,
+            warm=prob.warm, time_limit=options.time_limit, recompute=options.recompute,
+            edges=primitive_edges(graph, rep.nodes), name=f"partition {rep.index}",
+        )  # fmt: skip
+        _merge_stats(stats, sol)
+        fastest[sig] = sol.choices
+        chosen = [(prob.kernels[c.kernel], c.writes) for c in sol.choices]
+        for p, s in zip(parts, sigs):
+            if s == sig:
+                solutions[p.index] = _transplant(graph, rep, p, chosen)
+    written = {t for sol in solutions.values() for k, ws in sol if k.template != VIEW for t in ws}
+    over = sum(nbytes[t] for t in written if t not in graph.outputs)
+    if options.memory_budget is not None and over > options.memory_budget:
+        # the fastest plan does not fit (if it did, it would be the optimum):
+        # one program for the whole graph, since the budget couples partitions
+        report("solve", steps, steps)
+        stats = {"status": program.OPTIMAL, "gap": 0.0, "rounds": 0}
         solutions = _solve_with_budget(
-            graph, parts, sigs, problems, write_us, nbytes, options, stats
+            graph, parts, sigs, problems, fastest, write_us, nbytes, options, stats
         )
     kernels = []
     for p in parts:
@@ -310,24 +317,32 @@ def _transplant(graph, src: Partition, dst: Partition, chosen):
     return out
 
 
-def _solve_with_budget(graph, parts, sigs, problems, write_us, nbytes, options, stats):
-    """One program for all partitions: the budget couples them."""
-    kernels, costs, required = [], [], []
+def _solve_with_budget(graph, parts, sigs, problems, fastest, write_us, nbytes, options, stats):
+    """One program for all partitions: the budget couples them.  The fastest
+    plan (``fastest``: each partition's choices) starts it: CBC drops a start
+    that breaks the budget, and the search for the least that fits, should
+    the budget be infeasible, begins from it."""
+    kernels, costs, required, warm = [], [], [], []
     available = {i.name for i in graph.inputs} | set(graph.constants)
     owner = []
     for p, sig in zip(parts, sigs):
         rep = parts[sigs.index(sig)]
         prob = problems[sig]
+        base = len(kernels)
         mapped = _transplant(graph, rep, p, [(k, k.outputs) for k in prob.kernels])
         for (k, _), c in zip(mapped, prob.costs):
             kernels.append(k)
             costs.append(c)
             owner.append(p.index)
+        names = dict(zip(rep.nodes, p.nodes))
+        warm += [
+            program.Choice(base + c.kernel, tuple(names.get(t, t) for t in c.writes))
+            for c in fastest[sig]
+        ]
         required += list(p.outputs)
-    # no warm start: the greedy plan need not fit the budget
     sol = program.solve(
         kernels, costs, write_us, nbytes, available,
-        list(dict.fromkeys(required)), time_limit=options.time_limit,
+        list(dict.fromkeys(required)), warm=warm, time_limit=options.time_limit,
         budget=options.memory_budget, recompute=options.recompute, name="the memory-budgeted program",
         edges=primitive_edges(graph, [n.name for n in graph.nodes]),
         budget_exempt=set(graph.outputs),

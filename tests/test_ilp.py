@@ -7,6 +7,7 @@ import itertools
 import math
 import re
 
+import numpy as np
 import pytest
 
 from orchestrate.cost.devices import get_device
@@ -194,6 +195,26 @@ def test_memory_budget_trades_time_for_bytes():
         plan(g, PlanOptions(device="h100", recompute=False, memory_budget=0))
     tight = plan(g, PlanOptions(device="h100", memory_budget=0))
     assert tight["summary"]["materialized_bytes"] == 0
+
+
+def test_a_budget_the_fastest_plan_meets_changes_nothing():
+    """The fastest plan is optimal under any budget it meets; just below, the
+    budgeted program must trade time for bytes (or say what would fit)."""
+    g = graphs.build(lambda b, x, w: graphs.mlp(b, graphs.layernorm(b, x, w, w), *(
+        [b.constant(np.full(s, 0.01, np.float32)) for s in ((96, 384), (384,), (384, 96))]
+    )), [(64, 96), (96,)])  # fmt: skip
+    free = plan(g, PlanOptions(device="h100", reproducible=True))
+    need = free["summary"]["materialized_bytes"]
+    assert need > 0
+    met = plan(g, PlanOptions(device="h100", reproducible=True, memory_budget=need))
+    assert met["kernels"] == free["kernels"] and met["solver"]["status"] == "optimal"
+    try:
+        below = plan(g, PlanOptions(device="h100", memory_budget=need - 1))
+    except InputError as e:
+        assert "no plan fits" in str(e)
+    else:
+        assert below["summary"]["materialized_bytes"] < need
+        assert below["summary"]["predicted_us"] >= free["summary"]["predicted_us"]
 
 
 def test_same_model_and_options_give_identical_plans():

@@ -50,6 +50,7 @@ OPTIMAL = "optimal"
 FEASIBLE = "feasible"  # time limit hit with an integer solution in hand
 MAX_CYCLE_ROUNDS = 50
 BUDGET = "memory_budget"  # name of the budget constraint
+LEAST_SECONDS = 10.0  # to find what an infeasible budget would need
 
 
 @dataclass(frozen=True)
@@ -158,13 +159,9 @@ def solve(
                 "raise the limit"
             )
         if status is None and budget is not None:
-            least = _least_materialised(prob, materialised, time_limit)
-            raise InputError(
-                f"--memory-budget {budget}: no plan fits; every plan materialises at least "
-                f"{least} bytes of intermediate tensors"
-                if least is not None
-                else f"--memory-budget {budget}: no plan fits"
-            )
+            raise InputError(f"--memory-budget {budget}: no plan fits" + _least_materialised(
+                prob, materialised, time_limit, x, w, kernels, available, warm
+            ))  # fmt: skip
         if status is None:
             raise AssertionError(f"{name}: the linear program is infeasible")
         choices = _read(x, w, kernels)
@@ -182,14 +179,28 @@ def solve(
         _cut_cycle(prob, x, writers, kernels, [choices[i] for i in stuck], available)
 
 
-def _least_materialised(prob, materialised, time_limit) -> int | None:
-    """The fewest intermediate bytes any plan writes, from the same program
-    without its budget, minimising those bytes instead of time.  Cycles between
-    kernels are not cut here, so this is a lower bound; None if not proven."""
+def _least_materialised(prob, materialised, time_limit, x, w, kernels, available, warm) -> str:
+    """What the budget would have to be, for the error message: the same
+    program without its budget, minimising materialised bytes instead of
+    time, given at most LEAST_SECONDS.  Proven, that is a lower bound (cycles
+    between kernels are not cut here); stopped early, the best plan found
+    (no worse than the warm start) is an example that fits, if acyclic."""
     del prob.constraints[BUDGET]
     prob.setObjective(materialised)
-    status, _ = _run_cbc(prob, time_limit, False)
-    return round(pulp.value(prob.objective) or 0) if status == "optimal" else None
+    limit = min(time_limit, LEAST_SECONDS) if time_limit else LEAST_SECONDS
+    _set_warm_start(x, w, kernels, warm)  # the failed solve overwrote the values
+    status, _ = _run_cbc(prob, limit, bool(warm))
+    least = round(pulp.value(prob.objective) or 0) if status else None
+    if status == OPTIMAL:
+        return f"; every plan materialises at least {least} bytes of intermediate tensors"
+    if status == FEASIBLE:
+        choices = _read(x, w, kernels)
+        _, stuck = schedule([kernels[c.kernel] for c in choices], [c.writes for c in choices],
+                            available)  # fmt: skip
+        if not stuck:
+            return (f"; a plan that materialises {least} bytes of intermediate tensors exists "
+                    f"(the least was not proven in {limit:g} s)")  # fmt: skip
+    return ""
 
 
 def _add_computed_cuts(prob, by_node, available, required, edges) -> None:
@@ -242,7 +253,7 @@ def _run_cbc(prob, time_limit, warm: bool) -> tuple[str | None, float]:
     if prob.status != pulp.LpStatusOptimal:
         return None, math.inf
     if prob.sol_status == pulp.LpSolutionOptimal and "Stopped on time" not in text:
-        return "optimal", 0.0
+        return OPTIMAL, 0.0
     return FEASIBLE, _gap_from_log(text)
 
 
