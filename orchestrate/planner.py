@@ -22,7 +22,7 @@ from orchestrate import ir
 from orchestrate.cost.devices import Device, get_device
 from orchestrate.cost.roofline import Config, Cost, cost, us_for_bytes, working_set_rejection
 from orchestrate.errors import InputError
-from orchestrate.ilp import program
+from orchestrate.ilp import budget, program
 from orchestrate.ilp.baselines import Priced, greedy, unfused
 from orchestrate.ilp.checker import check_plan
 from orchestrate.ilp.partition import Partition, partition, signature
@@ -107,10 +107,9 @@ def plan(
         )
     solutions: dict[int, list[tuple[Kernel, tuple[str, ...]]]] = {}
     stats = {"status": program.OPTIMAL, "gap": 0.0, "rounds": 0}
-    fastest: dict[str, tuple[program.Choice, ...]] = {}
-    steps = len(unique) + (options.memory_budget is not None)
+    fastest: dict[str, program.Solution] = {}
     for i, sig in enumerate(unique):
-        report("solve", i + 1, steps)
+        report("solve", i + 1, len(unique))
         rep = parts[sigs.index(sig)]
         prob = problems[sig]
         sol = program.solve(
@@ -119,7 +118,7 @@ def plan(
             edges=primitive_edges(graph, rep.nodes), name=f"partition {rep.index}",
         )  # fmt: skip
         _merge_stats(stats, sol)
-        fastest[sig] = sol.choices
+        fastest[sig] = sol
         chosen = [(prob.kernels[c.kernel], c.writes) for c in sol.choices]
         for p, s in zip(parts, sigs):
             if s == sig:
@@ -127,12 +126,9 @@ def plan(
     written = {t for sol in solutions.values() for k, ws in sol if k.template != VIEW for t in ws}
     over = sum(nbytes[t] for t in written if t not in graph.outputs)
     if options.memory_budget is not None and over > options.memory_budget:
-        # the fastest plan does not fit (if it did, it would be the optimum):
-        # one program for the whole graph, since the budget couples partitions
-        report("solve", steps, steps)
-        stats = {"status": program.OPTIMAL, "gap": 0.0, "rounds": 0}
-        solutions = _solve_with_budget(
-            graph, parts, sigs, problems, fastest, write_us, nbytes, options, stats
+        # (a fastest plan that fits is the optimum under the budget too)
+        solutions = _within_budget(
+            graph, parts, sigs, problems, fastest, write_us, nbytes, options, stats, report
         )
     kernels = []
     for p in parts:
@@ -317,41 +313,53 @@ def _transplant(graph, src: Partition, dst: Partition, chosen):
     return out
 
 
-def _solve_with_budget(graph, parts, sigs, problems, fastest, write_us, nbytes, options, stats):
-    """One program for all partitions: the budget couples them.  The fastest
-    plan (``fastest``: each partition's choices) starts it: CBC drops a start
-    that breaks the budget, and the search for the least that fits, should
-    the budget be infeasible, begins from it."""
-    kernels, costs, required, warm = [], [], [], []
-    available = {i.name for i in graph.inputs} | set(graph.constants)
-    owner = []
-    for p, sig in zip(parts, sigs):
-        rep = parts[sigs.index(sig)]
-        prob = problems[sig]
-        base = len(kernels)
-        mapped = _transplant(graph, rep, p, [(k, k.outputs) for k in prob.kernels])
-        for (k, _), c in zip(mapped, prob.costs):
-            kernels.append(k)
-            costs.append(c)
-            owner.append(p.index)
-        names = dict(zip(rep.nodes, p.nodes))
-        warm += [
-            program.Choice(base + c.kernel, tuple(names.get(t, t) for t in c.writes))
-            for c in fastest[sig]
-        ]
-        required += list(p.outputs)
-    sol = program.solve(
-        kernels, costs, write_us, nbytes, available,
-        list(dict.fromkeys(required)), warm=warm, time_limit=options.time_limit,
-        budget=options.memory_budget, recompute=options.recompute, name="the memory-budgeted program",
-        edges=primitive_edges(graph, [n.name for n in graph.nodes]),
-        budget_exempt=set(graph.outputs),
-    )  # fmt: skip
-    _merge_stats(stats, sol)
-    solutions: dict[int, list] = {p.index: [] for p in parts}
-    for c in sol.choices:
-        solutions[owner[c.kernel]].append((kernels[c.kernel], c.writes))
-    return solutions
+def _within_budget(graph, parts, sigs, problems, fastest, write_us, nbytes, options, stats,
+                   report):  # fmt: skip
+    """The fastest plan within --memory-budget (see ilp.budget): a frontier
+    per distinct partition, then one point per partition."""
+    unique = list(fastest)
+    frontiers, complete = {}, True
+    for i, sig in enumerate(unique):
+        report("frontier", i + 1, len(unique))
+        rep, prob = parts[sigs.index(sig)], problems[sig]
+
+        def solve(b, rep=rep, prob=prob):
+            sol = program.solve(
+                prob.kernels, prob.costs, write_us, nbytes, prob.available, prob.required,
+                time_limit=options.time_limit, recompute=options.recompute,
+                edges=primitive_edges(graph, rep.nodes), name=f"partition {rep.index}",
+                budget=b, budget_exempt=set(graph.outputs), explain=False,
+            )  # fmt: skip
+            _merge_stats(stats, sol)
+            return sol
+
+        def written(sol, prob=prob):
+            out = {t for c in sol.choices if prob.kernels[c.kernel].template != VIEW
+                   for t in c.writes}  # fmt: skip
+            return sum(nbytes[t] for t in out if t not in graph.outputs)
+
+        frontiers[sig], done = budget.frontier(solve, written, fastest[sig])
+        complete &= done
+    per_part = [frontiers[sig] for sig in sigs]
+    picks = budget.choose(per_part, options.memory_budget)
+    if picks is None:
+        need = budget.least(per_part)
+        raise program.BudgetInfeasible(
+            f"--memory-budget {options.memory_budget}: no plan fits; every plan "
+            f"materialises at least {need} bytes of intermediate tensors"
+            if complete
+            else f"--memory-budget {options.memory_budget}: no plan fits; the least found "
+            f"is {need} bytes (not proven least: a search hit --time-limit or "
+            f"{budget.MAX_POINTS} plans per partition)"
+        )
+    if not complete and stats["status"] == program.OPTIMAL:
+        stats["status"] = program.FEASIBLE
+    out = {}
+    for p, sig, i in zip(parts, sigs, picks):
+        rep, prob = parts[sigs.index(sig)], problems[sig]
+        chosen = [(prob.kernels[c.kernel], c.writes) for c in frontiers[sig][i].solution.choices]
+        out[p.index] = _transplant(graph, rep, p, chosen)
+    return out
 
 
 def _entry(graph, k: Kernel, writes, part_index, device: Device, config, cache) -> dict:

@@ -217,6 +217,44 @@ def test_a_budget_the_fastest_plan_meets_changes_nothing():
         assert below["summary"]["predicted_us"] >= free["summary"]["predicted_us"]
 
 
+def _two_layers(b, x, g):
+    """Residual layers whose exp feeds two reductions over different axes:
+    recomputing it saves bytes, storing it saves time."""
+    w = b.constant(np.full((64, 64), 0.01, np.float32))
+    for _ in range(2):
+        h = b.matmul(graphs.layernorm(b, x, g, g), w)
+        e = b.exp(h)
+        x = b.add(x, b.add(b.add(h, b.sum(e, [1])), b.reduce_max(e, [0])))
+    return x
+
+
+def test_budgets_across_partitions_are_exact_and_monotone():
+    """The budget couples partitions; per-partition frontiers and a knapsack
+    must find, for every budget, a plan within it, never faster than the
+    fastest plan, no slower for a larger budget, and name exactly the least
+    that fits (that figure plans, one byte less does not)."""
+    from orchestrate.ilp.partition import partition
+
+    g = graphs.build(_two_layers, [(64, 64), (64,)])
+    assert len(partition(g)) > 1
+    free = plan(g, PlanOptions(device="h100"))
+    with pytest.raises(InputError, match=r"at least \d+ bytes") as e:
+        plan(g, PlanOptions(device="h100", memory_budget=0))
+    least = int(re.search(r"at least (\d+) bytes", str(e.value)).group(1))
+    top = free["summary"]["materialized_bytes"]
+    assert 0 < least < top
+    with pytest.raises(InputError, match=f"at least {least} bytes"):
+        plan(g, PlanOptions(device="h100", memory_budget=least - 1))
+    times = []
+    for b in sorted({least, (least + top) // 2, top - 1, top}):
+        p = plan(g, PlanOptions(device="h100", memory_budget=b))
+        assert p["summary"]["materialized_bytes"] <= b
+        assert p["summary"]["predicted_us"] >= free["summary"]["predicted_us"] - 1e-9
+        times.append(p["summary"]["predicted_us"])
+    assert times == sorted(times, reverse=True)
+    assert times[-1] == pytest.approx(free["summary"]["predicted_us"])
+
+
 def test_same_model_and_options_give_identical_plans():
     import json
 

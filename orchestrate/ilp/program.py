@@ -59,6 +59,14 @@ class Choice:
     writes: tuple[str, ...]  # sinks plus the optional outputs it writes
 
 
+class BudgetInfeasible(InputError):
+    """No plan writes at most --memory-budget bytes of intermediates."""
+
+
+class NoPlanInTime(InputError):
+    """The time limit ran out before the solver found any plan."""
+
+
 @dataclass(frozen=True)
 class Solution:
     choices: tuple[Choice, ...]  # in execution order
@@ -84,11 +92,14 @@ def solve(
     recompute: bool = True,
     edges: Sequence[tuple[str, str]] = (),
     name: str = "partition",
+    explain: bool = True,
 ) -> Solution:
     """Pick the cheapest set of kernels that produces ``required`` from ``available``.
 
     ``edges`` are the (producer, consumer) pairs of the primitive graph; they
-    only tighten the relaxation (see ``_add_computed_cuts``)."""
+    only tighten the relaxation (see ``_add_computed_cuts``).  An infeasible
+    ``budget`` raises BudgetInfeasible, which says what would fit unless
+    ``explain`` is False (that takes another solve)."""
     started = time.perf_counter()
     prob = pulp.LpProblem(_safe(name), pulp.LpMinimize)
     x = [pulp.LpVariable(f"x{k}", cat=pulp.LpBinary) for k in range(len(kernels))]
@@ -127,18 +138,30 @@ def solve(
             else:
                 prob += pulp.lpSum(v for _, v in writers[t]) >= x[k]
     if budget is not None:
-        terms = []
+        terms, m = [], {}
         for t, ws in sorted(writers.items()):
             # a view aliases its input and materialises nothing
             vs = [v for k, v in ws if kernels[k].template != VIEW]
             if t in budget_exempt or not vs:
                 continue
-            m = pulp.LpVariable(f"m_{len(terms)}", cat=pulp.LpBinary)
+            m[t] = pulp.LpVariable(f"m_{len(terms)}", cat=pulp.LpBinary)
             for v in vs:
-                prob += m >= v
-            terms.append(nbytes[t] * m)
+                prob += m[t] >= v
+            terms.append(nbytes[t] * m[t])
         materialised = pulp.lpSum(terms)
         prob += (materialised <= budget, BUDGET)
+        # valid cuts that make the relaxation see the budget: a tensor that
+        # must be output, or that a chosen kernel reads, is materialised
+        # (when only real kernels can write it; a view's reader is not)
+        only_real = {t for t, ws in writers.items() if all(kernels[k].template != VIEW
+                                                          for k, _ in ws)}  # fmt: skip
+        for t in required:
+            if t in m and t in only_real:
+                prob += m[t] == 1
+        for k, kern in enumerate(kernels):
+            for t in kern.inputs:
+                if t in m and t in only_real:
+                    prob += m[t] >= x[k]
     by_node: dict[str, list[pulp.LpVariable]] = {}
     for k, kern in enumerate(kernels):
         for n in kern.nodes:
@@ -154,14 +177,14 @@ def solve(
         rounds += 1
         status, gap = _run_cbc(prob, time_limit, bool(warm))
         if status is None and prob.status != pulp.LpStatusInfeasible:
-            raise InputError(
+            raise NoPlanInTime(
                 f"--time-limit {time_limit:g}: the solver found no plan in time for {name}; "
                 "raise the limit"
             )
         if status is None and budget is not None:
-            raise InputError(f"--memory-budget {budget}: no plan fits" + _least_materialised(
+            raise BudgetInfeasible(f"--memory-budget {budget}: no plan fits" + (_least_materialised(
                 prob, materialised, time_limit, x, w, kernels, available, warm
-            ))  # fmt: skip
+            ) if explain else ""))  # fmt: skip
         if status is None:
             raise AssertionError(f"{name}: the linear program is infeasible")
         choices = _read(x, w, kernels)

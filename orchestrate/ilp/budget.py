@@ -1,0 +1,87 @@
+"""A memory budget across partitions: per-partition frontiers, one knapsack.
+
+``--memory-budget`` bounds the bytes of intermediate tensors the whole plan
+writes, which couples the partitions; but both what it bounds and what is
+minimised (time) are sums over partitions.  So, for each distinct partition,
+:func:`frontier` finds its Pareto frontier of plans by the epsilon-constraint
+method: the fastest plan, then the fastest that writes fewer bytes than the
+last, and so on until no plan writes fewer.  :func:`choose` then picks one
+frontier point per partition, least total time within the budget (a
+multiple-choice knapsack, itself a small binary program).  Both steps are
+exact, so the result is the optimum of the one program over the whole graph,
+found from small programs; and when the budget is infeasible the least that
+fits is known exactly: the sum of each partition's smallest point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pulp
+
+from orchestrate.ilp.program import BudgetInfeasible, NoPlanInTime, Solution
+
+MAX_POINTS = 32  # frontier points per partition before the search stops
+
+
+@dataclass(frozen=True)
+class Point:
+    """One plan of a partition on its frontier."""
+
+    bytes: int  # intermediate bytes it writes
+    time_us: float  # its predicted time
+    solution: Solution
+
+
+def frontier(
+    solve: Callable[[int | None], Solution], bytes_of: Callable[[Solution], int],
+    fastest: Solution | None = None, max_points: int = MAX_POINTS,
+) -> tuple[list[Point], bool]:  # fmt: skip
+    """The frontier, fastest point first (bytes strictly falling, time rising),
+    and whether it is complete.  ``solve(b)`` is the partition's program with
+    budget ``b`` (None: none), raising BudgetInfeasible when nothing fits and
+    NoPlanInTime when its time limit ends the search first (the frontier is
+    then incomplete: its last point need not be the least)."""
+    sol = fastest if fastest is not None else solve(None)
+    points = [Point(bytes_of(sol), sol.objective_us, sol)]
+    while points[-1].bytes > 0:
+        if len(points) >= max_points:
+            return points, False
+        try:
+            sol = solve(points[-1].bytes - 1)
+        except BudgetInfeasible:
+            break
+        except NoPlanInTime:
+            return points, False
+        points.append(Point(bytes_of(sol), sol.objective_us, sol))
+    return points, True
+
+
+def least(frontiers: Sequence[Sequence[Point]]) -> int:
+    """The fewest bytes any combination writes."""
+    return sum(f[-1].bytes for f in frontiers)
+
+
+def choose(frontiers: Sequence[Sequence[Point]], budget: int) -> list[int] | None:
+    """The point each partition takes: least total time with total bytes
+    within ``budget``; None when even the least exceeds it."""
+    if least(frontiers) > budget:
+        return None
+    if sum(f[0].bytes for f in frontiers) <= budget:
+        return [0] * len(frontiers)  # every partition's fastest plan fits
+    prob = pulp.LpProblem("budget", pulp.LpMinimize)
+    z = [
+        [pulp.LpVariable(f"z{p}_{i}", cat=pulp.LpBinary) for i in range(len(f))]
+        for p, f in enumerate(frontiers)
+    ]
+    prob += pulp.lpSum(pt.time_us * v for f, zs in zip(frontiers, z) for pt, v in zip(f, zs))
+    for zs in z:
+        prob += pulp.lpSum(zs) == 1
+    prob += (
+        pulp.lpSum(pt.bytes * v for f, zs in zip(frontiers, z) for pt, v in zip(f, zs)) <= budget
+    )
+    prob.solve(pulp.PULP_CBC_CMD(msg=False, threads=1, gapRel=0))
+    if prob.status != pulp.LpStatusOptimal:
+        raise AssertionError("the budget knapsack failed although its least fits")
+    return [max(range(len(zs)), key=lambda i: zs[i].value() or 0) for zs in z]
