@@ -46,7 +46,7 @@ from orchestrate.emit.codegen import (
     literal,
     split_linear,
 )
-from orchestrate.emit.matmul import clamp_pow2, drop_unused, masked_load
+from orchestrate.emit.matmul import WIDE, clamp_pow2, drop_unused, masked_load
 from orchestrate.emit.source import KernelSource, describe, store
 from orchestrate.ir import Graph
 from orchestrate.kernels.attention import analyse
@@ -56,7 +56,6 @@ MIN_DOT = 16  # tl.dot needs >= 16 in every dimension
 # the interpreter pays per program and per loop step: one tile covers small
 # sequences whole (tests shrink this to force several query and key blocks)
 INTERPRET_BLOCK = 128
-WIDE = 2**31
 
 
 def attention(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> KernelSource:

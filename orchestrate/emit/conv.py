@@ -26,15 +26,17 @@ from __future__ import annotations
 
 import math
 
-from orchestrate.emit.codegen import Body, Evaluator, Index, Pointers
+from orchestrate.emit.codegen import Body, Pointers
 from orchestrate.emit.matmul import (
     GROUP_M,
     INTERPRET_BLOCK,
     MAX_GRID_AXIS1,
     MIN_DOT,
     WIDE,
+    anchor_of,
     clamp_pow2,
     drop_unused,
+    epilogue,
     grouped_tile,
     precision,
 )
@@ -52,19 +54,12 @@ AXES = {1: ("w",), 2: ("h", "w"), 3: ("d", "h", "w")}
 
 def conv(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str, *, tf32: bool = False
          ) -> KernelSource:  # fmt: skip
-    if k.template != CONV or k.anchor is None:
-        raise AssertionError(f"{name}: not a conv kernel ({k.template})")
-    cv = graph.producer[k.anchor]
-    if cv.op is not Op.CONV:
-        raise AssertionError(f"{name}: anchor {k.anchor} is {cv.op.value}, not conv")
+    cv = anchor_of(graph, k, CONV, Op.CONV, writes, name)
     x_name, w_name = cv.inputs
     x_t, w_t = graph.types[x_name], graph.types[w_name]
     dtype = x_t.dtype
     if dtype not in ("float32", "float16"):
         raise NotImplementedError(f"{name}: conv of {dtype} tensors")
-    for t in writes:
-        if graph.types[t].shape != cv.shape:
-            raise AssertionError(f"{name}: output {t} is not aligned with {k.anchor}")
     nb, c, *in_sp = x_t.shape
     m, cg, *kern = w_t.shape
     out_sp = list(cv.shape[2:])
@@ -84,7 +79,6 @@ def conv(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str, *, tf32: b
 
     body = Body()
     pointers = Pointers()
-    inside = set(k.nodes)
     geometry = ", ".join(
         f"{a}: k={kern[i]} stride={strides[i]} pad=({pads[i]}, {pads[i + nd]}) dilation={dil[i]}"
         for i, a in enumerate(axes)
@@ -182,13 +176,8 @@ def conv(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str, *, tf32: b
 
     # -- epilogue on the accumulator ----------------------------------------
     body.comment("epilogue on the accumulator tile at the output index (n, channel, *o)")
-    body.raw("mask_c = mask_m[:, None] & mask_n[None, :]")
-    body.raw(f"zero_c = tl.zeros((BLOCK_M, BLOCK_N), dtype={itype})")
     dims = (_row(n_img), "co[None, :]") + tuple(_row(e) for e in o)
-    out_index = Index(dims, "mask_c")
-    ev = Evaluator(graph, inside, body, pointers, zero="zero_c", broadcast_all=True)
-    ev.provided[k.anchor] = lambda index: _accumulator(index, out_index, name)
-    results = {t: ev.value(t, out_index) for t in writes}
+    results = epilogue(graph, k, body, pointers, dims, itype, writes, name)
     body.comment(f"NCHW offsets: n * {m * out_vol} + channel * {out_vol} + pixel")
     row = []
     if nb > 1:
@@ -272,9 +261,3 @@ def _col(e: str, scale: int) -> str:
 
 def _scale(e: str, k: int) -> str:
     return e if k == 1 else f"{e} * {k}"
-
-
-def _accumulator(index: Index, expected: Index, name: str) -> str:
-    if index.dims != expected.dims:
-        raise AssertionError(f"{name}: the epilogue reads the accumulator at {index.dims}")
-    return "acc"

@@ -41,7 +41,7 @@ from orchestrate.emit.codegen import (
     split_linear,
 )
 from orchestrate.emit.source import KernelSource, describe, next_pow2, store
-from orchestrate.ir import Graph, Op
+from orchestrate.ir import Graph, Node, Op
 from orchestrate.kernels.templates import MATMUL, Kernel
 
 # tile sizes on a GPU (tl.dot needs >= 16 in every dimension)
@@ -135,13 +135,36 @@ def precision(tf32: bool) -> str:
     return "tf32" if tf32 else "ieee"
 
 
+def anchor_of(graph: Graph, k: Kernel, template: str, op: Op, writes, name: str) -> Node:
+    """The matmul or conv a ``template`` kernel is built around, after checking
+    that every tensor it writes is indexed like it (the epilogue's space)."""
+    if k.template != template or k.anchor is None:
+        raise AssertionError(f"{name}: not a {template} kernel ({k.template})")
+    node = graph.producer[k.anchor]
+    if node.op is not op:
+        raise AssertionError(f"{name}: anchor {k.anchor} is {node.op.value}, not {op.value}")
+    for t in writes:
+        if graph.types[t].shape != node.shape:
+            raise AssertionError(f"{name}: output {t} is not aligned with {k.anchor}")
+    return node
+
+
+def epilogue(graph: Graph, k: Kernel, body: Body, pointers: Pointers, dims, itype: str,
+             writes, name: str) -> dict[str, str]:  # fmt: skip
+    """Open the epilogue on the accumulator tile (its mask and block zero) and
+    return each written tensor's value at the output index ``dims``; the
+    anchor reads as ``acc``."""
+    body.raw("mask_c = mask_m[:, None] & mask_n[None, :]")
+    body.raw(f"zero_c = tl.zeros((BLOCK_M, BLOCK_N), dtype={itype})")
+    out_index = Index(tuple(dims), "mask_c")
+    ev = Evaluator(graph, set(k.nodes), body, pointers, zero="zero_c", broadcast_all=True)
+    ev.provided[k.anchor] = lambda index: _accumulator(index, out_index, name)
+    return {t: ev.value(t, out_index) for t in writes}
+
+
 def matmul(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str, *, tf32: bool = False
            ) -> KernelSource:  # fmt: skip
-    if k.template != MATMUL or k.anchor is None:
-        raise AssertionError(f"{name}: not a matmul kernel ({k.template})")
-    mm = graph.producer[k.anchor]
-    if mm.op is not Op.MATMUL:
-        raise AssertionError(f"{name}: anchor {k.anchor} is {mm.op.value}, not matmul")
+    mm = anchor_of(graph, k, MATMUL, Op.MATMUL, writes, name)
     a_name, b_name = mm.inputs
     a_t, b_t = graph.types[a_name], graph.types[b_name]
     dtype = a_t.dtype
@@ -152,9 +175,6 @@ def matmul(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str, *, tf32:
     nbatch = math.prod(batch)
     if nbatch > MAX_GRID_AXIS1:
         raise NotImplementedError(f"{name}: batch of {nbatch} exceeds grid axis 1")
-    for t in writes:
-        if t != k.anchor and graph.types[t].shape != mm.shape:
-            raise AssertionError(f"{name}: output {t} is not aligned with {k.anchor}")
     kernel_tensors = set(k.inputs) | set(k.nodes)
     wide = any(graph.types[t].size >= WIDE for t in kernel_tensors)
     itype = "tl.int64" if wide else "tl.int32"
@@ -220,13 +240,8 @@ def matmul(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str, *, tf32:
 
     # -- epilogue on the accumulator ----------------------------------------
     body.comment("epilogue on the accumulator tile, then store")
-    body.raw("mask_c = mask_m[:, None] & mask_n[None, :]")
-    body.raw(f"zero_c = tl.zeros((BLOCK_M, BLOCK_N), dtype={itype})")
     out_dims = bdims + ("rm[:, None]", "rn[None, :]")
-    out_index = Index(out_dims, "mask_c")
-    ev = Evaluator(graph, inside, body, pointers, zero="zero_c", broadcast_all=True)
-    ev.provided[k.anchor] = lambda index: _accumulator(index, out_index, name)
-    results = {t: ev.value(t, out_index) for t in writes}
+    results = epilogue(graph, k, body, pointers, out_dims, itype, writes, name)
     batch_off = f"pid_b * {m * n} + " if nbatch > 1 else ""
     col = "rn[None, :]"
     row = f"rm[:, None] * {n}" if n > 1 else "rm[:, None]"
