@@ -123,8 +123,7 @@ def plan(
         for p, s in zip(parts, sigs):
             if s == sig:
                 solutions[p.index] = _transplant(graph, rep, p, chosen)
-    written = {t for sol in solutions.values() for k, ws in sol if k.template != VIEW for t in ws}
-    over = sum(nbytes[t] for t in written if t not in graph.outputs)
+    over = _materialized(graph, ((k.template, ws) for sol in solutions.values() for k, ws in sol))
     if options.memory_budget is not None and over > options.memory_budget:
         # (a fastest plan that fits is the optimum under the budget too)
         solutions = _within_budget(
@@ -171,7 +170,9 @@ def plan(
             "bytes": sum(k["bytes"] for k in kernels),
             "flops": sum(k["flops"] for k in kernels),
             "predicted_us": _r(sum(raw_us)),
-            "materialized_bytes": _materialized(graph, kernels),
+            "materialized_bytes": _materialized(
+                graph, ((k["template"], k["outputs"]) for k in kernels)
+            ),
         },
         "baselines": baselines,
         "solver": {
@@ -328,15 +329,15 @@ def _within_budget(graph, parts, sigs, problems, fastest, write_us, nbytes, opti
                 prob.kernels, prob.costs, write_us, nbytes, prob.available, prob.required,
                 time_limit=options.time_limit, recompute=options.recompute,
                 edges=primitive_edges(graph, rep.nodes), name=f"partition {rep.index}",
-                budget=b, budget_exempt=set(graph.outputs), explain=False,
+                budget=b, budget_exempt=set(graph.outputs),
             )  # fmt: skip
             _merge_stats(stats, sol)
             return sol
 
         def written(sol, prob=prob):
-            out = {t for c in sol.choices if prob.kernels[c.kernel].template != VIEW
-                   for t in c.writes}  # fmt: skip
-            return sum(nbytes[t] for t in out if t not in graph.outputs)
+            return _materialized(
+                graph, ((prob.kernels[c.kernel].template, c.writes) for c in sol.choices)
+            )
 
         frontiers[sig], done = budget.frontier(solve, written, fastest[sig])
         complete &= done
@@ -398,9 +399,11 @@ def _summary(graph, priced: list[Priced]) -> dict:
     }
 
 
-def _materialized(graph, kernels) -> int:
-    written = {t for k in kernels if k["template"] != VIEW for t in k["outputs"]}
-    return sum(graph.types[t].nbytes for t in written if t not in graph.outputs)
+def _materialized(graph, written) -> int:
+    """Bytes of the intermediate tensors that (template, tensors written)
+    pairs put in memory: what --memory-budget bounds (a view writes nothing)."""
+    tensors = {t for template, ts in written if template != VIEW for t in ts}
+    return sum(graph.types[t].nbytes for t in tensors if t not in graph.outputs)
 
 
 def _primitive(n: ir.Node) -> dict:

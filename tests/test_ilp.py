@@ -118,18 +118,16 @@ def test_an_infeasible_budget_names_the_least_that_fits(seed):
     """The error gives the fewest intermediate bytes any plan writes: that
     budget is feasible, one byte less is not (and says the same)."""
     g = graphs.random_dag(seed)
-    kernels, costs, write_us, nbytes, available = _problem(g)
 
     def solve(budget):
-        return program.solve(kernels, costs, write_us, nbytes, available, list(g.outputs),
-                             budget=budget, budget_exempt=set(g.outputs))  # fmt: skip
+        return plan(g, PlanOptions(device="h100", memory_budget=budget))["solver"]
 
     try:
         solve(0)
         pytest.skip("every output is computed without materialising anything")
     except InputError as e:
         least = int(re.search(r"at least (\d+) bytes", str(e)).group(1))
-    assert least > 0 and solve(least).status == "optimal"
+    assert least > 0 and solve(least)["status"] == "optimal"
     with pytest.raises(InputError, match=f"at least {least} bytes"):
         solve(least - 1)
 

@@ -68,8 +68,6 @@ def choose(frontiers: Sequence[Sequence[Point]], budget: int) -> list[int] | Non
     within ``budget``; None when even the least exceeds it."""
     if least(frontiers) > budget:
         return None
-    if sum(f[0].bytes for f in frontiers) <= budget:
-        return [0] * len(frontiers)  # every partition's fastest plan fits
     prob = pulp.LpProblem("budget", pulp.LpMinimize)
     z = [
         [pulp.LpVariable(f"z{p}_{i}", cat=pulp.LpBinary) for i in range(len(f))]

@@ -49,8 +49,6 @@ from orchestrate.kernels.templates import VIEW, Kernel
 OPTIMAL = "optimal"
 FEASIBLE = "feasible"  # time limit hit with an integer solution in hand
 MAX_CYCLE_ROUNDS = 50
-BUDGET = "memory_budget"  # name of the budget constraint
-LEAST_SECONDS = 10.0  # to find what an infeasible budget would need
 
 
 @dataclass(frozen=True)
@@ -92,14 +90,12 @@ def solve(
     recompute: bool = True,
     edges: Sequence[tuple[str, str]] = (),
     name: str = "partition",
-    explain: bool = True,
 ) -> Solution:
     """Pick the cheapest set of kernels that produces ``required`` from ``available``.
 
     ``edges`` are the (producer, consumer) pairs of the primitive graph; they
     only tighten the relaxation (see ``_add_computed_cuts``).  An infeasible
-    ``budget`` raises BudgetInfeasible, which says what would fit unless
-    ``explain`` is False (that takes another solve)."""
+    ``budget`` raises BudgetInfeasible (ilp.budget says what would fit)."""
     started = time.perf_counter()
     prob = pulp.LpProblem(_safe(name), pulp.LpMinimize)
     x = [pulp.LpVariable(f"x{k}", cat=pulp.LpBinary) for k in range(len(kernels))]
@@ -148,8 +144,7 @@ def solve(
             for v in vs:
                 prob += m[t] >= v
             terms.append(nbytes[t] * m[t])
-        materialised = pulp.lpSum(terms)
-        prob += (materialised <= budget, BUDGET)
+        prob += pulp.lpSum(terms) <= budget
         # valid cuts that make the relaxation see the budget: a tensor that
         # must be output, or that a chosen kernel reads, is materialised
         # (when only real kernels can write it; a view's reader is not)
@@ -182,9 +177,7 @@ def solve(
                 "raise the limit"
             )
         if status is None and budget is not None:
-            raise BudgetInfeasible(f"--memory-budget {budget}: no plan fits" + (_least_materialised(
-                prob, materialised, time_limit, x, w, kernels, available, warm
-            ) if explain else ""))  # fmt: skip
+            raise BudgetInfeasible(f"--memory-budget {budget}: no plan fits")
         if status is None:
             raise AssertionError(f"{name}: the linear program is infeasible")
         choices = _read(x, w, kernels)
@@ -200,30 +193,6 @@ def solve(
         if rounds >= MAX_CYCLE_ROUNDS:
             raise AssertionError(f"{name}: cycle cuts did not converge")
         _cut_cycle(prob, x, writers, kernels, [choices[i] for i in stuck], available)
-
-
-def _least_materialised(prob, materialised, time_limit, x, w, kernels, available, warm) -> str:
-    """What the budget would have to be, for the error message: the same
-    program without its budget, minimising materialised bytes instead of
-    time, given at most LEAST_SECONDS.  Proven, that is a lower bound (cycles
-    between kernels are not cut here); stopped early, the best plan found
-    (no worse than the warm start) is an example that fits, if acyclic."""
-    del prob.constraints[BUDGET]
-    prob.setObjective(materialised)
-    limit = min(time_limit, LEAST_SECONDS) if time_limit else LEAST_SECONDS
-    _set_warm_start(x, w, kernels, warm)  # the failed solve overwrote the values
-    status, _ = _run_cbc(prob, limit, bool(warm))
-    least = round(pulp.value(prob.objective) or 0) if status else None
-    if status == OPTIMAL:
-        return f"; every plan materialises at least {least} bytes of intermediate tensors"
-    if status == FEASIBLE:
-        choices = _read(x, w, kernels)
-        _, stuck = schedule([kernels[c.kernel] for c in choices], [c.writes for c in choices],
-                            available)  # fmt: skip
-        if not stuck:
-            return (f"; a plan that materialises {least} bytes of intermediate tensors exists "
-                    f"(the least was not proven in {limit:g} s)")  # fmt: skip
-    return ""
 
 
 def _add_computed_cuts(prob, by_node, available, required, edges) -> None:
