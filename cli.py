@@ -94,6 +94,7 @@ def main(debug: bool) -> None:
       decompose  write the primitive graph as a plain ONNX model
       plan       choose fused kernels with a binary linear program
       explain    show a plan: kernels, baselines, a picture
+      rules      the rules that decide what one kernel can run
       optimize   all of it: fission, plan, Triton emission, verification -> bundle
       run        run a bundle on .npy inputs
       verify     compare a bundle with onnxruntime on random inputs
@@ -207,7 +208,7 @@ def plan(model: Path, output: Path, shapes, **opts) -> None:
     options = _plan_options(**opts)
     pipeline.check_output_path(output)
     graph = pipeline.fission_file(model, _shapes(shapes))
-    result = pipeline.plan_graph(graph, options, progress=StageProgress())
+    result = pipeline.plan_graph(graph, options, progress=StageProgress()).plan
     pipeline.write_plan(result, output)
     for line in summary_lines(result):
         click.echo(line)
@@ -239,6 +240,16 @@ def explain(plan_file: Path, picture: Path | None, rejected: bool, limit: int) -
         pipeline.check_output_path(picture)
         pipeline.write_atomic(picture, ex.svg(result).encode())
         click.echo(f"wrote {picture}")
+
+
+@main.command()
+@reports_errors
+def rules() -> None:
+    """List the rule table: each rule that makes kernels, one line each."""
+    from orchestrate.kernels.rules import listing
+
+    for line in listing():
+        click.echo(line)
 
 
 def tolerance_options(fn):

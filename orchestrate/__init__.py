@@ -9,8 +9,7 @@ Python API::
 """
 
 from orchestrate.errors import GraphError, InputError, OrchestrateError, UnsupportedError
-
-__version__ = "0.1.0"
+from orchestrate.version import __version__
 
 
 def decompose(model, shapes=None):

@@ -15,12 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrate import __version__, bundle, explain, pipeline
+from orchestrate import bundle, explain, pipeline
 from orchestrate.emit import emit
 from orchestrate.errors import OrchestrateError
+from orchestrate.plan import Plan
 from orchestrate.planner import PlanOptions
 from orchestrate.runtime import Program, check_inputs, gpu_available, load_kernels
 from orchestrate.verify import Report, verify
+from orchestrate.version import __version__
 
 TF32_RTOL = 5e-3
 
@@ -38,7 +40,7 @@ class Bundle:
 
     The kernels module is imported (and, on a GPU, compiled) on the first run."""
 
-    def __init__(self, path: Path, plan: dict, manifest: dict, kernels_py: Path,
+    def __init__(self, path: Path, plan: Plan, manifest: dict, kernels_py: Path,
                  constants: dict[str, np.ndarray], interpret: bool | None):  # fmt: skip
         self.path, self.plan, self.manifest = path, plan, manifest
         self._kernels_py, self._constants = kernels_py, constants
@@ -61,13 +63,11 @@ class Bundle:
 
     @property
     def inputs(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        return {
-            i["name"]: (tuple(i["shape"]), i["dtype"]) for i in self.plan["graph"]["input_types"]
-        }
+        return {i.name: (i.shape, i.dtype) for i in self.plan.graph.inputs}
 
     @property
     def outputs(self) -> list[str]:
-        return list(self.plan["graph"]["outputs"])
+        return list(self.plan.graph.outputs)
 
 
 def load(out_dir: str | os.PathLike, *, interpret: bool | None = None) -> Bundle:
@@ -79,7 +79,7 @@ def load(out_dir: str | os.PathLike, *, interpret: bool | None = None) -> Bundle
 @dataclass
 class Optimized:
     path: Path
-    plan: dict
+    plan: Plan
     report: Report | None
 
 
@@ -108,10 +108,11 @@ def optimize(
     report_step = progress or (lambda stage, i, n: None)
     model = pipeline.load(model_path)
     graph = pipeline.fission_model(model, shapes, str(model_path))
-    plan = pipeline.plan_graph(graph, options, progress=progress)
+    planned = pipeline.plan_graph(graph, options, progress=progress)
+    plan = planned.plan
     report_step("emit", 1, 1)
-    source = emit(graph, plan, title=f"Triton kernels for {Path(model_path).name}")
-    used = {t for k in plan["kernels"] for t in k["inputs"]}
+    source = emit(graph, planned, title=f"Triton kernels for {Path(model_path).name}")
+    used = {t for k in plan.kernels for t in k.inputs}
     constants = {k: v for k, v in graph.constants.items() if k in used}
     staging = bundle.Staging(out)
     try:
@@ -179,8 +180,8 @@ def bundle_and_model(
     return loaded, model, graph
 
 
-def _report_md(plan: dict, result: Report | None) -> str:
-    lines = [f"# orchestrate report: {plan['graph']['name']}", "", "## Summary", "", "```"]
+def _report_md(plan: Plan, result: Report | None) -> str:
+    lines = [f"# orchestrate report: {plan.graph.name}", "", "## Summary", "", "```"]
     lines += explain.summary_lines(plan)
     lines += ["```", "", "## Kernels", "", "```", explain.kernel_table(plan), "```", ""]
     lines += ["## Verification", ""]

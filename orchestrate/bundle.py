@@ -25,8 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from orchestrate.errors import InputError
+from orchestrate.plan import Plan
 
-BUNDLE_FORMAT = "orchestrate-bundle/1"
+BUNDLE_FORMAT = "orchestrate-bundle/2"
+# what each earlier format lacks, for the message that refuses it
+_OLDER = {"orchestrate-bundle/1": "one jitted function per distinct kernel spec"}
 FILES = ("plan.json", "kernels.py", "weights.npz", "report.md")
 
 
@@ -59,10 +62,10 @@ class Staging:
         self.out = out
         self.path = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
 
-    def write(self, plan: dict, kernels_py: str, constants: Mapping[str, np.ndarray],
+    def write(self, plan: Plan, kernels_py: str, constants: Mapping[str, np.ndarray],
               report: str, info: dict) -> None:  # fmt: skip
         keys = {name: f"c{i}" for i, name in enumerate(sorted(constants))}
-        (self.path / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
+        (self.path / "plan.json").write_text(json.dumps(plan.to_json(), indent=1) + "\n")
         (self.path / "kernels.py").write_text(kernels_py)
         with open(self.path / "weights.npz", "wb") as f:
             np.savez(f, **{keys[k]: np.ascontiguousarray(v) for k, v in constants.items()})
@@ -89,7 +92,7 @@ class Staging:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def read(folder: str | os.PathLike) -> tuple[dict, Path, dict[str, np.ndarray], dict]:
+def read(folder: str | os.PathLike) -> tuple[Plan, Path, dict[str, np.ndarray], dict]:
     """(plan, kernels.py path, constants, manifest) of a checked bundle."""
     folder = Path(folder)
     if not folder.is_dir():
@@ -101,8 +104,14 @@ def read(folder: str | os.PathLike) -> tuple[dict, Path, dict[str, np.ndarray], 
         manifest = json.loads(mpath.read_text())
     except ValueError as e:
         raise InputError(f"{folder}: manifest.json is not valid JSON ({e})") from None
-    if manifest.get("format") != BUNDLE_FORMAT:
-        raise InputError(f"{folder}: unknown bundle format {manifest.get('format')!r}")
+    fmt = manifest.get("format")
+    if fmt in _OLDER:
+        raise InputError(
+            f"{folder}: written by an older orchestrate (format {fmt!r}, without "
+            f"{_OLDER[fmt]}); run `orchestrate optimize` on the model again"
+        )
+    if fmt != BUNDLE_FORMAT:
+        raise InputError(f"{folder}: unknown bundle format {fmt!r}")
     for name in FILES:
         path = folder / name
         want = manifest.get("files", {}).get(name)
@@ -112,7 +121,7 @@ def read(folder: str | os.PathLike) -> tuple[dict, Path, dict[str, np.ndarray], 
             raise InputError(f"{folder}: {name} is missing")
         if sha256(path) != want:
             raise InputError(f"{folder}: {name} was modified (sha256 does not match the manifest)")
-    plan = json.loads((folder / "plan.json").read_text())
+    plan = Plan.from_json(json.loads((folder / "plan.json").read_text()), f"{folder}/plan.json")
     keys = manifest.get("constants", {})
     with np.load(folder / "weights.npz", allow_pickle=False) as z:
         constants = {name: z[key] for name, key in keys.items()}

@@ -1,7 +1,8 @@
 """`orchestrate explain`: a plan as tables and as a picture.
 
-Everything here reads the PLAN.json dict only, so a plan can be explained on
-a machine that has neither the model nor a GPU.
+Everything here reads the plan only (``orchestrate.plan.Plan``, as read
+from PLAN.json), so a plan can be explained on a machine that has neither
+the model nor a GPU.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import colorsys
 import html
 from collections import Counter
+
+from orchestrate.plan import Plan, PlannedKernel
 
 
 def _us(x: float) -> str:
@@ -29,25 +32,25 @@ def _flops(n: int) -> str:
     return str(n)
 
 
-def _ops(result: dict, k: dict) -> str:
-    op = {p["name"]: p["op"] for p in result["primitives"]}
-    counts = Counter(op[p] for p in k["primitives"])
+def _ops(result: Plan, k: PlannedKernel) -> str:
+    op = {p.name: p.op for p in result.primitives}
+    counts = Counter(op[p] for p in k.primitives)
     return " ".join(f"{o}x{c}" if c > 1 else o for o, c in sorted(counts.items()))
 
 
-def kernel_table(result: dict, limit: int = 0) -> str:
+def kernel_table(result: Plan, limit: int = 0) -> str:
     """One row per kernel: template, primitives, bytes, flops, time, bound."""
-    rows = [k for k in result["kernels"] if k["template"] != "view"]
-    views = len(result["kernels"]) - len(rows)
-    shown = rows if not limit else sorted(rows, key=lambda k: -k["predicted_us"])[:limit]
+    rows = [k for k in result.kernels if not k.is_view]
+    views = len(result.kernels) - len(rows)
+    shown = rows if not limit else sorted(rows, key=lambda k: -k.predicted_us)[:limit]
     if limit and len(rows) > limit:
-        shown = sorted(shown, key=lambda k: k["name"])
+        shown = sorted(shown, key=lambda k: k.name)
     head = f"{'kernel':<18}{'template':<12}{'bytes':>11}{'flops':>11}{'us':>10}  {'bound':<8} primitives"
     lines = [head, "-" * len(head)]
     for k in shown:
         lines.append(
-            f"{k['name']:<18}{k['template']:<12}{_bytes(k['bytes']):>11}{_flops(k['flops']):>11}"
-            f"{_us(k['predicted_us']):>10}  {k['bound']:<8} {_ops(result, k)}"
+            f"{k.name:<18}{k.template:<12}{_bytes(k.bytes):>11}{_flops(k.flops):>11}"
+            f"{_us(k.predicted_us):>10}  {k.bound:<8} {_ops(result, k)}"
         )
     if limit and len(rows) > limit:
         lines.append(
@@ -58,40 +61,44 @@ def kernel_table(result: dict, limit: int = 0) -> str:
     return "\n".join(lines)
 
 
-def summary_lines(result: dict) -> list[str]:
-    s, b, sol = result["summary"], result["baselines"], result["solver"]
-    rows = [("unfused", b["unfused"]), ("greedy", b["greedy"]), ("orchestrate", s)]
-    best = s["predicted_us"]
+def summary_lines(result: Plan) -> list[str]:
+    s, sol = result.summary, result.solver
+    rows = [(name, result.baselines[name]) for name in ("unfused", "greedy")
+            if name in result.baselines]  # fmt: skip
+    rows.append(("orchestrate", s))
+    best = s.predicted_us
+    functions = len({k.hash for k in result.kernels if not k.is_view})
     lines = [
-        f"device {result['device']}: {len(result['primitives'])} primitives, "
-        f"{sol['partitions']} partitions ({sol['unique_partitions']} unique), "
-        f"{sol['candidates']} candidate kernels ({sol['rejected']} illegal sets rejected, "
-        f"{sol.get('pruned', 0)} growths pruned"
-        + (
-            f", {sol['truncated_partitions']} partitions truncated"
-            if sol["truncated_partitions"]
-            else ""
-        )
+        f"device {result.device}: {len(result.primitives)} primitives, "
+        f"{sol.partitions} partitions ({sol.unique_partitions} unique), "
+        f"{sol.candidates} candidate kernels ({sol.rejected} illegal sets rejected, "
+        f"{sol.pruned} growths pruned"
+        + (f", {sol.truncated_partitions} partitions truncated" if sol.truncated_partitions
+           else "")
         + ")",
-        f"solver: {sol['status']}, gap {sol['gap']:.4g}, {sol['seconds']} s, {sol['solves']} solves",
+        f"solver: {sol.status}, gap {sol.gap:.4g}, {sol.seconds} s, {sol.solves} solves",
+        f"kernels: {s.kernels} planned, {functions} distinct specs",
         "",
         f"{'plan':<13}{'kernels':>8}{'bytes':>12}{'predicted us':>14}{'speedup':>9}",
-    ]
+    ]  # fmt: skip
     for label, row in rows:
-        speed = row["predicted_us"] / best if best else 1.0
+        speed = row.predicted_us / best if best else 1.0
         lines.append(
-            f"{label:<13}{row['kernels']:>8}{_bytes(row['bytes']):>12}"
-            f"{_us(row['predicted_us']):>14}{speed:>8.2f}x"
+            f"{label:<13}{row.kernels:>8}{_bytes(row.bytes):>12}"
+            f"{_us(row.predicted_us):>14}{speed:>8.2f}x"
         )
     return lines
 
 
-def rejected_table(result: dict) -> str:
+def rejected_table(result: Plan) -> str:
     lines = ["why neighbouring kernels were not fused:"]
-    for r in result.get("rejected", []):
-        lines.append(f"  {r['producer']} -> {r['consumer']} via {r['tensor']}: {r['reason']}")
-    if len(lines) == 1:
+    for r in result.rejected:
+        lines.append(f"  {r.producer} -> {r.consumer} via {r.tensor}: {r.reason}")
+    if not result.rejected:
         lines.append("  (no neighbouring kernels)")
+    if result.declined:
+        lines += ["", "rules that matched but declined:"]
+        lines += [f"  {d.rule} at {d.at}: {d.reason}" for d in result.declined]
     return "\n".join(lines)
 
 
@@ -101,20 +108,20 @@ def _colour(i: int, n: int) -> str:
     return f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}"
 
 
-def svg(result: dict) -> str:
+def svg(result: Plan) -> str:
     """The primitive graph, one box per primitive, coloured by kernel, in
     layers by dependency depth (inputs at the top)."""
-    prims = result["primitives"]
+    prims = result.primitives
     kernel_of: dict[str, int] = {}
-    for i, k in enumerate(result["kernels"]):
-        for p in k["primitives"]:
+    for i, k in enumerate(result.kernels):
+        for p in k.primitives:
             kernel_of.setdefault(p, i)
     depth: dict[str, int] = {}
     for p in prims:
-        depth[p["name"]] = 1 + max((depth.get(i, -1) for i in p["inputs"]), default=-1)
-    layers: dict[int, list[dict]] = {}
+        depth[p.name] = 1 + max((depth.get(i, -1) for i in p.inputs), default=-1)
+    layers: dict[int, list] = {}
     for p in prims:
-        layers.setdefault(depth[p["name"]], []).append(p)
+        layers.setdefault(depth[p.name], []).append(p)
     box_w, box_h, gap_x, gap_y = 112, 26, 12, 34
     width = max(720, max(len(v) for v in layers.values()) * (box_w + gap_x) + gap_x)
     height = len(layers) * (box_h + gap_y) + gap_y + 40
@@ -122,19 +129,19 @@ def svg(result: dict) -> str:
     for d, row in sorted(layers.items()):
         offset = (width - len(row) * (box_w + gap_x)) / 2
         for j, p in enumerate(row):
-            pos[p["name"]] = (offset + j * (box_w + gap_x) + gap_x / 2, 40 + d * (box_h + gap_y))
-    n_k = max(1, len(result["kernels"]))
+            pos[p.name] = (offset + j * (box_w + gap_x) + gap_x / 2, 40 + d * (box_h + gap_y))
+    n_k = max(1, len(result.kernels))
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
         f'font-family="monospace" font-size="10">',
-        f'<text x="8" y="20" font-size="13">{html.escape(result["graph"]["name"])}: '
-        f"{result['summary']['kernels']} kernels (+{result['summary'].get('views', 0)} views) "
-        f"on {html.escape(result['device'])}, predicted "
-        f"{result['summary']['predicted_us']:.2f} us</text>",
+        f'<text x="8" y="20" font-size="13">{html.escape(result.graph.name)}: '
+        f"{result.summary.kernels} kernels (+{result.summary.views} views) "
+        f"on {html.escape(result.device)}, predicted "
+        f"{result.summary.predicted_us:.2f} us</text>",
     ]
     for p in prims:
-        x2, y2 = pos[p["name"]]
-        for i in p["inputs"]:
+        x2, y2 = pos[p.name]
+        for i in p.inputs:
             if i in pos:
                 x1, y1 = pos[i]
                 out.append(
@@ -142,15 +149,15 @@ def svg(result: dict) -> str:
                     f'x2="{x2 + box_w / 2:.0f}" y2="{y2:.0f}" stroke="#999" stroke-width="0.7"/>'
                 )
     for p in prims:
-        x, y = pos[p["name"]]
-        k = kernel_of.get(p["name"])
+        x, y = pos[p.name]
+        k = kernel_of.get(p.name)
         fill = _colour(k, n_k) if k is not None else "#eeeeee"
-        kname = result["kernels"][k]["name"] if k is not None else "-"
-        title = html.escape(f"{p['name']}: {p['op']} {p['dtype']}{p['shape']} in {kname}")
+        kname = result.kernels[k].name if k is not None else "-"
+        title = html.escape(f"{p.name}: {p.op} {p.dtype}{list(p.shape)} in {kname}")
         out.append(
             f'<g><title>{title}</title><rect x="{x:.0f}" y="{y:.0f}" width="{box_w}" '
             f'height="{box_h}" rx="4" fill="{fill}" stroke="#555"/>'
-            f'<text x="{x + 4:.0f}" y="{y + 11:.0f}">{html.escape(p["op"][:17])}</text>'
+            f'<text x="{x + 4:.0f}" y="{y + 11:.0f}">{html.escape(p.op[:17])}</text>'
             f'<text x="{x + 4:.0f}" y="{y + 22:.0f}" fill="#333">{html.escape(kname[:17])}</text></g>'
         )
     out.append("</svg>")

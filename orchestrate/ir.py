@@ -11,10 +11,9 @@ Each primitive is a single loop nest that a kernel template knows how to place:
 A :class:`Node` is frozen and has exactly one output tensor, named by
 ``node.name``.  A :class:`Graph` is a topologically ordered tuple of nodes plus
 named inputs, outputs and constants.  The type rule of every primitive lives
-in ``rules.py`` and is re-exported here: :func:`infer` gives the output type
-of a primitive from its input types and attributes; :func:`validate`
-re-derives every node's type with it, so a graph that passes is
-self-consistent.
+in ``type_rules.py``: ``infer`` gives the output type of a primitive from its
+input types and attributes; ``validate`` re-derives every node's type with
+it, so a graph that passes is self-consistent.
 """
 
 from __future__ import annotations
@@ -295,6 +294,11 @@ class Graph:
         return t
 
     @cached_property
+    def position(self) -> Mapping[str, int]:
+        """Each node's index in topological order."""
+        return {n.name: i for i, n in enumerate(self.nodes)}
+
+    @cached_property
     def producer(self) -> Mapping[str, Node]:
         return {n.name: n for n in self.nodes}
 
@@ -314,9 +318,3 @@ class Graph:
         lines.append(f"  return {', '.join(self.outputs)}")
         lines.append("}")
         return "\n".join(lines)
-
-
-# the type rules, re-exported: ir.infer / ir.validate / ir.broadcast_shapes
-from orchestrate.rules import broadcast_shapes, infer, validate, window_out  # noqa: E402
-
-__all__ = ["broadcast_shapes", "infer", "validate", "window_out"]

@@ -35,22 +35,25 @@ def fission_file(path: str | os.PathLike, shapes=None) -> ir.Graph:
     return fission(prepared, str(path), consume=True)
 
 
-def plan_graph(graph: ir.Graph, options=None, progress=None) -> dict:
+def plan_graph(graph: ir.Graph, options=None, progress=None):
+    """The planner's result (``orchestrate.plan.Planned``)."""
     from orchestrate.planner import PlanOptions, plan
 
     return plan(graph, options or PlanOptions(), progress)
 
 
-def write_plan(result: dict, output: str | os.PathLike) -> None:
+def write_plan(result, output: str | os.PathLike) -> None:
+    """Write a ``Plan`` as PLAN.json."""
     import json
 
-    write_atomic(Path(output), (json.dumps(result, indent=1) + "\n").encode())
+    write_atomic(Path(output), (json.dumps(result.to_json(), indent=1) + "\n").encode())
 
 
-def read_plan(path: str | os.PathLike) -> dict:
+def read_plan(path: str | os.PathLike):
+    """The ``Plan`` in a PLAN.json file."""
     import json
 
-    from orchestrate.planner import PLAN_FORMAT
+    from orchestrate.plan import Plan
 
     path = Path(path)
     if not path.is_file():
@@ -59,9 +62,7 @@ def read_plan(path: str | os.PathLike) -> dict:
         result = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as e:
         raise InputError(f"{path}: not a JSON plan ({e})") from None
-    if not isinstance(result, dict) or result.get("format") != PLAN_FORMAT:
-        raise InputError(f"{path}: not an orchestrate plan (expected format {PLAN_FORMAT!r})")
-    return result
+    return Plan.from_json(result, str(path))
 
 
 def write_primitive_onnx(graph: ir.Graph, output: str | os.PathLike, name: str = "graph") -> None:

@@ -1,37 +1,51 @@
-"""Plan a primitive graph: candidates -> costs -> linear program -> plan.
+"""Plan a primitive graph: the stages composed, one call each.
 
-    partition   cut at single-tensor fork points          (ilp.partition)
-    enumerate   legal kernels per partition               (kernels.enumerate)
-    cost        roofline per candidate, once per hash     (cost.roofline)
-    greedy      baseline and warm start                   (ilp.baselines)
-    solve       binary linear program + cycle cuts        (ilp.program)
-    check       the plan checker, on every plan           (ilp.checker)
+    partition   cut at single-tensor fork points; identical ones grouped  (ilp.partition)
+    enumerate   candidate specs per distinct partition, rules included   (kernels.enumerate)
+    baselines   unfused and greedy, under the same cost model             (ilp.baselines)
+    solve       binary linear program + cycle cuts, per distinct partition (ilp.problem)
+    budget      per-partition frontiers and a knapsack, under a budget    (ilp.budget)
+    assemble    kernels named, priced and checked                         (plan, cost, ilp.checker)
 
-Partitions with identical structure are solved once.  With a memory budget
-all partitions go into one program, since the budget couples them.
+Prices are computed once per structural hash (``cost.roofline.Prices``).
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from orchestrate import ir
-from orchestrate.cost.devices import Device, get_device
-from orchestrate.cost.roofline import Config, Cost, cost, us_for_bytes, working_set_rejection
+from orchestrate.cost.roofline import Prices
+from orchestrate.devices import get_device
 from orchestrate.errors import InputError
 from orchestrate.ilp import budget, program
 from orchestrate.ilp.baselines import Priced, greedy, unfused
 from orchestrate.ilp.checker import check_plan
-from orchestrate.ilp.partition import Partition, partition, signature
-from orchestrate.kernels.attention import attention_candidates
-from orchestrate.kernels.enumerate import Limits, enumerate_kernels, structural_hash
-from orchestrate.kernels.templates import VIEW, Kernel
+from orchestrate.ilp.neighbours import unfused_neighbours
+from orchestrate.ilp.partition import group_identical, partition, transplant
+from orchestrate.ilp.problem import Problem, problem
+from orchestrate.kernels.enumerate import Limits, enumerate_kernels
+from orchestrate.kernels.rules import match
+from orchestrate.kernels.spec import VIEW, KernelSpec, Rejection, Target
+from orchestrate.plan import (
+    Declined,
+    Options,
+    Plan,
+    Planned,
+    PlannedKernel,
+    Solver,
+    Summary,
+    Totals,
+    graph_info,
+    kernel_name,
+    materialized,
+    primitive,
+)
 
-PLAN_FORMAT = "orchestrate-plan/1"
 Progress = Callable[[str, int, int], None]
+Chosen = list[tuple[KernelSpec, tuple[str, ...]]]
 
 
 @dataclass(frozen=True)
@@ -50,371 +64,130 @@ class PlanOptions:
         if self.time_limit is not None and self.time_limit <= 0:
             raise InputError(f"--time-limit {self.time_limit}: must be > 0")
 
+    def target(self) -> Target:
+        return Target(get_device(self.device), self.tf32)
 
-@dataclass
-class _Problem:
-    """The candidates of one partition (or of all, under a budget)."""
-
-    kernels: list[Kernel]
-    costs: list[Cost]
-    available: set[str]
-    required: list[str]
-    warm: list[program.Choice]
-    examined: int = 0
-    rejected: int = 0
-    pruned: int = 0
-    truncated: bool = False
+    def record(self) -> Options:
+        return Options(self.memory_budget, self.time_limit, self.tf32, self.recompute,
+                       self.limits.max_nodes)  # fmt: skip
 
 
 def plan(
     graph: ir.Graph, options: PlanOptions = PlanOptions(), progress: Progress | None = None
-) -> dict:
-    """The optimal plan for ``graph`` as a JSON-able dict (see PLAN.json)."""
+) -> Planned:
+    """The optimal plan for ``graph``."""
     started = time.perf_counter()
     report = progress or (lambda stage, i, n: None)
-    device = get_device(options.device)
-    config = Config(tf32=options.tf32)
+    target = options.target()
+    prices = Prices(graph, target.device)
     parts = partition(graph)
-    sigs = [signature(graph, p) for p in parts]
-    unique = list(dict.fromkeys(sigs))
-    cost_cache: dict[str, Cost] = {}
-    problems: dict[str, _Problem] = {}
-    greedy_by_part: dict[int, list[Priced]] = {}
-    for i, sig in enumerate(unique):
-        report("enumerate", i + 1, len(unique))
-        rep = parts[sigs.index(sig)]
-        problems[sig] = _build(graph, rep, device, config, options.limits, cost_cache)
-    greedy_by_sig = {
-        sig: greedy(graph, parts[sigs.index(sig)].nodes, device, config) for sig in unique
-    }
-    for p, sig in zip(parts, sigs):  # identical partitions fuse identically
-        rep, done = parts[sigs.index(sig)], greedy_by_sig[sig]
-        moved = _transplant(graph, rep, p, [(g.kernel, g.writes) for g in done])
-        greedy_by_part[p.index] = [
-            Priced(k, writes, g.time_us, g.bytes, g.flops) for (k, writes), g in zip(moved, done)
-        ]
-    write_us = {n.name: us_for_bytes(n.type.nbytes, device) for n in graph.nodes}
-    nbytes = {n.name: n.type.nbytes for n in graph.nodes}
-    unfused_plan = unfused(graph, device, config)
+    groups = group_identical(graph, parts)  # representative partition -> its copies
+    problems: dict[int, Problem] = {}
+    for i, rep in enumerate(groups):
+        report("enumerate", i + 1, len(groups))
+        found = enumerate_kernels(graph, rep.nodes, target, options.limits)
+        problems[rep.index] = problem(graph, rep, found, prices)
+    unfused_plan = unfused(graph, target, prices)
     part_of = {n: p.index for p in parts for n in p.nodes}
-    for sig, prob in problems.items():
-        rep = parts[sigs.index(sig)]
+    greedy_plan: list[Priced] = []
+    for rep, copies in groups.items():
+        prob = problems[rep.index]
+        done = greedy(graph, rep.nodes, target, prices)
         # both baselines' kernels are candidates, so the optimum is never worse
         mine = [u for u in unfused_plan if all(part_of[n] == rep.index for n in u.kernel.nodes)]
-        _ensure_candidates(graph, prob, mine, device, config, cost_cache)
-        prob.warm = _ensure_candidates(
-            graph, prob, greedy_by_part[rep.index], device, config, cost_cache
-        )
-    solutions: dict[int, list[tuple[Kernel, tuple[str, ...]]]] = {}
-    stats = {"status": program.OPTIMAL, "gap": 0.0, "rounds": 0}
-    fastest: dict[str, program.Solution] = {}
-    for i, sig in enumerate(unique):
-        report("solve", i + 1, len(unique))
-        rep = parts[sigs.index(sig)]
-        prob = problems[sig]
-        sol = program.solve(
-            prob.kernels, prob.costs, write_us, nbytes, prob.available, prob.required,
-            warm=prob.warm, time_limit=options.time_limit, recompute=options.recompute,
-            edges=primitive_edges(graph, rep.nodes), name=f"partition {rep.index}",
-        )  # fmt: skip
-        _merge_stats(stats, sol)
-        fastest[sig] = sol
-        chosen = [(prob.kernels[c.kernel], c.writes) for c in sol.choices]
-        for p, s in zip(parts, sigs):
-            if s == sig:
-                solutions[p.index] = _transplant(graph, rep, p, chosen)
-    over = _materialized(graph, ((k.template, ws) for sol in solutions.values() for k, ws in sol))
-    if options.memory_budget is not None and over > options.memory_budget:
+        prob.include(prices, mine)
+        prob.warm = prob.include(prices, done)
+        for p in copies:  # identical partitions fuse identically
+            moved = transplant(rep, p, [(g.kernel, g.writes) for g in done])
+            greedy_plan += [Priced(k, w, g.time_us, g.bytes, g.flops)
+                            for (k, w), g in zip(moved, done)]  # fmt: skip
+    stats = program.Stats()
+    fastest: dict[int, program.Solution] = {}
+    solutions: dict[int, Chosen] = {}
+    for i, (rep, copies) in enumerate(groups.items()):
+        report("solve", i + 1, len(groups))
+        prob = problems[rep.index]
+        sol = prob.solve(prices, time_limit=options.time_limit, recompute=options.recompute)
+        stats.add(sol)
+        fastest[rep.index] = sol
+        for p in copies:
+            solutions[p.index] = transplant(rep, p, prob.chosen(sol))
+    written = [(k.template, ws) for sol in solutions.values() for k, ws in sol]
+    if options.memory_budget is not None and materialized(graph, written) > options.memory_budget:
         # (a fastest plan that fits is the optimum under the budget too)
-        solutions = _within_budget(
-            graph, parts, sigs, problems, fastest, write_us, nbytes, options, stats, report
-        )
-    kernels = []
-    for p in parts:
-        for k, writes in solutions[p.index]:
-            kernels.append(_entry(graph, k, writes, p.index, device, config, cost_cache))
-    raw_us = [k.pop("_us") for k in kernels]
-    for i, k in enumerate(kernels):
-        k["name"] = f"k{i:03d}_{k['template']}"
-    check_plan(graph, kernels)
-    rejected = _unfused_neighbours(graph, kernels, device, config)
-    baselines = {
-        "unfused": _summary(graph, unfused_plan),
-        "greedy": _summary(graph, [g for p in parts for g in greedy_by_part[p.index]]),
-    }
+        solutions = budget.within_budget(graph, groups, problems, fastest, prices, options, stats,
+                                         report)  # fmt: skip
+    chosen = [(k, ws, p.index) for p in parts for k, ws in solutions[p.index]]
     seconds = 0.0 if options.reproducible else round(time.perf_counter() - started, 1)
-    return {
-        "format": PLAN_FORMAT,
-        "device": device.name,
-        "options": {
-            "memory_budget": options.memory_budget,
-            "time_limit": options.time_limit,
-            "tf32": options.tf32,
-            "recompute": options.recompute,
-            "max_kernel_nodes": options.limits.max_nodes,
-        },
-        "graph": {
-            "name": graph.name,
-            "inputs": [i.name for i in graph.inputs],
-            "input_types": [
-                {"name": i.name, "shape": list(i.type.shape), "dtype": i.type.dtype}
-                for i in graph.inputs
-            ],
-            "outputs": list(graph.outputs),
-            "constants": sorted(graph.constants),
-        },
-        "kernels": kernels,
-        "summary": {
-            "kernels": sum(1 for k in kernels if k["template"] != VIEW),
-            "views": sum(1 for k in kernels if k["template"] == VIEW),
-            "bytes": sum(k["bytes"] for k in kernels),
-            "flops": sum(k["flops"] for k in kernels),
-            "predicted_us": _r(sum(raw_us)),
-            "materialized_bytes": _materialized(
-                graph, ((k["template"], k["outputs"]) for k in kernels)
-            ),
-        },
-        "baselines": baselines,
-        "solver": {
-            "status": stats["status"],
-            "gap": _r(stats["gap"]),
-            "seconds": seconds,
-            "partitions": len(parts),
-            "unique_partitions": len(unique),
-            "candidates": sum(len(p.kernels) for p in problems.values()),
-            "examined": sum(p.examined for p in problems.values()),
-            "rejected": sum(p.rejected for p in problems.values()),
-            "pruned": sum(p.pruned for p in problems.values()),
-            "truncated_partitions": sum(1 for p in problems.values() if p.truncated),
-            "solves": stats["rounds"],
-        },
-        "rejected": rejected,
-        "primitives": [_primitive(n) for n in graph.nodes],
-    }
-
-
-def _unfused_neighbours(graph, kernels: list[dict], device, config) -> list[dict]:
-    """For each producer/consumer pair of chosen kernels: why they were not
-    one kernel (a legality reason, or the price of the fused kernel)."""
-    from orchestrate.ilp.baselines import fused_no_recompute
-    from orchestrate.kernels.templates import Rejection, classify
-
-    writer = {}
-    for k in kernels:
-        for t in k["outputs"]:
-            writer.setdefault(t, k)
-    out = []
-    seen = set()
-    for k in kernels:
-        for t in k["inputs"]:
-            src = writer.get(t)
-            if src is None or (src["name"], k["name"]) in seen:
-                continue
-            seen.add((src["name"], k["name"]))
-            merged = classify(graph, src["primitives"] + k["primitives"])
-            if isinstance(merged, Rejection):
-                reason = merged.reason
-            else:
-                priced = fused_no_recompute(graph, merged.nodes, device, config)
-                if isinstance(priced, Rejection):
-                    reason = priced.reason
-                else:
-                    apart = src["predicted_us"] + k["predicted_us"]
-                    reason = (
-                        f"legal as one {merged.template} kernel but predicted "
-                        f"{priced.time_us:.2f} us vs {apart:.2f} us apart"
-                    )
-            out.append(
-                {"producer": src["name"], "consumer": k["name"], "tensor": t, "reason": reason}
-            )
-    return out
-
-
-def primitive_edges(graph: ir.Graph, nodes) -> list[tuple[str, str]]:
-    inside = set(nodes)
-    return [(q, n) for n in nodes for q in graph.producer[n].inputs if q in inside]
-
-
-def _build(graph, part: Partition, device, config, limits, cost_cache) -> _Problem:
-    e = enumerate_kernels(graph, part.nodes, limits)
-    kernels, costs, rejected = [], [], e.rejected
-    for k in e.kernels:
-        if working_set_rejection(graph, k, device):
-            rejected += 1
-            continue
-        kernels.append(k)
-        costs.append(_cached_cost(graph, k, device, config, cost_cache))
-    # -- the attention rule: flash-attention kernels that enumeration (one
-    # compute anchor per set) never builds; legal by construction (classify
-    # delegates sets with two matmuls to the same legality check)
-    for k in attention_candidates(graph, part.nodes):
-        if working_set_rejection(graph, k, device):
-            rejected += 1
-            continue
-        kernels.append(k)
-        costs.append(_cached_cost(graph, k, device, config, cost_cache))
-    # -- end of the attention rule
-    available = set(part.inputs)
-    return _Problem(kernels, costs, available, list(part.outputs), [], e.examined, rejected,
-                    e.pruned, e.truncated)  # fmt: skip
-
-
-def _cached_cost(graph, k: Kernel, device, config, cache) -> Cost:
-    h = structural_hash(graph, k)
-    if h not in cache:
-        cache[h] = cost(graph, k, device, config)
-    return cache[h]
-
-
-def _ensure_candidates(
-    graph, prob: _Problem, plan_: list[Priced], device, config, cache
-) -> list[program.Choice]:
-    """Add the kernels of ``plan_`` to the candidates; return them as choices."""
-    index = {(k.nodes, k.outputs): i for i, k in enumerate(prob.kernels)}
-    choices = []
-    for p in plan_:
-        key = (p.kernel.nodes, p.kernel.outputs)
-        if key not in index:
-            index[key] = len(prob.kernels)
-            prob.kernels.append(p.kernel)
-            prob.costs.append(_cached_cost(graph, p.kernel, device, config, cache))
-        choices.append(program.Choice(index[key], p.writes))
-    return choices
-
-
-def _merge_stats(stats: dict, sol: program.Solution) -> None:
-    if sol.status != program.OPTIMAL:
-        stats["status"] = sol.status
-    if not math.isnan(sol.gap):
-        stats["gap"] = max(stats["gap"], sol.gap)
-    stats["rounds"] += sol.rounds
-
-
-def _transplant(graph, src: Partition, dst: Partition, chosen):
-    """Map a solution of ``src`` onto the identically structured ``dst``."""
-    if src.index == dst.index:
-        return chosen
-    rename = dict(zip(src.nodes, dst.nodes)) | dict(zip(src.inputs, dst.inputs))
-    out = []
-    for k, writes in chosen:
-        out.append(
-            (
-                Kernel(
-                    k.template,
-                    tuple(rename[n] for n in k.nodes),
-                    tuple(rename[t] for t in k.inputs),
-                    tuple(rename[t] for t in k.outputs),
-                    tuple(rename[t] for t in k.optional),
-                    rename[k.anchor] if k.anchor else None,
-                    k.space,
-                ),
-                tuple(rename[t] for t in writes),
-            )
-        )
-    return out
-
-
-def _within_budget(graph, parts, sigs, problems, fastest, write_us, nbytes, options, stats,
-                   report):  # fmt: skip
-    """The fastest plan within --memory-budget (see ilp.budget): a frontier
-    per distinct partition, then one point per partition."""
-    unique = list(fastest)
-    frontiers, complete = {}, True
-    for i, sig in enumerate(unique):
-        report("frontier", i + 1, len(unique))
-        rep, prob = parts[sigs.index(sig)], problems[sig]
-
-        def solve(b, rep=rep, prob=prob):
-            sol = program.solve(
-                prob.kernels, prob.costs, write_us, nbytes, prob.available, prob.required,
-                time_limit=options.time_limit, recompute=options.recompute,
-                edges=primitive_edges(graph, rep.nodes), name=f"partition {rep.index}",
-                budget=b, budget_exempt=set(graph.outputs),
-            )  # fmt: skip
-            _merge_stats(stats, sol)
-            return sol
-
-        def written(sol, prob=prob):
-            return _materialized(
-                graph, ((prob.kernels[c.kernel].template, c.writes) for c in sol.choices)
-            )
-
-        frontiers[sig], done = budget.frontier(solve, written, fastest[sig])
-        complete &= done
-    per_part = [frontiers[sig] for sig in sigs]
-    picks = budget.choose(per_part, options.memory_budget)
-    if picks is None:
-        need = budget.least(per_part)
-        raise program.BudgetInfeasible(
-            f"--memory-budget {options.memory_budget}: no plan fits; every plan "
-            f"materialises at least {need} bytes of intermediate tensors"
-            if complete
-            else f"--memory-budget {options.memory_budget}: no plan fits; the least found "
-            f"is {need} bytes (not proven least: a search hit --time-limit or "
-            f"{budget.MAX_POINTS} plans per partition)"
-        )
-    if not complete and stats["status"] == program.OPTIMAL:
-        stats["status"] = program.FEASIBLE
-    out = {}
-    for p, sig, i in zip(parts, sigs, picks):
-        rep, prob = parts[sigs.index(sig)], problems[sig]
-        chosen = [(prob.kernels[c.kernel], c.writes) for c in frontiers[sig][i].solution.choices]
-        out[p.index] = _transplant(graph, rep, p, chosen)
-    return out
-
-
-def _entry(graph, k: Kernel, writes, part_index, device: Device, config, cache) -> dict:
-    c = _cached_cost(graph, k, device, config, cache)
-    extra = [t for t in writes if t not in k.outputs]
-    extra_bytes = sum(graph.types[t].nbytes for t in extra)
-    mem = c.memory_us + us_for_bytes(extra_bytes, device)
-    t = 0.0 if k.template == VIEW else max(mem, c.compute_us) + c.launch_us
-    bound = "view" if k.template == VIEW else (
-        "launch" if max(mem, c.compute_us) < c.launch_us
-        else "compute" if c.compute_us > mem else "memory"
+    solver = Solver(
+        stats.status, _r(stats.gap), seconds, len(parts), len(groups),
+        sum(len(p.kernels) for p in problems.values()),
+        sum(p.found.examined for p in problems.values()),
+        sum(p.found.rejected for p in problems.values()),
+        sum(p.found.pruned for p in problems.values()),
+        sum(1 for p in problems.values() if p.found.truncated), stats.rounds,
     )  # fmt: skip
-    return {
-        "name": "",
-        "template": k.template,
-        "primitives": list(k.nodes),
-        "inputs": list(k.inputs),
-        "outputs": list(writes),
-        "anchor": k.anchor,
-        "bytes": c.bytes + extra_bytes,
-        "flops": c.flops,
-        "predicted_us": _r(t),
-        "_us": t,
-        "bound": bound,
-        "partition": part_index,
-        "hash": structural_hash(graph, k),
-    }
+    declined = tuple(Declined(*d) for p in problems.values() for d in p.found.declined)
+    baselines = {"unfused": _totals(unfused_plan), "greedy": _totals(greedy_plan)}
+    return assemble(graph, chosen, target, prices, options.record(), solver, baselines, declined)
 
 
-def _summary(graph, priced: list[Priced]) -> dict:
+def plan_sets(graph: ir.Graph, sets: Sequence[Sequence[str]], options: PlanOptions = PlanOptions(),
+              writes_all: bool = True) -> Planned:  # fmt: skip
+    """A plan whose kernels are exactly ``sets``, in order, each writing what
+    is read outside it (``writes_all``) or only its sinks.  For tests and for
+    plans made by hand; InputError names a set that is no kernel."""
+    target = options.target()
+    prices = Prices(graph, target.device)
+    chosen = []
+    for i, names in enumerate(sets):
+        k = match(graph, names, target)
+        if isinstance(k, Rejection):
+            raise InputError(f"set {i} is not a kernel: {k.reason}")
+        inside = set(k.nodes)
+        exposed = tuple(
+            n for n in k.nodes if n not in k.outputs and (
+                n in graph.outputs or any(c.name not in inside for c in graph.consumers.get(n, ())))
+        )  # fmt: skip
+        if writes_all and any(n not in k.optional for n in exposed):
+            bad = next(n for n in exposed if n not in k.optional)
+            raise InputError(f"set {i}: {bad} is read outside but the {k.template} kernel "
+                             "cannot write it")  # fmt: skip
+        chosen.append((k, k.outputs + (exposed if writes_all else ()), 0))
+    solver = Solver("fixed", 0.0, 0.0, 1, 1, len(sets), len(sets), 0, 0, 0, 0)
+    return assemble(graph, chosen, target, prices, options.record(), solver, {}, ())
+
+
+def assemble(graph: ir.Graph, chosen: Sequence[tuple[KernelSpec, tuple[str, ...], int]],
+             target: Target, prices: Prices, options: Options, solver: Solver,
+             baselines: dict[str, Totals], declined: tuple[Declined, ...]) -> Planned:  # fmt: skip
+    """Name, price and check the chosen kernels; the plan around them."""
+    kernels, raw_us = [], []
+    for i, (spec, writes, part) in enumerate(chosen):
+        p = prices.price(spec, writes)
+        raw_us.append(p.time_us)
+        kernels.append(PlannedKernel(
+            kernel_name(i, spec.template), spec.template, spec.nodes, spec.inputs, writes,
+            spec.anchor, p.bytes, p.flops, _r(p.time_us), p.bound, part, spec.hash, spec.config,
+        ))  # fmt: skip
+    check_plan(graph, kernels)
+    real = [k for k in kernels if k.template != VIEW]
+    summary = Summary(
+        len(real), len(kernels) - len(real), sum(k.bytes for k in kernels),
+        sum(k.flops for k in kernels), _r(sum(raw_us)),
+        materialized(graph, [(k.template, k.outputs) for k in kernels]),
+    )  # fmt: skip
+    result = Plan(
+        target.device.name, options, graph_info(graph), tuple(kernels), summary, baselines,
+        solver, unfused_neighbours(graph, kernels, target, prices), declined,
+        tuple(primitive(n) for n in graph.nodes),
+    )  # fmt: skip
+    return Planned(result, tuple(spec for spec, _, _ in chosen))
+
+
+def _totals(priced: list[Priced]) -> Totals:
     real = [p for p in priced if p.kernel.template != VIEW]
-    return {
-        "kernels": len(real),
-        "bytes": sum(p.bytes for p in priced),
-        "predicted_us": _r(sum(p.time_us for p in priced)),
-    }
-
-
-def _materialized(graph, written) -> int:
-    """Bytes of the intermediate tensors that (template, tensors written)
-    pairs put in memory: what --memory-budget bounds (a view writes nothing)."""
-    tensors = {t for template, ts in written if template != VIEW for t in ts}
-    return sum(graph.types[t].nbytes for t in tensors if t not in graph.outputs)
-
-
-def _primitive(n: ir.Node) -> dict:
-    return {
-        "name": n.name,
-        "op": n.op.value,
-        "inputs": list(n.inputs),
-        "shape": list(n.shape),
-        "dtype": n.dtype,
-        "origin": n.origin,
-    }
+    return Totals(len(real), sum(p.bytes for p in priced), _r(sum(p.time_us for p in priced)))
 
 
 def _r(x: float) -> float:

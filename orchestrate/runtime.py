@@ -1,7 +1,7 @@
 """Running a plan: buffers by liveness, kernels in plan order, CUDA graphs.
 
-:class:`Program` holds a plan (the JSON dict), the generated kernels module
-and the constants.  ``run(inputs)`` checks the inputs, allocates every
+:class:`Program` holds a plan (``orchestrate.plan.Plan``), the generated
+kernels module and the constants.  ``run(inputs)`` checks the inputs, allocates every
 intermediate from a pool (a buffer is returned to the pool after its last
 reader and reused by the next tensor of the same size), launches the
 kernels in order and returns the outputs as numpy arrays.
@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from orchestrate.errors import InputError, OrchestrateError
+from orchestrate.plan import Plan
 
 _WARNED = threading.Event()
 
@@ -84,7 +85,7 @@ def check_inputs(
 class Program:
     """An executable plan."""
 
-    def __init__(self, plan: dict, kernels_module, constants: Mapping[str, np.ndarray],
+    def __init__(self, plan: Plan, kernels_module, constants: Mapping[str, np.ndarray],
                  *, interpret: bool | None = None, cuda_graph: bool = True):  # fmt: skip
         import torch
 
@@ -92,12 +93,10 @@ class Program:
         self.plan = plan
         self.interpret = (not gpu_available()) if interpret is None else interpret
         self.device = "cpu" if self.interpret else "cuda"
-        self.launchers = kernels_module.LAUNCHERS
-        self.types = {p["name"]: (tuple(p["shape"]), p["dtype"]) for p in plan["primitives"]}
-        self.input_types = {
-            i["name"]: (tuple(i["shape"]), i["dtype"]) for i in plan["graph"]["input_types"]
-        }
-        self.outputs = list(plan["graph"]["outputs"])
+        self.launches = kernels_module.KERNELS
+        self.types = plan.types
+        self.input_types = {i.name: (i.shape, i.dtype) for i in plan.graph.inputs}
+        self.outputs = list(plan.graph.outputs)
         self.constants = {k: self._tensor(v) for k, v in constants.items()}
         self._lifetimes()
         self.use_cuda_graph = cuda_graph and not self.interpret
@@ -120,13 +119,13 @@ class Program:
         root: dict[str, str] = {}  # tensor -> the buffer it lives in
         last: dict[str, int] = {}
         allocated: set[str] = set()
-        for i, k in enumerate(self.plan["kernels"]):
-            for t in k["inputs"]:
+        for i, k in enumerate(self.plan.kernels):
+            for t in k.inputs:
                 r = root.get(t, t)
                 last[r] = i
-            for t in k["outputs"]:
-                if k["template"] == "view":
-                    root[t] = root.get(k["inputs"][0], k["inputs"][0])
+            for t in k.outputs:
+                if k.is_view:
+                    root[t] = root.get(k.inputs[0], k.inputs[0])
                 else:
                     root[t] = t
                     allocated.add(t)
@@ -157,15 +156,16 @@ class Program:
         env = dict(self.constants)
         env.update(feeds)
         pool: dict[int, list] = {}
-        for i, k in enumerate(self.plan["kernels"]):
-            if k["template"] == "view":
-                (src,), (dst,) = k["inputs"], k["outputs"]
+        for i, k in enumerate(self.plan.kernels):
+            if k.is_view:
+                (src,), (dst,) = k.inputs, k.outputs
                 env[dst] = env[src].reshape(self.types[dst][0])
             else:
-                for t in k["outputs"]:
+                for t in k.outputs:
                     shape, dtype = self.types[t]
                     env[t] = self._allocate(pool, shape, dtype, keep=t in self.outputs)
-                self.launchers[k["name"]](env, interpret=self.interpret)
+                launch, tensors = self.launches[k.name]
+                launch(*(env[t] for t in tensors), interpret=self.interpret)
             for r in self.free_after.get(i, ()):
                 buf = env.get(r)
                 if buf is not None:

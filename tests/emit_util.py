@@ -9,68 +9,42 @@ from pathlib import Path
 import numpy as np
 
 from orchestrate import ir, reference
-from orchestrate.emit import emit
-from orchestrate.ilp.checker import check_plan
-from orchestrate.kernels.templates import Rejection, classify
+from orchestrate.devices import get_device
+from orchestrate.emit import emit, kernel_source
+from orchestrate.kernels import attention
+from orchestrate.kernels.rules import match
+from orchestrate.kernels.spec import KernelSpec, Target
+from orchestrate.plan import Planned
+from orchestrate.planner import PlanOptions, plan_sets
 from orchestrate.runtime import Program, load_kernels
 
 
-def plan_from_sets(graph: ir.Graph, sets: Sequence[Sequence[str]], writes_all: bool = True) -> dict:
-    """A minimal plan whose kernels are exactly ``sets`` (in order); every
-    value read outside its kernel is written.  Checked with the plan checker."""
-    kernels = []
-    for i, names in enumerate(sets):
-        k = classify(graph, names)
-        if isinstance(k, Rejection):
-            raise AssertionError(f"set {i} is not a legal kernel: {k.reason}")
-        inside = set(k.nodes)
-        exposed = [
-            n for n in k.nodes if n not in k.outputs and (
-                n in graph.outputs or any(c.name not in inside for c in graph.consumers.get(n, ()))
-            )
-        ]  # fmt: skip
-        kernels.append({
-            "name": f"k{i:03d}_{k.template}", "template": k.template,
-            "primitives": list(k.nodes), "inputs": list(k.inputs),
-            "outputs": list(k.outputs) + (exposed if writes_all else []),
-        })  # fmt: skip
-    check_plan(graph, kernels)
-    return {
-        "format": "orchestrate-plan/1", "device": "h100",
-        "graph": {
-            "name": graph.name, "inputs": [i.name for i in graph.inputs],
-            "input_types": [{"name": i.name, "shape": list(i.type.shape), "dtype": i.type.dtype}
-                            for i in graph.inputs],
-            "outputs": list(graph.outputs), "constants": sorted(graph.constants),
-        },
-        "kernels": kernels,
-        "primitives": [
-            {"name": n.name, "op": n.op.value, "inputs": list(n.inputs), "shape": list(n.shape),
-             "dtype": n.dtype, "origin": n.origin}
-            for n in graph.nodes
-        ],
-    }  # fmt: skip
+def plan_from_sets(graph: ir.Graph, sets: Sequence[Sequence[str]], writes_all: bool = True,
+                   options: PlanOptions | None = None) -> Planned:  # fmt: skip
+    """A plan whose kernels are exactly ``sets`` (in order); every value read
+    outside its kernel is written.  Checked with the plan checker."""
+    return plan_sets(graph, sets, options or PlanOptions(), writes_all)
 
 
-def one_kernel(graph: ir.Graph) -> dict:
+def one_kernel(graph: ir.Graph, options: PlanOptions | None = None) -> Planned:
     """A plan running the whole graph as one kernel."""
-    return plan_from_sets(graph, [[n.name for n in graph.nodes]])
+    return plan_from_sets(graph, [[n.name for n in graph.nodes]], options=options)
 
 
-def run_plan(graph: ir.Graph, plan: dict, inputs: dict[str, np.ndarray]) -> tuple[dict, str]:
-    """Emit, import under the interpreter and run ``plan``; (outputs, source)."""
-    src = emit(graph, plan)
+def run_plan(graph: ir.Graph, planned: Planned, inputs: dict[str, np.ndarray]) -> tuple[dict, str]:
+    """Emit, import under the interpreter and run ``planned``; (outputs, source)."""
+    src = emit(graph, planned)
     folder = Path(tempfile.mkdtemp(prefix="orchestrate-emit-"))
     (folder / "kernels.py").write_text(src)
-    program = Program(plan, load_kernels(folder / "kernels.py", interpret=True), graph.constants,
-                      interpret=True)  # fmt: skip
+    program = Program(planned.plan, load_kernels(folder / "kernels.py", interpret=True),
+                      graph.constants, interpret=True)  # fmt: skip
     return program.run(inputs), src
 
 
-def assert_matches_reference(graph: ir.Graph, plan: dict, inputs: dict[str, np.ndarray],
+def assert_matches_reference(graph: ir.Graph, planned: Planned, inputs: dict[str, np.ndarray],
                              rtol: float = 1e-5, atol: float = 1e-6) -> str:  # fmt: skip
-    """Run ``plan`` and compare every output with the float64 reference."""
-    got, src = run_plan(graph, plan, inputs)
+    """Run ``planned`` and compare every output with the float64 reference."""
+    got, src = run_plan(graph, planned, inputs)
     want = reference.run(graph, inputs, float64=True)
     for name in graph.outputs:
         g, w = got[name], want[name]
@@ -81,3 +55,24 @@ def assert_matches_reference(graph: ir.Graph, plan: dict, inputs: dict[str, np.n
         else:
             np.testing.assert_allclose(g.astype(np.float64), w, rtol=rtol, atol=atol, err_msg=name)
     return src
+
+
+def target(device: str = "h100", tf32: bool = False) -> Target:
+    return Target(get_device(device), tf32)
+
+
+def spec_of(graph: ir.Graph, names, device: str = "h100", tf32: bool = False):
+    """The rule table's answer for ``names``: a KernelSpec or a Rejection."""
+    return match(graph, names, target(device, tf32))
+
+
+def attention_specs(graph: ir.Graph, nodes, device: str = "h100") -> list[KernelSpec]:
+    """The attention kernels the rule proposes among ``nodes`` and accepts."""
+    found = [spec_of(graph, s, device) for s in attention.propose(graph, list(nodes))]
+    return [k for k in found if isinstance(k, KernelSpec)]
+
+
+def one_source(graph: ir.Graph, options: PlanOptions | None = None) -> str:
+    """The generated function of the whole graph as one kernel."""
+    planned = one_kernel(graph, options)
+    return kernel_source(graph, planned.specs[0], planned.plan.kernels[0].outputs, "k").render()

@@ -6,7 +6,7 @@ import random
 
 import numpy as np
 
-from orchestrate import ir
+from orchestrate import ir, type_rules
 from orchestrate.decompose import eliminate_dead_code
 from orchestrate.decompose.builder import Builder, Value
 
@@ -22,7 +22,7 @@ def build(fn, shapes, dtype="float32", name="g") -> ir.Graph:
         tuple(b.nodes), tuple(ir.Input(x.name, x.type) for x in xs),
         tuple(o.name for o in outs), b.constants, name,
     )  # fmt: skip
-    return ir.validate(eliminate_dead_code(g))
+    return type_rules.validate(eliminate_dead_code(g))
 
 
 def softmax(b, x, axis=-1):

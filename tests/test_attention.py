@@ -10,16 +10,16 @@ import pytest
 
 from orchestrate import ir
 from orchestrate.cost import roofline
-from orchestrate.cost.devices import get_device
 from orchestrate.decompose import fission
-from orchestrate.emit import attention as attention_module
+from orchestrate.devices import get_device
 from orchestrate.frontend import prepare
 from orchestrate.ir import Op
-from orchestrate.kernels.attention import analyse, attention_candidates, attention_legality
-from orchestrate.kernels.templates import ATTENTION, Kernel, Rejection, classify
+from orchestrate.kernels import config
+from orchestrate.kernels.spec import ATTENTION, KernelSpec, Rejection
+from orchestrate.plan import Planned
 from orchestrate.planner import PlanOptions, plan
 from tests import graphs
-from tests.emit_util import assert_matches_reference, plan_from_sets
+from tests.emit_util import assert_matches_reference, attention_specs, plan_from_sets, spec_of
 from tests.util import node_model
 
 # -- graphs ---------------------------------------------------------------------------
@@ -56,13 +56,13 @@ def _repeat(b, t, reps):
     return b.reshape(t, (batch, heads * reps, seq, dim))
 
 
-def _kernel(g: ir.Graph) -> Kernel:
-    ks = attention_candidates(g, [n.name for n in g.nodes])
+def _kernel(g: ir.Graph, device: str = "h100") -> KernelSpec:
+    ks = attention_specs(g, [n.name for n in g.nodes], device)
     assert len(ks) == 1, ks
     return ks[0]
 
 
-def _plan(g: ir.Graph, k: Kernel) -> dict:
+def _plan(g: ir.Graph, k: KernelSpec) -> Planned:
     """The attention kernel (at its anchor's place) and one kernel per other node."""
     sets = [[n.name] for n in g.nodes if n.name not in k.nodes or n.name == k.anchor]
     return plan_from_sets(g, [list(k.nodes) if s == [k.anchor] else s for s in sets])
@@ -76,7 +76,7 @@ def _check(g, inputs=None, rtol=1e-5, atol=1e-6) -> str:
 @pytest.fixture
 def small_blocks(monkeypatch):
     """Interpreter blocks of 16: several query blocks and key steps."""
-    monkeypatch.setattr(attention_module, "INTERPRET_BLOCK", 16)
+    monkeypatch.setattr(config, "ATTENTION_INTERPRET_BLOCK", 16)
 
 
 # -- the rule on exported models ------------------------------------------------------
@@ -104,14 +104,14 @@ def test_rule_finds_one_kernel_per_attention_block(tiny_graphs, name):
 
     g = tiny_graphs[name]
     pv = [n for n in g.nodes if n.op is Op.MATMUL and n.shape[1:2] == (4,) and len(n.shape) == 4]
-    found = [k for p in partition(g) for k in attention_candidates(g, p.nodes)]
+    found = [k for p in partition(g) for k in attention_specs(g, p.nodes)]
     assert len(found) == 2 == len(pv) // 2  # two layers, QK^T and PV per layer
     for k in found:
         assert k.template == ATTENTION and k.outputs == (k.anchor,)
-        assert classify(g, k.nodes) == k
-        a = analyse(g, k.nodes)
+        assert spec_of(g, k.nodes) == k
+        a = k.roles
         assert {graph_op(g, n) for n in a.softmax} == {Op.RMAX, Op.SUB, Op.EXP, Op.SUM, Op.DIV}
-        prologue_ops = {graph_op(g, n) for n in a.prologue}
+        prologue_ops = {graph_op(g, n) for n, _ in a.prologue}
         assert Op.TRANSPOSE in prologue_ops
         if name == "llama":  # grouped-query heads and rotary embeddings
             assert {Op.EXPAND, Op.CONCAT, Op.SLICE} <= prologue_ops
@@ -134,10 +134,10 @@ def test_rule_on_onnx_attention_gqa_causal_with_float_mask():
     feeds = {"q": _rand((2, 5, 16), 0), "k": _rand((2, 7, 8), 1), "v": _rand((2, 7, 8), 2),
              "mask": _rand((5, 7), 3)}  # fmt: skip
     g = _onnx_attention(feeds, q_num_heads=4, kv_num_heads=2, is_causal=1)
-    a = analyse(g, _kernel(g).nodes)
+    a = _kernel(g).roles
     # the float mask switches the decomposition's guard on: max(M, lowest), max(Z, 1)
     assert a.max_floor == float(np.finfo(np.float32).min) and a.sum_floor == 1.0
-    assert Op.EXPAND in {graph_op(g, n) for n in a.prologue}
+    assert Op.EXPAND in {graph_op(g, n) for n, _ in a.prologue}
     _check(g, feeds)
 
 
@@ -163,9 +163,9 @@ def test_softmax_over_another_axis_is_rejected():
         return b.matmul(graphs.softmax(b, s, axis=2), v)
 
     g = graphs.build(fn, [(1, 2, 8, 4), (1, 2, 8, 4), (1, 2, 8, 4)])
-    r = attention_legality(g, _names(g))
+    r = spec_of(g, _names(g))
     assert isinstance(r, Rejection) and "softmax not over the key axis" in r.reason
-    assert attention_candidates(g, _names(g)) == []
+    assert attention_specs(g, _names(g)) == []
 
 
 def test_scores_read_outside_the_kernel_are_rejected():
@@ -174,9 +174,9 @@ def test_scores_read_outside_the_kernel_are_rejected():
         return b.matmul(graphs.softmax(b, s), v), s
 
     g = graphs.build(fn, [(1, 2, 8, 4), (1, 2, 8, 4), (1, 2, 8, 4)])
-    r = classify(g, _names(g))
+    r = spec_of(g, _names(g))
     assert isinstance(r, Rejection) and "read outside the kernel" in r.reason
-    assert attention_candidates(g, _names(g)) == []
+    assert attention_specs(g, _names(g)) == []
 
 
 def test_probabilities_read_outside_are_rejected():
@@ -186,7 +186,7 @@ def test_probabilities_read_outside_are_rejected():
 
     g = graphs.build(fn, [(1, 2, 8, 4), (1, 2, 8, 4), (1, 2, 8, 4)])
     names = [n for n in _names(g) if g.producer[n].op is not Op.MUL]
-    r = classify(g, names)
+    r = spec_of(g, names)
     assert isinstance(r, Rejection) and "probabilities" in r.reason
 
 
@@ -198,15 +198,15 @@ def test_values_computed_from_the_scores_are_rejected(value):
         return b.matmul(p, s if value == "scores" else p)
 
     g = graphs.build(fn, [(8, 4), (8, 4)])
-    r = classify(g, _names(g))
+    r = spec_of(g, _names(g))
     want = "read outside the softmax (by g/matmul_2)" if value == "scores" else "reads V"
     assert isinstance(r, Rejection) and want in r.reason, r
-    assert attention_candidates(g, _names(g)) == []
+    assert attention_specs(g, _names(g)) == []
 
 
 def test_two_matmuls_without_a_softmax_are_rejected():
     g = graphs.build(lambda b, x, y, z: b.matmul(b.matmul(x, y), z), [(4, 4)] * 3)
-    r = classify(g, _names(g))
+    r = spec_of(g, _names(g))
     assert isinstance(r, Rejection) and "not a softmax" in r.reason
 
 
@@ -216,17 +216,17 @@ def test_layout_on_the_scores_is_rejected():
         return b.matmul(graphs.softmax(b, s), v)
 
     g = graphs.build(fn, [(1, 2, 8, 4), (1, 2, 8, 4), (1, 2, 8, 4)])
-    r = classify(g, _names(g))
+    r = spec_of(g, _names(g))
     assert isinstance(r, Rejection) and "cannot run on the scores" in r.reason
-    assert attention_candidates(g, _names(g)) == []
+    assert attention_specs(g, _names(g)) == []
 
 
 def test_a_lone_matmul_pair_keeps_the_old_rules():
     g = graphs.build(lambda b, x, y: b.add(b.matmul(x, y), b.matmul(y, x)), [(4, 4)] * 2)
-    r = classify(g, _names(g))
+    r = spec_of(g, _names(g))
     assert isinstance(r, Rejection)
-    r = classify(g, [n for n in _names(g) if graph_op(g, n) is Op.MATMUL][:1])
-    assert isinstance(r, Kernel) and r.template == "matmul"
+    r = spec_of(g, [n for n in _names(g) if graph_op(g, n) is Op.MATMUL][:1])
+    assert isinstance(r, KernelSpec) and r.template == "matmul"
 
 
 # -- cost ---------------------------------------------------------------------------------
@@ -255,21 +255,23 @@ def test_cost_by_hand():
 
 
 def test_head_dims_that_do_not_fit_are_rejected():
+    """The fit check is the rule's own: a head dim whose tiles do not fit the
+    device's shared memory gets no attention kernel, whatever the set."""
     g = graphs.build(attention_fn(), [(1, 1, 4, 128)] * 3)
-    k = _kernel(g)
-    assert roofline.working_set_rejection(g, k, get_device("h100")) is None
-    r = roofline.working_set_rejection(g, k, get_device("v100"))
-    assert r is not None and "shared memory" in r.reason
+    names = _names(g)
+    assert isinstance(spec_of(g, names, "h100"), KernelSpec)
+    r = spec_of(g, names, "v100")
+    assert isinstance(r, Rejection) and "shared memory" in r.reason, r
     g = graphs.build(attention_fn(), [(1, 1, 4, 256)] * 3)
-    r = roofline.working_set_rejection(g, _kernel(g), get_device("h100"))
-    assert r is not None and "head dims 256 / 256" in r.reason
+    r = spec_of(g, _names(g), "h100")
+    assert isinstance(r, Rejection) and "shared memory" in r.reason, r
 
 
 def test_the_planner_picks_attention():
     g = graphs.build(attention_fn(scale=0.25), [(1, 4, 64, 16)] * 3)
-    p = plan(g, PlanOptions(device="h100", reproducible=True))
-    assert [k["template"] for k in p["kernels"]] == [ATTENTION]
-    assert p["summary"]["predicted_us"] < p["baselines"]["greedy"]["predicted_us"]
+    p = plan(g, PlanOptions(device="h100", reproducible=True)).plan
+    assert [k.template for k in p.kernels] == [ATTENTION]
+    assert p.summary.predicted_us < p.baselines["greedy"].predicted_us
 
 
 # -- the generated kernel against the reference ----------------------------------------
@@ -356,16 +358,17 @@ def test_float16(small_blocks):
 def test_optimize_picks_attention_and_verifies(tmp_path, monkeypatch, name):
     import orchestrate
     from examples import export_example
-    from orchestrate import pipeline, planner
+    from orchestrate import pipeline
+    from orchestrate.kernels import rules
 
     src = tmp_path / f"{name}.onnx"
     export_example(name, src, dynamo=False, opset=17, size="tiny")
     result = orchestrate.optimize(src, tmp_path / "out", trials=2, rtol=1e-4, reproducible=True)
     assert result.report.ok and max(c.rel for c in result.report.checks) <= 1e-4
-    templates = [k["template"] for k in result.plan["kernels"]]
+    templates = [k.template for k in result.plan.kernels]
     assert templates.count(ATTENTION) == 2, templates  # one per layer
     # the same model planned without the rule: the optimum can only be worse
-    monkeypatch.setattr(planner, "attention_candidates", lambda graph, nodes: [])
-    without = plan(pipeline.fission_file(src), PlanOptions(reproducible=True))
-    assert ATTENTION not in {k["template"] for k in without["kernels"]}
-    assert result.plan["summary"]["predicted_us"] < without["summary"]["predicted_us"]
+    monkeypatch.setattr(rules, "RULES", [r for r in rules.RULES if r.name != ATTENTION])
+    without = plan(pipeline.fission_file(src), PlanOptions(reproducible=True)).plan
+    assert ATTENTION not in {k.template for k in without.kernels}
+    assert result.plan.summary.predicted_us < without.summary.predicted_us

@@ -7,24 +7,30 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from orchestrate import emit, ir
-from orchestrate.emit import conv as conv_module
-from orchestrate.kernels.templates import CONV, classify
+from orchestrate import type_rules
+from orchestrate.kernels import config
+from orchestrate.kernels.spec import CONV, KernelSpec
 from tests import graphs
-from tests.emit_util import assert_matches_reference, one_kernel, plan_from_sets
+from tests.emit_util import (
+    assert_matches_reference,
+    one_kernel,
+    one_source,
+    plan_from_sets,
+    spec_of,
+)
 
 
 @pytest.fixture
 def small_tiles(monkeypatch):
     """Interpreter tiles of 16: several row and column tiles and K steps."""
-    monkeypatch.setattr(conv_module, "INTERPRET_BLOCK_M", 16)
-    monkeypatch.setattr(conv_module, "INTERPRET_BLOCK", 16)
+    monkeypatch.setattr(config, "CONV_INTERPRET_BLOCK_M", 16)
+    monkeypatch.setattr(config, "CONV_INTERPRET_BLOCK", 16)
 
 
 def out_shape(x, w, strides, pads, dilations):
     n = len(x) - 2
     spatial = tuple(
-        ir.window_out(x[2 + i], w[2 + i], strides[i], pads[i] + pads[i + n], dilations[i])
+        type_rules.window_out(x[2 + i], w[2 + i], strides[i], pads[i] + pads[i + n], dilations[i])
         for i in range(n)
     )
     return (x[0], w[0]) + spatial
@@ -61,8 +67,8 @@ def conv_graph(x, w, *, strides=None, pads=None, dilations=None, group=1, epilog
 
 
 def check(g, rtol=1e-5, atol=1e-5, seed=0):
-    k = classify(g, [n.name for n in g.nodes])
-    assert k and k.template == CONV, k
+    k = spec_of(g, [n.name for n in g.nodes])
+    assert isinstance(k, KernelSpec) and k.template == CONV, k
     return assert_matches_reference(g, one_kernel(g), graphs.random_inputs(g, seed), rtol, atol)
 
 
@@ -158,5 +164,5 @@ def test_no_padding_masks_without_padding():
 def test_large_tensors_use_64_bit_offsets():
     """Emission only: an input of 2**31 elements switches offsets to int64."""
     g = conv_graph((1, 2, 2**15, 2**15), (1, 2, 1, 1))
-    src = emit.kernel_source(g, one_kernel(g)["kernels"][0]).render()
+    src = one_source(g)
     assert "rm = pid_m.to(tl.int64) * BLOCK_M" in src

@@ -51,7 +51,7 @@ class Case:
     def source(self) -> tuple[ir.Graph, dict, str]:
         g = self.graph()
         plan = one_kernel(g)
-        templates = [k["template"] for k in plan["kernels"]]
+        templates = [k.template for k in plan.plan.kernels]
         assert templates == [self.template], f"{self.name}: planned as {templates}"
         return g, plan, emit.emit(g, plan, title=f"Golden kernels: {self.what}.")
 

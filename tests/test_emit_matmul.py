@@ -7,12 +7,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrate import emit, ir
+from orchestrate import ir, type_rules
 from orchestrate.decompose.builder import Builder, Value
-from orchestrate.emit import matmul as matmul_module
-from orchestrate.kernels.templates import MATMUL, classify
+from orchestrate.kernels import config
+from orchestrate.kernels.spec import MATMUL, KernelSpec, Rejection
 from tests import graphs
-from tests.emit_util import assert_matches_reference, one_kernel, plan_from_sets
+from tests.emit_util import (
+    assert_matches_reference,
+    one_kernel,
+    one_source,
+    plan_from_sets,
+    spec_of,
+)
 
 dims = st.sampled_from([1, 2, 3, 5, 7, 13, 16, 17])
 
@@ -21,13 +27,13 @@ dims = st.sampled_from([1, 2, 3, 5, 7, 13, 16, 17])
 def small_tiles(monkeypatch):
     """Interpreter tiles of 16 and groups of 2 tile rows: several tiles, K steps
     and groups even for small shapes."""
-    monkeypatch.setattr(matmul_module, "INTERPRET_BLOCK", 16)
-    monkeypatch.setattr(matmul_module, "GROUP_M", 2)
+    monkeypatch.setattr(config, "MATMUL_INTERPRET_BLOCK", 16)
+    monkeypatch.setattr(config, "GROUP_M", 2)
 
 
 def _matmul_kernel(g: ir.Graph):
-    k = classify(g, [n.name for n in g.nodes])
-    assert k and k.template == MATMUL, k
+    k = spec_of(g, [n.name for n in g.nodes])
+    assert isinstance(k, KernelSpec) and k.template == MATMUL, k
     return k
 
 
@@ -58,7 +64,7 @@ def test_batch_broadcasting(a_shape, b_shape):
     def fn(b, x, y, z):
         return b.add(b.matmul(x, y), z)
 
-    out = ir.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], b_shape[-1])
+    out = type_rules.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], b_shape[-1])
     z_shape = (out[-1],)  # bias broadcast along every batch and row
     g = graphs.build(fn, [a_shape, b_shape, z_shape])
     assert_matches_reference(g, one_kernel(g), graphs.random_inputs(g), atol=1e-5)
@@ -198,7 +204,7 @@ def test_integer_and_fp64_matmuls(dtype, small_tiles):
 def test_gpu_tiles_are_dot_sized():
     """On a GPU every tl.dot tile is >= 16 in each dimension, even for tiny shapes."""
     g = graphs.build(lambda b, x, y: b.matmul(x, y), [(1, 3), (3, 2)])
-    src = emit.kernel_source(g, one_kernel(g)["kernels"][0]).render()
+    src = one_source(g)
     assert "BLOCK_M = 16" in src and "BLOCK_N = 16" in src and "BLOCK_K = 16" in src
     assert 'input_precision="ieee"' in src
     _matmul_kernel(g)
@@ -207,11 +213,11 @@ def test_gpu_tiles_are_dot_sized():
 def test_large_tensors_use_64_bit_offsets():
     """Emission only: an operand of 2**31 elements switches offsets to int64."""
     g = graphs.build(lambda b, x, y: b.matmul(x, y), [(2, 2**15, 2**15), (2**15, 4)])
-    src = emit.kernel_source(g, one_kernel(g)["kernels"][0]).render()
+    src = one_source(g)
     assert "pid_b = tl.program_id(1).to(tl.int64)" in src and "dtype=tl.int64" in src
 
 
-def test_batch_beyond_grid_axis_is_refused():
+def test_batch_beyond_grid_axis_is_refused_by_the_rule():
     g = graphs.build(lambda b, x, y: b.matmul(x, y), [(70000, 2, 2), (2, 2)])
-    with pytest.raises(NotImplementedError, match="batch of 70000"):
-        emit.kernel_source(g, one_kernel(g)["kernels"][0])
+    r = spec_of(g, [n.name for n in g.nodes])
+    assert isinstance(r, Rejection) and "batch of 70000" in r.reason

@@ -30,9 +30,9 @@ def test_optimize_and_verify(tmp_path, name, dynamo, opset, dynamic):
                                   rtol=1e-4, reproducible=True)  # fmt: skip
     assert result.report.ok
     assert max(c.rel for c in result.report.checks) <= 1e-4
-    s, b = result.plan["summary"], result.plan["baselines"]
-    assert s["predicted_us"] <= b["greedy"]["predicted_us"] + 1e-6
-    assert s["predicted_us"] <= b["unfused"]["predicted_us"] + 1e-6
+    s, b = result.plan.summary, result.plan.baselines
+    assert s.predicted_us <= b["greedy"].predicted_us + 1e-6
+    assert s.predicted_us <= b["unfused"].predicted_us + 1e-6
 
 
 def test_demo_model_through_the_cli(tmp_path):

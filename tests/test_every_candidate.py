@@ -18,41 +18,37 @@ import numpy as np
 import pytest
 
 from examples import export_example
-from orchestrate import ir, pipeline, reference
-from orchestrate.cost.devices import DEVICES
-from orchestrate.cost.roofline import working_set_rejection
+from orchestrate import ir, pipeline, reference, type_rules
 from orchestrate.ilp.partition import partition
-from orchestrate.kernels.attention import attention_candidates
-from orchestrate.kernels.enumerate import Limits, enumerate_kernels, structural_hash
-from orchestrate.kernels.templates import Kernel
+from orchestrate.kernels.enumerate import Limits, enumerate_kernels
+from orchestrate.kernels.spec import KernelSpec
 from orchestrate.verify import random_inputs
-from tests.emit_util import one_kernel, run_plan
+from tests.emit_util import one_kernel, run_plan, target
 
 # masked-out lanes compute on neutral values (inf - inf) in the interpreter
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 
 
-def candidates(graph: ir.Graph, device: str = "h100") -> list[Kernel]:
-    """The distinct candidates the planner would price, in partition order."""
+def candidates(graph: ir.Graph, device: str = "h100") -> list[KernelSpec]:
+    """The distinct candidates the planner would price, in partition order
+    (the rules' own fit check included)."""
     seen, out = set(), []
     for part in partition(graph):
-        found = enumerate_kernels(graph, part.nodes, Limits()).kernels
-        for k in found + attention_candidates(graph, part.nodes):
-            h = structural_hash(graph, k)
-            if h not in seen and not working_set_rejection(graph, k, DEVICES[device]):
-                seen.add(h)
+        for k in enumerate_kernels(graph, part.nodes, target(device), Limits()).kernels:
+            if k.hash not in seen:
+                seen.add(k.hash)
                 out.append(k)
     return out
 
 
-def standalone(graph: ir.Graph, k: Kernel) -> ir.Graph:
+def standalone(graph: ir.Graph, k: KernelSpec) -> ir.Graph:
     """``k`` as a graph of its own: its inputs become graph inputs (constants
     stay constants), everything it may write becomes an output."""
     nodes = tuple(graph.producer[n] for n in k.nodes)
     consts = {t: graph.constants[t] for n in nodes for t in n.inputs if t in graph.constants}
     inputs = tuple(ir.Input(t, graph.types[t]) for t in k.inputs if t not in graph.constants)
     outputs = tuple(dict.fromkeys(k.outputs + k.optional))
-    return ir.validate(ir.Graph(nodes, inputs, outputs, consts, "candidate"))
+    return type_rules.validate(ir.Graph(nodes, inputs, outputs, consts, "candidate"))
 
 
 def _close(got: np.ndarray, want: np.ndarray) -> bool:
@@ -72,7 +68,7 @@ def run_every_candidate(graph: ir.Graph) -> int:
     for k in found:
         sub = standalone(graph, k)
         plan = one_kernel(sub)
-        assert plan["kernels"][0]["template"] == k.template
+        assert plan.specs[0].template == k.template
         inputs = {i.name: values[i.name] for i in sub.inputs}
         ops = " ".join(graph.producer[n].op.value for n in k.nodes)
         try:

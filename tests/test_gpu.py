@@ -26,7 +26,7 @@ def _run_compiled(graph, plan, inputs):
 
     folder = Path(tempfile.mkdtemp())
     (folder / "kernels.py").write_text(emit(graph, plan))
-    program = Program(plan, load_kernels(folder / "kernels.py", False), graph.constants,
+    program = Program(plan.plan, load_kernels(folder / "kernels.py", False), graph.constants,
                       interpret=False, cuda_graph=False)  # fmt: skip
     return program.run(inputs)
 

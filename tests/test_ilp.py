@@ -10,23 +10,27 @@ import re
 import numpy as np
 import pytest
 
-from orchestrate.cost.devices import get_device
-from orchestrate.cost.roofline import Config, cost, us_for_bytes, working_set_rejection
+from orchestrate import planner
+from orchestrate.cost.roofline import cost, us_for_bytes
+from orchestrate.devices import get_device
 from orchestrate.errors import InputError
 from orchestrate.ilp import program
 from orchestrate.ilp.checker import schedule
 from orchestrate.kernels.enumerate import enumerate_kernels
-from orchestrate.planner import PlanOptions, plan
+from orchestrate.kernels.spec import Elementwise, KernelSpec, LaunchConfig, Target
+from orchestrate.plan import Plan
+from orchestrate.planner import PlanOptions
 from tests import graphs
 
 DEVICE = get_device("h100")
 
 
+def plan(g, options: PlanOptions | None = None) -> Plan:
+    return planner.plan(g, options or PlanOptions()).plan
+
+
 def _problem(g):
-    kernels = [
-        k for k in enumerate_kernels(g, [n.name for n in g.nodes]).kernels
-        if not working_set_rejection(g, k, DEVICE)
-    ]  # fmt: skip
+    kernels = enumerate_kernels(g, [n.name for n in g.nodes], Target(DEVICE)).kernels
     costs = [cost(g, k, DEVICE) for k in kernels]
     write_us = {n.name: us_for_bytes(n.type.nbytes, DEVICE) for n in g.nodes}
     nbytes = {n.name: n.type.nbytes for n in g.nodes}
@@ -120,79 +124,79 @@ def test_an_infeasible_budget_names_the_least_that_fits(seed):
     g = graphs.random_dag(seed)
 
     def solve(budget):
-        return plan(g, PlanOptions(device="h100", memory_budget=budget))["solver"]
+        return plan(g, PlanOptions(device="h100", memory_budget=budget)).solver
 
     try:
         solve(0)
         pytest.skip("every output is computed without materialising anything")
     except InputError as e:
         least = int(re.search(r"at least (\d+) bytes", str(e)).group(1))
-    assert least > 0 and solve(least)["status"] == "optimal"
+    assert least > 0 and solve(least).status == "optimal"
     with pytest.raises(InputError, match=f"at least {least} bytes"):
         solve(least - 1)
 
 
 def _kernels(p):
-    return [k for k in p["kernels"] if k["template"] != "view"]
+    return [k for k in p.kernels if k.template != "view"]
 
 
 def test_softmax_becomes_one_row_reduce_kernel():
     p = plan(graphs.build(graphs.softmax, [(4096, 1024)]), PlanOptions(device="h100"))
     (k,) = _kernels(p)
-    assert k["template"] == "row_reduce"
-    assert sorted(x["op"] for x in p["primitives"] if x["name"] in k["primitives"]) == [
+    assert k.template == "row_reduce"
+    assert sorted(x.op for x in p.primitives if x.name in k.primitives) == [
         "div", "exp", "reduce_max", "sub", "sum",
     ]  # fmt: skip
-    assert p["solver"]["status"] == "optimal"
+    assert p.solver.status == "optimal"
 
 
 def test_layernorm_becomes_one_kernel():
     g = graphs.build(graphs.layernorm, [(128, 768), (768,), (768,)])
     p = plan(g, PlanOptions(device="a100"))
     (k,) = _kernels(p)
-    assert k["template"] == "row_reduce" and len(k["primitives"]) == len(g.nodes)
+    assert k.template == "row_reduce" and len(k.primitives) == len(g.nodes)
 
 
 def test_mlp_bias_and_gelu_fuse_into_the_matmul_epilogue():
     g = graphs.build(graphs.mlp, [(128, 768), (768, 3072), (3072,), (3072, 768)])
     p = plan(g, PlanOptions(device="h100"))
     first, second = _kernels(p)
-    ops = {x["name"]: x["op"] for x in p["primitives"]}
-    assert first["template"] == "matmul"
+    ops = {x.name: x.op for x in p.primitives}
+    assert first.template == "matmul"
     # matmul, + bias, then gelu: h*0.5, h*(1/sqrt 2), erf, +1, product
-    assert sorted(ops[n] for n in first["primitives"]) == [
+    assert sorted(ops[n] for n in first.primitives) == [
         "add", "add", "erf", "matmul", "mul", "mul", "mul",
     ]  # fmt: skip
-    assert second["template"] == "matmul" and len(second["primitives"]) == 1
+    assert second.template == "matmul" and len(second.primitives) == 1
 
 
 def test_recomputation_beats_materialising():
     g = graphs.build(graphs.exp_into_two_reductions, [(1024, 1024)])
     p = plan(g, PlanOptions(device="h100"))
-    exp = next(x["name"] for x in p["primitives"] if x["op"] == "exp")
-    holders = [k for k in _kernels(p) if exp in k["primitives"]]
+    exp = next(x.name for x in p.primitives if x.op == "exp")
+    holders = [k for k in _kernels(p) if exp in k.primitives]
     assert len(holders) == 2, "exp is computed in both reduction kernels"
-    assert all(exp not in k["outputs"] for k in holders), "exp(x) is never materialised"
-    assert p["summary"]["predicted_us"] < p["baselines"]["greedy"]["predicted_us"]
+    assert all(exp not in k.outputs for k in holders), "exp(x) is never materialised"
+    assert p.summary.predicted_us < p.baselines["greedy"].predicted_us
     strict = plan(g, PlanOptions(device="h100", recompute=False))
-    assert strict["summary"]["predicted_us"] > p["summary"]["predicted_us"]
+    assert strict.summary.predicted_us > p.summary.predicted_us
 
 
 def test_ilp_is_never_worse_than_either_baseline():
     for seed in range(40, 52):
         p = plan(graphs.random_dag(seed, n_nodes=8), PlanOptions(device="l4"))
-        assert p["summary"]["predicted_us"] <= p["baselines"]["greedy"]["predicted_us"] + 1e-6
-        assert p["summary"]["predicted_us"] <= p["baselines"]["unfused"]["predicted_us"] + 1e-6
+        assert p.summary.predicted_us <= p.baselines["greedy"].predicted_us + 1e-6
+        assert p.summary.predicted_us <= p.baselines["unfused"].predicted_us + 1e-6
 
 
 def test_memory_budget_trades_time_for_bytes():
     g = graphs.build(graphs.exp_into_two_reductions, [(512, 512)])
     free = plan(g, PlanOptions(device="h100", recompute=False))
-    assert free["summary"]["materialized_bytes"] > 0
+    assert free.summary.materialized_bytes > 0
     with pytest.raises(InputError, match="memory-budget"):
         plan(g, PlanOptions(device="h100", recompute=False, memory_budget=0))
     tight = plan(g, PlanOptions(device="h100", memory_budget=0))
-    assert tight["summary"]["materialized_bytes"] == 0
+    assert tight.summary.materialized_bytes == 0
 
 
 def test_a_budget_the_fastest_plan_meets_changes_nothing():
@@ -202,17 +206,17 @@ def test_a_budget_the_fastest_plan_meets_changes_nothing():
         [b.constant(np.full(s, 0.01, np.float32)) for s in ((96, 384), (384,), (384, 96))]
     )), [(64, 96), (96,)])  # fmt: skip
     free = plan(g, PlanOptions(device="h100", reproducible=True))
-    need = free["summary"]["materialized_bytes"]
+    need = free.summary.materialized_bytes
     assert need > 0
     met = plan(g, PlanOptions(device="h100", reproducible=True, memory_budget=need))
-    assert met["kernels"] == free["kernels"] and met["solver"]["status"] == "optimal"
+    assert met.kernels == free.kernels and met.solver.status == "optimal"
     try:
         below = plan(g, PlanOptions(device="h100", memory_budget=need - 1))
     except InputError as e:
         assert "no plan fits" in str(e)
     else:
-        assert below["summary"]["materialized_bytes"] < need
-        assert below["summary"]["predicted_us"] >= free["summary"]["predicted_us"]
+        assert below.summary.materialized_bytes < need
+        assert below.summary.predicted_us >= free.summary.predicted_us
 
 
 def _two_layers(b, x, g):
@@ -239,26 +243,26 @@ def test_budgets_across_partitions_are_exact_and_monotone():
     with pytest.raises(InputError, match=r"at least \d+ bytes") as e:
         plan(g, PlanOptions(device="h100", memory_budget=0))
     least = int(re.search(r"at least (\d+) bytes", str(e.value)).group(1))
-    top = free["summary"]["materialized_bytes"]
+    top = free.summary.materialized_bytes
     assert 0 < least < top
     with pytest.raises(InputError, match=f"at least {least} bytes"):
         plan(g, PlanOptions(device="h100", memory_budget=least - 1))
     times = []
     for b in sorted({least, (least + top) // 2, top - 1, top}):
         p = plan(g, PlanOptions(device="h100", memory_budget=b))
-        assert p["summary"]["materialized_bytes"] <= b
-        assert p["summary"]["predicted_us"] >= free["summary"]["predicted_us"] - 1e-9
-        times.append(p["summary"]["predicted_us"])
+        assert p.summary.materialized_bytes <= b
+        assert p.summary.predicted_us >= free.summary.predicted_us - 1e-9
+        times.append(p.summary.predicted_us)
     assert times == sorted(times, reverse=True)
-    assert times[-1] == pytest.approx(free["summary"]["predicted_us"])
+    assert times[-1] == pytest.approx(free.summary.predicted_us)
 
 
 def test_same_model_and_options_give_identical_plans():
     import json
 
     g = graphs.build(graphs.mlp, [(64, 96), (96, 384), (384,), (384, 96)])
-    a = json.dumps(plan(g, PlanOptions(reproducible=True, device="h200")))
-    b = json.dumps(plan(g, PlanOptions(reproducible=True, device="h200")))
+    a = json.dumps(plan(g, PlanOptions(reproducible=True, device="h200")).to_json())
+    b = json.dumps(plan(g, PlanOptions(reproducible=True, device="h200")).to_json())
     assert a == b
 
 
@@ -268,34 +272,37 @@ def test_cost_model_by_hand():
     g = graphs.build(graphs.softmax, [(4096, 1024)])
     (k,) = _kernels(plan(g, PlanOptions(device="h100")))
     elements = 4096 * 1024
-    assert k["bytes"] == 2 * elements * 4  # read x once, write y once
+    assert k.bytes == 2 * elements * 4  # read x once, write y once
     # reduce_max 1 + sub 1 + exp 4 + sum 1 + div 4 flops per element
-    assert k["flops"] == 11 * elements
-    assert k["predicted_us"] == pytest.approx(2 * elements * 4 / 3350e3 + 3.0, rel=1e-4)
-    assert k["bound"] == "memory"
+    assert k.flops == 11 * elements
+    assert k.predicted_us == pytest.approx(2 * elements * 4 / 3350e3 + 3.0, rel=1e-4)
+    assert k.bound == "memory"
 
     g = graphs.build(lambda b, x, w: b.matmul(x, w), [(2048, 2048), (2048, 2048)])
     (k,) = _kernels(plan(g, PlanOptions(device="h100")))
-    assert k["bytes"] == 3 * 2048 * 2048 * 4  # read A and B, write C
-    assert k["flops"] == 2 * 2048**3
-    assert k["predicted_us"] == pytest.approx(2 * 2048**3 / 66.9e6 + 3.0, rel=1e-4)
-    assert k["bound"] == "compute"
+    assert k.bytes == 3 * 2048 * 2048 * 4  # read A and B, write C
+    assert k.flops == 2 * 2048**3
+    assert k.predicted_us == pytest.approx(2 * 2048**3 / 66.9e6 + 3.0, rel=1e-4)
+    assert k.bound == "compute"
     tf32 = _kernels(plan(g, PlanOptions(device="h100", tf32=True)))[0]
-    assert tf32["predicted_us"] == pytest.approx(2 * 2048**3 / 494.7e6 + 3.0, rel=1e-4)
+    assert tf32.predicted_us == pytest.approx(2 * 2048**3 / 494.7e6 + 3.0, rel=1e-4)
 
 
 def test_cycle_between_multi_output_kernels_is_cut():
     """Two convex multi-output kernels that feed each other form a cycle; the
     checker must catch it and the cut must remove it."""
-    from orchestrate.kernels.templates import Kernel
 
-    a = Kernel("pointwise", ("x", "y"), ("i", "v"), ("x", "y"), ())
-    b = Kernel("pointwise", ("u", "v"), ("x",), ("u", "v"), ())
+    def kernel(nodes, inputs, outputs):
+        return KernelSpec("pointwise", nodes, inputs, outputs, (), (1,), Elementwise(),
+                          LaunchConfig())  # fmt: skip
+
+    a = kernel(("x", "y"), ("i", "v"), ("x", "y"))
+    b = kernel(("u", "v"), ("x",), ("u", "v"))
     order, stuck = schedule([a, b], [a.outputs, b.outputs], {"i"})
     assert stuck == [0, 1] and order == []
-    c1 = Kernel("pointwise", ("x",), ("i",), ("x",), ())
-    c2 = Kernel("pointwise", ("u", "v"), ("x",), ("u", "v"), ())
-    c3 = Kernel("pointwise", ("y",), ("v",), ("y",), ())
+    c1 = kernel(("x",), ("i",), ("x",))
+    c2 = kernel(("u", "v"), ("x",), ("u", "v"))
+    c3 = kernel(("y",), ("v",), ("y",))
     kernels = [a, b, c1, c2, c3]
     from orchestrate.cost.roofline import Cost
 
@@ -315,12 +322,10 @@ def test_cycle_between_multi_output_kernels_is_cut():
 
 def test_greedy_warm_start_and_reported_solver_fields():
     p = plan(graphs.build(graphs.mlp, [(32, 64), (64, 256), (256,), (256, 64)]))
-    s = p["solver"]
-    assert s["status"] == "optimal" and s["gap"] == 0
-    assert s["partitions"] >= 1 and s["candidates"] > len(p["primitives"])
-    for field in ("seconds", "examined", "rejected", "solves"):
-        assert field in s
-    assert Config() == Config(tf32=False)
+    s = p.solver
+    assert s.status == "optimal" and s.gap == 0
+    assert s.partitions >= 1 and s.candidates > len(p.primitives)
+    assert s.seconds >= 0 and s.examined >= len(p.primitives) and s.solves >= 1
 
 
 def test_enumeration_stays_tractable_on_a_wide_graph():
@@ -333,7 +338,7 @@ def test_enumeration_stays_tractable_on_a_wide_graph():
 
     g = graphs.build(wide, [(4, 64)])
     p = plan(g, PlanOptions(device="h100"))
-    s = p["solver"]
-    assert s["truncated_partitions"] == 1 and s["candidates"] <= 2_000 + len(g.nodes) + 1
-    assert s["status"] == "optimal"
-    assert p["summary"]["kernels"] <= p["baselines"]["greedy"]["kernels"]
+    s = p.solver
+    assert s.truncated_partitions == 1 and s.candidates <= 2_000 + len(g.nodes) + 1
+    assert s.status == "optimal"
+    assert p.summary.kernels <= p.baselines["greedy"].kernels

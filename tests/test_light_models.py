@@ -91,4 +91,4 @@ def test_optimize_and_verify(name, tmp_path):
     assert worst <= 1e-4
     assert len({c.name for c in result.report.checks}) == len(randomized(name).graph.output)
     plan = result.plan
-    assert plan["summary"]["predicted_us"] <= plan["baselines"]["greedy"]["predicted_us"] + 1e-6
+    assert plan.summary.predicted_us <= plan.baselines["greedy"].predicted_us + 1e-6

@@ -21,7 +21,7 @@ def test_chain_of_kernels_with_a_view_output_is_correct():
     # one kernel per (add, tanh) pair, then the reshape as a view
     sets = [names[i : i + 2] for i in range(0, 10, 2)] + [names[10:]]
     plan = plan_from_sets(g, sets)
-    assert [k["template"] for k in plan["kernels"]] == ["pointwise"] * 5 + ["view"]
+    assert [k.template for k in plan.plan.kernels] == ["pointwise"] * 5 + ["view"]
     out, _ = run_plan(g, plan, graphs.random_inputs(g))
     from orchestrate import reference
 
@@ -44,9 +44,10 @@ def test_liveness_schedule():
     plan = plan_from_sets(g, [names[i : i + 2] for i in range(0, 10, 2)] + [names[10:]])
     folder = Path(tempfile.mkdtemp())
     (folder / "kernels.py").write_text(emit(g, plan))
-    program = Program(plan, load_kernels(folder / "kernels.py", True), g.constants, interpret=True)
+    program = Program(plan.plan, load_kernels(folder / "kernels.py", True), g.constants,
+                      interpret=True)  # fmt: skip
     free = {i: sorted(v) for i, v in program.free_after.items()}
-    written = [k["outputs"][0] for k in plan["kernels"][:5]]
+    written = [k.outputs[0] for k in plan.plan.kernels[:5]]
     # each intermediate goes back to the pool right after the kernel that reads it
     assert free == {i + 1: [written[i]] for i in range(4)}
     program.run(graphs.random_inputs(g))
@@ -71,7 +72,7 @@ def test_triton_imported_too_early_is_a_clear_error(tmp_path):
         "except OrchestrateError as e:\n"
         "    print('refused:', e)\n"
     )
-    (tmp_path / "k.py").write_text("LAUNCHERS = {}\n")
+    (tmp_path / "k.py").write_text("KERNELS = {}\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,

@@ -10,12 +10,12 @@ only the elements taken), plus every tensor it writes.  On-chip traffic
 ``flops`` counts one per evaluation of a cheap elementwise op and
 ``SFU_FLOPS`` per transcendental (exp, log, tanh, erf, ...), evaluated once per
 point of the kernel's iteration space (recomputation under broadcasting or in
-a matmul prologue is counted), 2·M·N·K per matmul, 2·K per conv output
+a matmul prologue, once per column of ``BLOCK_N`` tiles, is counted), 2·M·N·K per matmul, 2·K per conv output
 element, one per window element of a pool.
 
 The peak is the CUDA-core fp32 rate for everything except matmul and conv in
-half precision (tensor-core fp16 rate) or in TF32 mode (tensor-core tf32
-rate).  Full fp32 matmuls use IEEE fp32 on CUDA cores, which is what keeps
+half precision (tensor-core fp16 rate) or with TF32 precision in the spec
+(tensor-core tf32 rate).  Full fp32 matmuls use IEEE fp32 on CUDA cores, which is what keeps
 verification at 1e-4 possible.
 
 A ``view`` (reshapes only) costs nothing and launches nothing.
@@ -34,31 +34,34 @@ A ``view`` (reshapes only) costs nothing and launches nothing.
 * compute time: the matmul flops at the matmul rate (tensor-core fp16 for
   half precision, else CUDA-core fp32: the kernel runs fp32 in IEEE, also
   under ``--tf32``) plus the rest at the CUDA-core fp32 rate;
-* working set: the query tile (``ATTENTION_BLOCK_M`` x head dim) and
-  ``ATTENTION_STAGES`` copies of the K and V tiles (``ATTENTION_BLOCK_N`` x
-  head dim each) in shared memory, the accumulator and one score tile in
-  registers; a head dim that does not fit is no candidate.
+* the tiles (query rows ``BLOCK_M``, keys per step ``BLOCK_N``) are the
+  spec's launch configuration.
+
+Everything is read from the kernel spec: the template's roles (anchor,
+prologue, epilogue, row space and phases, attention roles) and its launch
+configuration (tiles, the fp32 ``tl.dot`` precision).  Whether the working
+set fits on chip is the rules' check (``kernels/fit.py``), not a cost.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrate import ir
-from orchestrate.cost.devices import Device
-from orchestrate.ir import Graph, Op
-from orchestrate.kernels.attention import analyse, prologue_operands
-from orchestrate.kernels.templates import (
+from orchestrate.devices import Device
+from orchestrate.ir import Graph, Node, Op
+from orchestrate.kernels.region import ROW_REDUCTIONS
+from orchestrate.kernels.spec import (
     ATTENTION,
     CONV,
     MATMUL,
-    ROW_REDUCE,
-    ROW_REDUCTIONS,
     VIEW,
-    WINDOW,
-    Kernel,
-    Rejection,
+    Anchored,
+    AttentionRoles,
+    KernelSpec,
+    Operand,
+    Rows,
 )
 
 SFU_OPS = frozenset(
@@ -66,22 +69,7 @@ SFU_OPS = frozenset(
      Op.POW, Op.MOD}
 )  # fmt: skip
 SFU_FLOPS = 4
-# a row longer than this is reduced in a loop over column blocks, re-reading
-# its inputs once per phase, instead of being held in registers
-SINGLE_PASS_ROW = 16384
-# matmul / conv tile shape the working-set check assumes (Triton defaults)
-TILE_M, TILE_N, TILE_K, STAGES = 128, 128, 32, 3
 FREE_OPS = frozenset({Op.RESHAPE, Op.IDENTITY})
-# flash-attention tiles (query rows x keys) the emitter uses on a GPU, and the
-# copies of each K / V tile in flight
-ATTENTION_BLOCK_M, ATTENTION_BLOCK_N, ATTENTION_STAGES = 64, 64, 2
-
-
-@dataclass(frozen=True)
-class Config:
-    """What the cost model needs besides the device."""
-
-    tf32: bool = False  # let fp32 matmuls use TF32 tensor cores
 
 
 @dataclass(frozen=True)
@@ -96,11 +84,15 @@ class Cost:
     def time_us(self) -> float:
         return max(self.memory_us, self.compute_us) + self.launch_us
 
-    @property
-    def bound(self) -> str:
-        if self.launch_us and max(self.memory_us, self.compute_us) < self.launch_us:
-            return "launch"
-        return "compute" if self.compute_us > self.memory_us else "memory"
+
+@dataclass(frozen=True)
+class Price:
+    """What a kernel costs when it writes a given set of tensors."""
+
+    bytes: int
+    flops: int
+    time_us: float
+    bound: str  # memory, compute, launch or view
 
 
 def us_for_bytes(nbytes: float, device: Device) -> float:
@@ -111,72 +103,43 @@ def us_for_flops(flops: float, tflops: float) -> float:
     return flops / (tflops * 1e6)
 
 
-def working_set_rejection(graph: Graph, k: Kernel, device: Device) -> Rejection | None:
-    """Reject a kernel whose on-chip working set cannot fit one thread block.
+class Prices:
+    """The cost of each distinct spec on one device, computed once per
+    structural hash (a transformer's layers share theirs)."""
 
-    matmul / conv: the software-pipelined A and B tiles live in shared memory
-    (``STAGES`` copies), the accumulator and one tile per epilogue input in
-    registers.  The other templates stream through registers in blocks and
-    always fit (long rows fall back to the looped form, priced in ``cost``)."""
-    if k.template == ATTENTION:
-        return _attention_working_set(graph, k, device)
-    if k.template not in (MATMUL, CONV):
-        return None
-    anchor = graph.producer[k.anchor]
-    item = 2 if anchor.dtype == "float16" else 4
-    smem = (TILE_M * TILE_K + TILE_K * TILE_N) * item * STAGES
-    if smem > device.smem_per_block_kb * 1024:
-        return Rejection(
-            f"tiles need {smem // 1024} KB of shared memory > {device.smem_per_block_kb} KB"
-        )
-    epilogue_inputs = sum(
-        1 for n in k.nodes if n != k.anchor for i in graph.producer[n].inputs if i not in k.nodes
-    )
-    registers = (1 + epilogue_inputs) * TILE_M * TILE_N  # 32-bit values held per block
-    if registers > device.registers_per_sm:
-        return Rejection(
-            f"{epilogue_inputs} epilogue inputs need {registers} registers per block "
-            f"> {device.registers_per_sm}"
-        )
-    return None
+    def __init__(self, graph: Graph, device: Device):
+        self.graph, self.device = graph, device
+        self._cache: dict[str, Cost] = {}
+
+    def cost(self, spec: KernelSpec) -> Cost:
+        if spec.hash not in self._cache:
+            self._cache[spec.hash] = cost(self.graph, spec, self.device)
+        return self._cache[spec.hash]
+
+    def price(self, spec: KernelSpec, writes: Sequence[str]) -> Price:
+        """``spec`` writing its sinks and the optional outputs in ``writes``."""
+        if spec.template == VIEW:
+            return Price(0, 0, 0.0, "view")
+        c = self.cost(spec)
+        extra = write_bytes(self.graph, [t for t in writes if t not in spec.outputs])
+        mem = c.memory_us + us_for_bytes(extra, self.device)
+        roof = max(mem, c.compute_us)
+        bound = "launch" if roof < c.launch_us else "compute" if c.compute_us > mem else "memory"
+        return Price(c.bytes + extra, c.flops, roof + c.launch_us, bound)
+
+    def write_us(self, tensor: str) -> float:
+        return us_for_bytes(self.graph.types[tensor].nbytes, self.device)
 
 
-def _attention_working_set(graph: Graph, k: Kernel, device: Device) -> Rejection | None:
-    m1 = graph.producer[_attention(graph, k).m1]
-    item = 2 if m1.dtype == "float16" else 4
-    d = _pow2(graph.types[m1.inputs[0]].shape[-1])
-    dv = _pow2(graph.types[k.anchor].shape[-1])
-    smem = (ATTENTION_BLOCK_M * d + ATTENTION_STAGES * ATTENTION_BLOCK_N * (d + dv)) * item
-    if smem > device.smem_per_block_kb * 1024:
-        return Rejection(
-            f"head dims {d} / {dv} need {smem // 1024} KB of shared memory "
-            f"> {device.smem_per_block_kb} KB"
-        )
-    registers = ATTENTION_BLOCK_M * (dv + ATTENTION_BLOCK_N)  # accumulator + scores
-    if registers > device.registers_per_sm:
-        return Rejection(f"head dim {dv} needs {registers} registers per block")
-    return None
-
-
-def _pow2(n: int) -> int:
-    return max(16, 1 << max(0, (n - 1).bit_length()))
-
-
-def _attention(graph: Graph, k: Kernel):
-    a = analyse(graph, k.nodes)
-    if isinstance(a, Rejection):
-        raise AssertionError(f"not an attention kernel: {a.reason}")
-    return a
-
-
-def attention_flops(graph: Graph, k: Kernel) -> tuple[int, int]:
+def attention_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
     """(matmul flops, other flops) of an attention kernel (see the module doc)."""
-    a = _attention(graph, k)
+    a = spec.roles
+    assert isinstance(a, AttentionRoles)
     m1, m2 = graph.producer[a.m1], graph.producer[a.m2]
     *_, lq, lk = m1.shape
     scores, outputs = m1.type.size, m2.type.size
     rows = scores // lk
-    key_blocks = math.ceil(lk / ATTENTION_BLOCK_N)
+    key_blocks = math.ceil(lk / spec.config["BLOCK_N"])
     other = sum(scores * _weight(graph.producer[n].op) for n in a.scores)
     for n in a.softmax:
         node = graph.producer[n]
@@ -188,20 +151,21 @@ def attention_flops(graph: Graph, k: Kernel) -> tuple[int, int]:
             other += rows
     other += key_blocks * (rows * SFU_FLOPS + outputs)  # rescale by exp(m_old - m_new)
     # prologue: Q's once, K's and V's once per block of query rows, side inputs per score
-    query_blocks = math.ceil(lq / ATTENTION_BLOCK_M)
-    for n, operand in prologue_operands(graph, a).items():
+    query_blocks = math.ceil(lq / spec.config["BLOCK_M"])
+    for n, operand in a.prologue:
         node = graph.producer[n]
         if node.op in FREE_OPS:
             continue
-        evals = {"q": node.type.size, "kv": node.type.size * query_blocks, "scores": scores}
+        evals = {Operand.Q: node.type.size, Operand.KV: node.type.size * query_blocks,
+                 Operand.SCORES: scores}  # fmt: skip
         other += evals[operand] * _weight(node.op)
     return _anchor_flops(graph, m1) + _anchor_flops(graph, m2), other
 
 
-def read_bytes(graph: Graph, k: Kernel) -> int:
-    inside = set(k.nodes)
+def read_bytes(graph: Graph, spec: KernelSpec) -> int:
+    inside = set(spec.nodes)
     total = 0
-    for t in k.inputs:
+    for t in spec.inputs:
         ty = graph.types[t]
         users = [c for c in graph.consumers.get(t, ()) if c.name in inside]
         if users and all(c.op in (Op.SLICE, Op.GATHER) and c.inputs[0] == t for c in users):
@@ -216,86 +180,58 @@ def write_bytes(graph: Graph, names) -> int:
     return sum(graph.types[t].nbytes for t in names)
 
 
-def passes(graph: Graph, k: Kernel) -> int:
+def passes(graph: Graph, spec: KernelSpec) -> int:
     """How many times a row-reduce kernel streams its inputs: once when the
-    row fits in registers, else once per dependent reduction plus the
-    epilogue."""
-    if k.template != ROW_REDUCE:
+    row fits in registers, else once per phase plus the epilogue pass that
+    stores full-space outputs of the last phase."""
+    rows = spec.roles
+    if not isinstance(rows, Rows) or not rows.looped:
         return 1
-    anchor = graph.producer[k.anchor]
-    x = graph.types[anchor.inputs[0]]
-    axes = anchor.attrs["axes"] if "axes" in anchor.attrs else (anchor.attrs["axis"],)
-    row = math.prod(x.shape[a] for a in axes)
-    if row <= SINGLE_PASS_ROW:
-        return 1
-    depth = _reduction_depth(graph, k)
-    has_epilogue = any(
-        graph.types[s].shape == k.space
-        for s in k.outputs
-        if graph.producer[s].op not in ROW_REDUCTIONS
-    )
-    return depth + (1 if has_epilogue else 0)
+    last = any(s not in rows.row_space and rows.depth_of(s) == rows.phases for s in spec.outputs)
+    return rows.phases + (1 if last else 0)
 
 
-def _reduction_depth(graph: Graph, k: Kernel) -> int:
-    inside = set(k.nodes)
-    depth: dict[str, int] = {}
-    for n in k.nodes:
-        node = graph.producer[n]
-        d = max((depth.get(i, 0) for i in node.inputs if i in inside), default=0)
-        depth[n] = d + (1 if node.op in ROW_REDUCTIONS else 0)
-    return max(depth.values(), default=1)
-
-
-def flops(graph: Graph, k: Kernel) -> int:
-    if k.template == VIEW:
+def flops(graph: Graph, spec: KernelSpec) -> int:
+    if spec.template == VIEW:
         return 0
-    if k.template == ATTENTION:
-        return sum(attention_flops(graph, k))
-    space = math.prod(k.space)
+    if spec.template == ATTENTION:
+        return sum(attention_flops(graph, spec))
+    roles = spec.roles
     total = 0
-    if k.template in (MATMUL, CONV, WINDOW):
-        anchor = graph.producer[k.anchor]
+    if isinstance(roles, Anchored):
+        anchor = graph.producer[roles.anchor]
         total += _anchor_flops(graph, anchor)
-        downstream = {n for n in k.nodes if graph.types[n].shape == anchor.shape}
-        for n in k.nodes:
+        reuse = _reuse(spec, anchor)
+        for n in (*roles.prologue, *roles.epilogue):
             node = graph.producer[n]
-            if n == k.anchor or node.op in FREE_OPS:
+            if node.op in FREE_OPS:
                 continue
-            evals = anchor.type.size if n in downstream else node.type.size * _reuse(graph, anchor)
+            evals = anchor.type.size if n in roles.epilogue else node.type.size * reuse
             total += evals * _weight(node.op)
         return total
-    rows = 0
-    if k.template == ROW_REDUCE:
-        anchor = graph.producer[k.anchor]
-        x = graph.types[anchor.inputs[0]]
-        axes = anchor.attrs["axes"] if "axes" in anchor.attrs else (anchor.attrs["axis"],)
-        rows = x.size // max(1, math.prod(x.shape[a] for a in axes))
-    for n in k.nodes:
+    space = math.prod(spec.space)
+    for n in spec.nodes:
         node = graph.producer[n]
         if node.op in FREE_OPS:
             continue
         if node.op in ROW_REDUCTIONS:
             total += graph.types[node.inputs[0]].size
-        elif k.template == ROW_REDUCE and node.type.size == rows and node.shape != k.space:
-            total += rows * _weight(node.op)
+        elif isinstance(roles, Rows) and n in roles.row_space:
+            total += roles.rows * _weight(node.op)
         else:
             total += space * _weight(node.op)
     return total
 
 
-def _reuse(graph: Graph, anchor) -> int:
-    """How many programs load each operand element of a matmul (its prologue
-    is evaluated that many times)."""
+def _reuse(spec: KernelSpec, anchor: Node) -> int:
+    """How many programs load each operand element of a matmul: one per
+    column of tiles (its prologue is evaluated that many times)."""
     if anchor.op is Op.MATMUL:
-        n = anchor.shape[-1]
-        return max(1, math.ceil(n / TILE_N))
-    if anchor.op is Op.POOL:
-        return 1
+        return max(1, math.ceil(anchor.shape[-1] / spec.config["BLOCK_N"]))
     return 1
 
 
-def _anchor_flops(graph: Graph, anchor) -> int:
+def _anchor_flops(graph: Graph, anchor: Node) -> int:
     if anchor.op is Op.MATMUL:
         k = graph.types[anchor.inputs[0]].shape[-1]
         return 2 * anchor.type.size * k
@@ -309,40 +245,32 @@ def _weight(op: Op) -> int:
     return SFU_FLOPS if op in SFU_OPS else 1
 
 
-def compute_peak(graph: Graph, k: Kernel, device: Device, config: Config) -> float:
-    if k.template in (MATMUL, CONV):
-        dtype = graph.producer[k.anchor].dtype
+def compute_peak(graph: Graph, spec: KernelSpec, device: Device) -> float:
+    if spec.template in (MATMUL, CONV):
+        dtype = graph.producer[spec.anchor].dtype
         if dtype == "float16":
             return device.fp16_tflops
-        if dtype == "float32" and config.tf32:
+        if dtype == "float32" and spec.config.precision == "tf32":
             return device.tf32_tflops
     return device.fp32_tflops
 
 
-def cost(graph: Graph, k: Kernel, device: Device, config: Config = Config()) -> Cost:
-    """Roofline cost of ``k`` writing its sinks (optional outputs are priced
-    separately by ``us_for_bytes``)."""
-    if k.template == VIEW:
+def cost(graph: Graph, spec: KernelSpec, device: Device) -> Cost:
+    """Roofline cost of ``spec`` writing its sinks (optional outputs are
+    priced by ``Prices.price``)."""
+    if spec.template == VIEW:
         return Cost(0, 0, 0.0, 0.0, 0.0)
-    nbytes = read_bytes(graph, k) * passes(graph, k) + write_bytes(graph, k.outputs)
-    if k.template == ATTENTION:
-        mm, other = attention_flops(graph, k)
-        a = _attention(graph, k)
+    nbytes = read_bytes(graph, spec) * passes(graph, spec) + write_bytes(graph, spec.outputs)
+    if spec.template == ATTENTION:
+        mm, other = attention_flops(graph, spec)
+        a = spec.roles
         compute_us = us_for_flops(other, device.fp32_tflops)
         for m in (graph.producer[a.m1], graph.producer[a.m2]):
-            half = m.dtype == "float16"
-            peak = device.fp16_tflops if half else device.fp32_tflops
+            peak = device.fp16_tflops if m.dtype == "float16" else device.fp32_tflops
             compute_us += us_for_flops(_anchor_flops(graph, m), peak)
         return Cost(nbytes, mm + other, us_for_bytes(nbytes, device), compute_us, device.launch_us)
-    f = flops(graph, k)
+    f = flops(graph, spec)
     return Cost(
-        nbytes,
-        f,
-        us_for_bytes(nbytes, device),
-        us_for_flops(f, compute_peak(graph, k, device, config)),
-        device.launch_us,
-    )
-
-
-def dtype_bytes(dtype: str) -> int:
-    return ir.TensorType((), dtype).itemsize
+        nbytes, f, us_for_bytes(nbytes, device),
+        us_for_flops(f, compute_peak(graph, spec, device)), device.launch_us,
+    )  # fmt: skip

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 import onnx
 from onnx import helper, numpy_helper
 
-from orchestrate import ir
+from orchestrate import ir, type_rules
 from orchestrate.decompose import (
     conv,
     elementwise,
@@ -96,7 +96,7 @@ def fission(model: onnx.ModelProto, source: str = "<model>", *, consume: bool = 
         tuple(nodes), tuple(inputs), tuple(o.name for o in g.output), constants,
         name=g.name or "graph",
     )  # fmt: skip
-    return ir.validate(eliminate_dead_code(graph))
+    return type_rules.validate(eliminate_dead_code(graph))
 
 
 def _check_supported(g: onnx.GraphProto, source: str) -> None:

@@ -2,7 +2,7 @@
 
 A decomposition receives :class:`Value` handles (name, static type and, for
 constants, the array) and calls builder methods such as ``b.sub(x, m)``.  The
-builder infers every result type with :func:`orchestrate.ir.infer`, names the
+builder infers every result type with :func:`orchestrate.type_rules.infer`, names the
 result after the ONNX node it comes from, and folds a primitive whose inputs
 are all constants into a new constant (weights preprocessing such as
 BatchNormalization's ``scale / sqrt(var + eps)`` happens here, once).
@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from onnx import helper
 
-from orchestrate import ir
+from orchestrate import ir, type_rules
 from orchestrate.errors import GraphError, UnsupportedError
 from orchestrate.ir import Attrs, Node, Op, TensorType
 from orchestrate.reference import evaluate
@@ -147,7 +147,7 @@ class Builder:
     def emit(self, op: Op, inputs: Sequence[Value], **attrs) -> Value:
         a = Attrs(attrs)
         try:
-            t = ir.infer(op, tuple(v.type for v in inputs), a)
+            t = type_rules.infer(op, tuple(v.type for v in inputs), a)
         except GraphError as e:
             raise GraphError(f"{self.origin}: {e}") from None
         except UnsupportedError as e:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from orchestrate import ir
+from orchestrate import ir, type_rules
 from orchestrate.decompose.builder import Builder, Value, onnx_dtype
 from orchestrate.errors import UnsupportedError
 
@@ -143,7 +143,7 @@ def Transpose(b: Builder, x: Value, *, perm=None) -> Value:
 def Expand(b: Builder, x: Value, shape: Value) -> Value:
     dims = _ints(shape, "Expand", "shape")
     try:
-        out = ir.broadcast_shapes(x.shape, tuple(dims))
+        out = type_rules.broadcast_shapes(x.shape, tuple(dims))
     except ir.GraphError:
         raise _invalid("Expand", f"{x.shape} does not broadcast with {dims}") from None
     return b.expand(x, out)

@@ -1,55 +1,78 @@
-"""Triton emission: one generated kernel per planned kernel, in one module.
+"""Triton emission: one jitted function per distinct spec, one launch per planned kernel.
 
-``emit(graph, plan)`` returns the source of ``kernels.py``.  It depends only
-on the primitive IR and the plain plan (template, primitives, outputs), never
-on planner internals: the kernel structure is re-derived with the same pure
-legality function the planner used.
+``emit(graph, planned)`` returns the source of ``kernels.py``.  It prints the
+plan's kernel specs and never refuses one: what the rules accepted, a
+generator can print (a set no generator can print is refused by its rule).
+It depends on the primitive IR, the specs and the plain plan, never on the
+planner, the cost model or the linear program.
+
+Planned kernels whose specs have the same structural hash and write the same
+outputs (a transformer's layers) share one ``@triton.jit`` function; the
+module's ``KERNELS`` table binds each planned kernel to it with its own
+tensors.
 """
 
 from __future__ import annotations
 
-from orchestrate.emit.pointwise import pointwise
-from orchestrate.emit.source import KernelSource, module
+import hashlib
+from collections.abc import Sequence
+
+from orchestrate.emit import attention, conv, matmul, pointwise, row_reduce, window
+from orchestrate.emit.source import KernelSource, Launch, module, pointers
 from orchestrate.ir import Graph
-from orchestrate.kernels.templates import POINTWISE, VIEW, Rejection, classify
+from orchestrate.kernels.spec import (
+    ATTENTION,
+    CONV,
+    MATMUL,
+    POINTWISE,
+    ROW_REDUCE,
+    VIEW,
+    WINDOW,
+    KernelSpec,
+)
+from orchestrate.plan import Planned
 
-GENERATORS = {POINTWISE: pointwise}
+GENERATORS = {
+    POINTWISE: pointwise.pointwise,
+    ROW_REDUCE: row_reduce.row_reduce,
+    MATMUL: matmul.matmul,
+    CONV: conv.conv,
+    WINDOW: window.window,
+    ATTENTION: attention.attention,
+}
 
 
-def _register() -> None:
-    """Fill GENERATORS with every template module that exists."""
-    import importlib
+def function_key(spec: KernelSpec, writes: Sequence[str]) -> str:
+    """Equal for planned kernels one jitted function serves: the same spec
+    writing the same of its nodes."""
+    local = {n: i for i, n in enumerate(spec.nodes)}
+    which = ",".join(str(local[t]) for t in writes)
+    return hashlib.sha1(f"{spec.hash}|{which}".encode()).hexdigest()[:16]
 
-    for template in ("row_reduce", "matmul", "conv", "window", "attention"):
-        if template in GENERATORS:
+
+def kernel_source(graph: Graph, spec: KernelSpec, writes: Sequence[str], name: str) -> KernelSource:
+    """The generated function for one spec writing ``writes``."""
+    return GENERATORS[spec.template](graph, spec, tuple(writes), name)
+
+
+def emit(graph: Graph, planned: Planned, title: str = "") -> str:
+    plan = planned.plan
+    functions: dict[str, KernelSource] = {}
+    counts: dict[str, int] = {}
+    launches = []
+    for entry, spec in zip(plan.kernels, planned.specs):
+        if spec.template == VIEW:
             continue
-        try:
-            module = importlib.import_module(f"orchestrate.emit.{template}")
-        except ImportError:
-            continue
-        GENERATORS[template] = getattr(module, template)
-
-
-def kernel_source(graph: Graph, entry: dict, *, tf32: bool = False) -> KernelSource:
-    """The generated kernel for one plan entry (``tf32``: the plan's --tf32)."""
-    _register()
-    k = classify(graph, entry["primitives"])
-    if isinstance(k, Rejection):
-        raise AssertionError(f"{entry['name']}: planned kernel is not legal: {k.reason}")
-    gen = GENERATORS.get(k.template)
-    if gen is None:
-        raise NotImplementedError(f"no Triton generator for the {k.template} template yet")
-    if tf32 and k.template in ("matmul", "conv"):
-        return gen(graph, k, tuple(entry["outputs"]), entry["name"], tf32=True)
-    return gen(graph, k, tuple(entry["outputs"]), entry["name"])
-
-
-def emit(graph: Graph, plan: dict, title: str = "") -> str:
-    tf32 = bool(plan.get("options", {}).get("tf32"))
-    kernels = [kernel_source(graph, e, tf32=tf32) for e in plan["kernels"] if e["template"] != VIEW]
-    head = (
-        title
-        or f"Triton kernels for {plan['graph']['name']} ({len(kernels)} kernels, "
-        f"planned for {plan['device']})"
+        key = function_key(spec, entry.outputs)
+        if key not in functions:
+            counts[spec.template] = counts.get(spec.template, 0) + 1
+            name = f"{spec.template}_{counts[spec.template]}"
+            functions[key] = kernel_source(graph, spec, entry.outputs, name)
+        f = functions[key]
+        slots = {v: k for k, v in pointers(graph, spec, entry.outputs).slots.items()}
+        launches.append(Launch(entry.name, f.name, tuple(slots[p] for p in f.params)))
+    head = title or (
+        f"Triton kernels for {plan.graph.name} ({len(launches)} kernels, planned for {plan.device})"
     )
-    return module(kernels, head)
+    head += f"\n\n{len(functions)} jitted functions serve {len(launches)} planned kernels."
+    return module(list(functions.values()), launches, head)

@@ -36,38 +36,22 @@ from __future__ import annotations
 
 import math
 
-from orchestrate.cost import roofline
 from orchestrate.emit.codegen import (
     Body,
     Evaluator,
     Index,
-    Pointers,
     broadcast_index,
     literal,
     split_linear,
 )
-from orchestrate.emit.matmul import WIDE, clamp_pow2, drop_unused, masked_load
-from orchestrate.emit.source import KernelSource, describe, store
+from orchestrate.emit.matmul import drop_unused, masked_load
+from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph
-from orchestrate.kernels.attention import analyse
-from orchestrate.kernels.templates import ATTENTION, Kernel, Rejection
-
-MIN_DOT = 16  # tl.dot needs >= 16 in every dimension
-# the interpreter pays per program and per loop step: one tile covers small
-# sequences whole (tests shrink this to force several query and key blocks)
-INTERPRET_BLOCK = 128
+from orchestrate.kernels.spec import KernelSpec
 
 
-def attention(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> KernelSource:
-    if k.template != ATTENTION:
-        raise AssertionError(f"{name}: not an attention kernel ({k.template})")
-    a = analyse(graph, k.nodes)
-    if isinstance(a, Rejection):
-        raise AssertionError(f"{name}: not an attention kernel: {a.reason}")
-    if tuple(writes) != (a.m2,):
-        raise AssertionError(f"{name}: an attention kernel writes only {a.m2}, not {writes}")
-    if any(graph.types[t].size >= WIDE for t in (*k.inputs, *k.nodes)):
-        raise NotImplementedError(f"{name}: tensors of 2**31 elements or more")
+def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
+    a = k.roles
     m1, m2 = graph.producer[a.m1], graph.producer[a.m2]
     q_name, k_name = m1.inputs
     v_name = m2.inputs[1]
@@ -77,7 +61,7 @@ def attention(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> Ke
     inside = set(k.nodes)
 
     body = Body()
-    pointers = Pointers()
+    ptrs = pointers(graph, k, writes)
     body.comment(
         f"O{list(m2.shape)} = softmax(S) @ V, S = chain(Q @ K){list(m1.shape)}"
         + (f", batch {list(batch)} on grid axis 1" if batch else "")
@@ -99,7 +83,7 @@ def attention(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> Ke
 
     def operand(b: Body, tensor: str, rows: str, cols: str, shape, mask: str, zero: str) -> str:
         """The tile of ``tensor`` (through its prologue), zero where ``mask`` is off."""
-        ev = Evaluator(graph, inside, b, pointers, zero=zero, broadcast_all=True)
+        ev = Evaluator(graph, inside, b, ptrs, zero=zero, broadcast_all=True)
         dims = {
             "BLOCK_M": "offs_m",
             "BLOCK_N": "offs_n",
@@ -132,7 +116,7 @@ def attention(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> Ke
     loop.raw(f"qk = {_dot(q, kt, m1.dtype)}")
     loop.comment("the score chain on the tile, then -inf for keys past the end")
     loop.raw("mask_s = mask_m[:, None] & mask_n[None, :]")
-    ev = Evaluator(graph, inside, loop, pointers, zero="zero_s", broadcast_all=True)
+    ev = Evaluator(graph, inside, loop, ptrs, zero="zero_s", broadcast_all=True)
     s_index = Index((*bdims, "offs_m[:, None]", "offs_n[None, :]"), "mask_s")
     ev.provided[a.m1] = lambda index: _scores(index, s_index, name)
     s = ev.value(a.x, s_index)
@@ -163,19 +147,9 @@ def attention(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> Ke
     batch_off = f"pid_b * {lq * dv} + " if nbatch > 1 else ""
     row = f"offs_m[:, None] * {dv}" if dv > 1 else "offs_m[:, None]"
     body.raw(f"offs_o = {batch_off}{row} + offs_dv[None, :]")
-    store(body, graph, pointers, a.m2, "offs_o", "out", "mask_o")
+    store(body, graph, ptrs, a.m2, "offs_o", "out", "mask_o")
 
-    blocks = {"BLOCK_D": max(MIN_DOT, _pow2(d)), "BLOCK_DV": max(MIN_DOT, _pow2(dv))}
-    gpu = {
-        "BLOCK_M": clamp_pow2(lq, MIN_DOT, roofline.ATTENTION_BLOCK_M),
-        "BLOCK_N": clamp_pow2(lk, MIN_DOT, roofline.ATTENTION_BLOCK_N),
-        **blocks,
-    }
-    fast = {
-        "BLOCK_M": clamp_pow2(lq, MIN_DOT, INTERPRET_BLOCK),
-        "BLOCK_N": clamp_pow2(lk, MIN_DOT, INTERPRET_BLOCK),
-    }
-    doc = describe(graph, k, writes) + [
+    doc = describe(graph, k, writes, ptrs) + [
         "  traffic: Q read once, K and V once per block of query rows (from L2),",
         "  score side inputs once per score tile; the scores and probabilities",
         "  stay on chip.",
@@ -183,9 +157,9 @@ def attention(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> Ke
     return KernelSource(
         name=name,
         doc=doc,
-        args=list(pointers.items()),
-        constexprs=gpu,
-        interpret_constexprs=fast,
+        params=ptrs.params(),
+        config=k.config,
+        helpers=body.helpers,
         body=drop_unused(body.lines, ("zero_q", "zero_k", "zero_s", "zero_v", "mask_s")),
         grid=[f"    grid = (triton.cdiv({lq}, BLOCK_M), {nbatch})"],
     )
@@ -202,7 +176,3 @@ def _scores(index: Index, expected: Index, name: str) -> str:
     if index.dims != expected.dims:
         raise AssertionError(f"{name}: the score chain reads the scores at {index.dims}")
     return "qk"
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from orchestrate import ir
+from orchestrate.emit import helpers
+from orchestrate.emit.helpers import Helper
 from orchestrate.ir import Graph, Node, Op
 
 TL_DTYPE = {
@@ -67,27 +69,29 @@ def literal(value, dtype: str) -> str:
 
 
 class Pointers:
-    """Pointer arguments of one kernel, named after their tensors, in order of
-    first use."""
+    """Pointer arguments of one kernel: each tensor it reads or writes has a
+    slot name (``in0``, ``out1``; see ``source.pointers``); ``params`` lists
+    the slots used, inputs first, each in order."""
 
-    def __init__(self):
-        self.by_tensor: dict[str, str] = {}
+    def __init__(self, slots: dict[str, str]):
+        self.slots = dict(slots)
+        self.used: set[str] = set()
 
     def get(self, tensor: str) -> str:
-        if tensor not in self.by_tensor:
-            stem = re.sub(r"[^0-9a-zA-Z_]+", "_", tensor).strip("_") or "t"
-            if stem[0].isdigit():
-                stem = "t" + stem
-            name = f"{stem}_ptr"
-            k = 2
-            while name in self.by_tensor.values():
-                name = f"{stem}{k}_ptr"
-                k += 1
-            self.by_tensor[tensor] = name
-        return self.by_tensor[tensor]
+        self.used.add(tensor)
+        return f"{self.slots[tensor]}_ptr"
 
-    def items(self):
-        return self.by_tensor.items()
+    def name(self, tensor: str) -> str:
+        return self.slots[tensor]
+
+    def params(self) -> list[str]:
+        names = [self.slots[t] for t in self.used]
+        return sorted(names, key=lambda s: (not s.startswith("in"), int(s.lstrip("inout"))))
+
+    def tensors(self) -> list[str]:
+        """The tensors behind ``params()``, in the same order."""
+        by_slot = {v: k for k, v in self.slots.items()}
+        return [by_slot[s] for s in self.params()]
 
 
 @dataclass(frozen=True)
@@ -98,20 +102,17 @@ class Index:
     dims: tuple[str, ...]
     mask: str | None = None
 
-    def with_mask(self, m: str | None) -> Index:
-        if m is None:
-            return self
-        return Index(self.dims, m if self.mask is None else f"({self.mask}) & ({m})")
-
 
 class Body:
     """Statements of one kernel body; equal expressions get one name."""
 
-    def __init__(self, indent: str = "    ", counter: list[int] | None = None):
+    def __init__(self, indent: str = "    ", counter: list[int] | None = None,
+                 helpers: list[Helper] | None = None):  # fmt: skip
         self.lines: list[str] = []
         self.indent = indent
         self._names: dict[str, str] = {}
         self._counter = counter if counter is not None else [0]
+        self.helpers = helpers if helpers is not None else []  # device functions called
         self.linear_of: dict[tuple, str] = {}  # (dims, shape) -> the linear index they split
         self._invariant: set[str] = set()  # names bound to block-invariant scalars
 
@@ -137,6 +138,11 @@ class Body:
             for w in re.findall(r"[A-Za-z_][A-Za-z_0-9.]*", expr)
         )
 
+    def use(self, helper: Helper) -> None:
+        """Record that the body calls ``helper``."""
+        if helper not in self.helpers:
+            self.helpers.append(helper)
+
     def comment(self, text: str) -> None:
         self.lines.append(f"{self.indent}# {text}")
 
@@ -146,7 +152,7 @@ class Body:
     def fork(self, indent: str) -> Body:
         """A nested body (a loop): sees this one's names, numbers on from it,
         and keeps its own names to itself."""
-        child = Body(indent, self._counter)
+        child = Body(indent, self._counter, self.helpers)
         child._names = dict(self._names)
         child.linear_of = dict(self.linear_of)
         child._invariant = set(self._invariant)
@@ -275,7 +281,8 @@ class Evaluator:
                 self.value(i, broadcast_index(index, n.shape, self.graph.types[i].shape))
                 for i in n.inputs
             ]
-            expr = elementwise(n, args, [self.graph.types[i].dtype for i in n.inputs])
+            expr = elementwise(n, args, [self.graph.types[i].dtype for i in n.inputs],
+                               self.body.use)  # fmt: skip
             return self.body.let(expr, "v")
         return self._layout(n, index)
 
@@ -390,8 +397,10 @@ def _and(a: str | None, b: str | None) -> str | None:
 # elementwise ops in Triton
 
 
-def elementwise(n: Node, args: list[str], arg_dtypes: list[str]) -> str:
-    """A Triton expression for elementwise primitive ``n`` of ``args``."""
+def elementwise(n: Node, args: list[str], arg_dtypes: list[str],
+                use: Callable[[Helper], None] = lambda h: None) -> str:  # fmt: skip
+    """A Triton expression for elementwise primitive ``n`` of ``args``;
+    ``use`` is told of each helper function the expression calls."""
     op = n.op
     x = args[0] if args else ""
     dt = compute_dtype(arg_dtypes[0]) if arg_dtypes else ""
@@ -407,8 +416,10 @@ def elementwise(n: Node, args: list[str], arg_dtypes: list[str]) -> str:
     if op in simple:
         return simple[op]
     if op is Op.TANH:
+        use(helpers.TANH)
         return f"_tanh({x})"
     if op is Op.ROUND:
+        use(helpers.ROUND_HALF_EVEN)
         return f"_round_half_even({x})"
     if op is Op.SIGN:
         return f"tl.where({x} > 0, 1, tl.where({x} < 0, -1, 0)).to({TL_DTYPE[dt]})"
@@ -438,19 +449,28 @@ def elementwise(n: Node, args: list[str], arg_dtypes: list[str]) -> str:
     if op in binary:
         return binary[op]
     if op is Op.DIV:
-        if is_int:
-            return f"_idiv({x}, {y})" if dt in ir.SIGNED else f"{x} // {y}"
-        return f"{x} / {y}"
+        if is_int and dt in ir.SIGNED:
+            use(helpers.IDIV)
+            return f"_idiv({x}, {y})"
+        return f"{x} // {y}" if is_int else f"{x} / {y}"
     if op is Op.MOD:
-        if n.attrs["fmod"]:
-            return f"_fmod({x}, {y})" if not is_int else f"_imod_trunc({x}, {y})"
-        return f"_imod_floor({x}, {y})"
+        fn = (
+            (helpers.IMOD_TRUNC if is_int else helpers.FMOD)
+            if n.attrs["fmod"]
+            else helpers.IMOD_FLOOR
+        )
+        use(fn)
+        return f"{fn.name}({x}, {y})"
     if op is Op.POW:
-        return _pow(x, y)
+        exact = _exact_pow(x, y)
+        if exact is None:
+            use(helpers.POW)
+            return f"_pow({x}, {y})"
+        return exact
     raise AssertionError(f"no Triton expression for {op}")
 
 
-def _pow(x: str, y: str) -> str:
+def _exact_pow(x: str, y: str) -> str | None:
     exact = {"2.0": f"{x} * {x}", "2": f"{x} * {x}", "3.0": f"{x} * {x} * {x}",
              "1.0": x, "0.5": f"tl.sqrt({x})", "-1.0": f"1.0 / {x}"}  # fmt: skip
-    return exact.get(y, f"_pow({x}, {y})")
+    return exact.get(y)

@@ -4,9 +4,10 @@
 
 The Triton interpreter runs kernels but does not type-check them the way the
 compiler does (loop-carried types, constexpr use, dot shapes).  This runs
-each launcher against stand-in tensors to learn its arguments, then hands the
-kernel to ``triton.compile`` for ``cuda:<arch>`` all the way to a cubin
-(Triton wheels ship ptxas).  Needs only triton and numpy, so it can check the
+each distinct launcher against stand-in tensors to learn its arguments, then
+hands its jitted function to ``triton.compile`` for ``cuda:<arch>`` with the
+launch's ``num_warps`` and ``num_stages``, all the way to a cubin (Triton
+wheels ship ptxas).  Needs only triton and numpy, so it can check the
 generated source against another Triton version in a separate environment.
 Must run in a process where TRITON_INTERPRET is not set.
 """
@@ -18,6 +19,7 @@ import importlib.util
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +50,8 @@ class _Recorder:
 def tensor_dtypes(folder: Path) -> dict[str, str]:
     plan = json.loads((folder / "plan.json").read_text())
     dtypes = {p["name"]: p["dtype"] for p in plan["primitives"]}
-    dtypes.update({i["name"]: i["dtype"] for i in plan["graph"]["input_types"]})
+    dtypes.update({i["name"]: i["dtype"] for i in plan["graph"]["input_types"]})  # plain JSON:
+    # this module needs only triton and numpy, to run beside another Triton version
     manifest = json.loads((folder / "manifest.json").read_text())
     with np.load(folder / "weights.npz", allow_pickle=False) as z:
         for name, key in manifest.get("constants", {}).items():
@@ -56,38 +59,55 @@ def tensor_dtypes(folder: Path) -> dict[str, str]:
     return dtypes
 
 
-def compile_bundle(folder: Path, arch: int = 90) -> list[str]:
-    """Compile each kernel; return their names.  Raises on the first failure."""
+@dataclass(frozen=True)
+class Compiled:
+    function: str
+    shared: int  # bytes of shared memory per block
+    num_warps: int
+    num_stages: int
+
+
+def compile_module(module, dtypes: dict[str, str], arch: int = 90) -> list[Compiled]:
+    """Compile each distinct jitted function of a generated module (one
+    launch per function, with the first planned kernel's tensors)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     if os.environ.get("TRITON_INTERPRET"):
         raise RuntimeError("unset TRITON_INTERPRET: the interpreter does not compile")
-    dtypes = tensor_dtypes(folder)
-    spec = importlib.util.spec_from_file_location(f"compile_check_{abs(hash(folder))}",
-                                                  folder / "kernels.py")  # fmt: skip
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    env = {name: _Tensor(name, dtype) for name, dtype in dtypes.items()}
-    compiled = []
-    for kname, launcher in module.LAUNCHERS.items():
-        kernel = getattr(module, kname)
+    done: dict[str, Compiled] = {}
+    for launcher, tensors in module.KERNELS.values():
+        fname = launcher.__name__.removeprefix("launch_")
+        if fname in done:
+            continue
+        kernel = getattr(module, fname)
         recorder = _Recorder()
-        setattr(module, kname, recorder)
+        setattr(module, fname, recorder)
         try:
-            launcher(env, interpret=False)
+            launcher(*(_Tensor(t, dtypes[t]) for t in tensors), interpret=False)
         finally:
-            setattr(module, kname, kernel)
+            setattr(module, fname, kernel)
         ((args, kwargs),) = recorder.calls
+        options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
         names = kernel.arg_names
         signature = {names[i]: POINTER[a.dtype] for i, a in enumerate(args)}
         signature.update({k: "constexpr" for k in kwargs})
         constexprs = {(names.index(k),): v for k, v in kwargs.items()}
-        triton.compile(ASTSource(kernel, signature, constexprs=constexprs),
-                       target=GPUTarget("cuda", arch, 32))  # fmt: skip
-        compiled.append(kname)
-    return compiled
+        c = triton.compile(ASTSource(kernel, signature, constexprs=constexprs),
+                           target=GPUTarget("cuda", arch, 32), options=options)  # fmt: skip
+        done[fname] = Compiled(fname, int(c.metadata.shared), int(c.metadata.num_warps),
+                               int(c.metadata.num_stages))  # fmt: skip
+    return list(done.values())
+
+
+def compile_bundle(folder: Path, arch: int = 90) -> list[Compiled]:
+    """Compile each function of a bundle.  Raises on the first failure."""
+    spec = importlib.util.spec_from_file_location(f"compile_check_{abs(hash(folder))}",
+                                                  folder / "kernels.py")  # fmt: skip
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return compile_module(module, tensor_dtypes(folder), arch)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for folder in args.bundles:
         try:
-            names = compile_bundle(folder, args.arch)
-            print(f"{folder}: {len(names)} kernels compile for sm_{args.arch} "
+            compiled = compile_bundle(folder, args.arch)
+            print(f"{folder}: {len(compiled)} functions compile for sm_{args.arch} "
                   f"(triton {triton.__version__})")  # fmt: skip
         except Exception as e:  # noqa: BLE001 - report every bundle
             failed += 1

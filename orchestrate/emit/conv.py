@@ -26,40 +26,20 @@ from __future__ import annotations
 
 import math
 
-from orchestrate.emit.codegen import Body, Pointers
-from orchestrate.emit.matmul import (
-    GROUP_M,
-    INTERPRET_BLOCK,
-    MAX_GRID_AXIS1,
-    MIN_DOT,
-    WIDE,
-    anchor_of,
-    clamp_pow2,
-    drop_unused,
-    epilogue,
-    grouped_tile,
-    precision,
-)
-from orchestrate.emit.source import KernelSource, describe, store
-from orchestrate.ir import Graph, Op
-from orchestrate.kernels.templates import CONV, Kernel
-
-# tile sizes on a GPU: output pixels x output channels x reduction
-BLOCK_M, BLOCK_N, BLOCK_K = 64, 64, 32
-# the interpreter pays per program and per loop step: many output pixels per tile
-INTERPRET_BLOCK_M = 1024
+from orchestrate.emit.codegen import Body
+from orchestrate.emit.matmul import WIDE, drop_unused, epilogue, grouped_tile
+from orchestrate.emit.source import KernelSource, describe, pointers, store
+from orchestrate.ir import Graph
+from orchestrate.kernels.spec import KernelSpec
 
 AXES = {1: ("w",), 2: ("h", "w"), 3: ("d", "h", "w")}
 
 
-def conv(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str, *, tf32: bool = False
-         ) -> KernelSource:  # fmt: skip
-    cv = anchor_of(graph, k, CONV, Op.CONV, writes, name)
+def conv(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
+    cv = graph.producer[k.roles.anchor]
     x_name, w_name = cv.inputs
     x_t, w_t = graph.types[x_name], graph.types[w_name]
     dtype = x_t.dtype
-    if dtype not in ("float32", "float16"):
-        raise NotImplementedError(f"{name}: conv of {dtype} tensors")
     nb, c, *in_sp = x_t.shape
     m, cg, *kern = w_t.shape
     out_sp = list(cv.shape[2:])
@@ -67,8 +47,6 @@ def conv(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str, *, tf32: b
     groups = cv.attrs["group"]
     strides, pads, dil = cv.attrs["strides"], cv.attrs["pads"], cv.attrs["dilations"]
     mg = m // groups
-    if groups > MAX_GRID_AXIS1:
-        raise NotImplementedError(f"{name}: {groups} groups exceed grid axis 1")
     axes = AXES.get(nd) or tuple(f"s{i}" for i in range(nd))
     kvol = math.prod(kern)
     gemm_m, gemm_n, gemm_k = nb * math.prod(out_sp), mg, cg * kvol
@@ -78,7 +56,7 @@ def conv(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str, *, tf32: b
     itype = "tl.int64" if wide else "tl.int32"
 
     body = Body()
-    pointers = Pointers()
+    ptrs = pointers(graph, k, writes)
     geometry = ", ".join(
         f"{a}: k={kern[i]} stride={strides[i]} pad=({pads[i]}, {pads[i + nd]}) dilation={dil[i]}"
         for i, a in enumerate(axes)
@@ -164,20 +142,20 @@ def conv(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str, *, tf32: b
             terms.append(_scale(pos, inner))
     loop.raw("mask_a = " + " & ".join(conds))
     loop.raw("mask_b = mask_k[:, None] & mask_n[None, :]")
-    x_ptr, w_ptr = pointers.get(x_name), pointers.get(w_name)
+    x_ptr, w_ptr = ptrs.get(x_name), ptrs.get(w_name)
     offset = " + ".join(["zero_a", *terms]).replace("+ -", "- ")
     loop.raw(f"a = tl.load({x_ptr} + {offset}, mask=mask_a, other=0.0)")
     loop.raw(f"b = tl.load({w_ptr} + co[None, :] * {gemm_k} + rk[:, None], mask=mask_b, other=0.0)")
     if dtype == "float16":
         loop.raw("acc += tl.dot(a, b)  # fp16 tensor cores, fp32 accumulation")
     else:
-        loop.raw(f'acc += tl.dot(a, b, input_precision="{precision(tf32)}")')
+        loop.raw(f'acc += tl.dot(a, b, input_precision="{k.config.precision}")')
     body.lines += loop.lines
 
     # -- epilogue on the accumulator ----------------------------------------
     body.comment("epilogue on the accumulator tile at the output index (n, channel, *o)")
     dims = (_row(n_img), "co[None, :]") + tuple(_row(e) for e in o)
-    results = epilogue(graph, k, body, pointers, dims, itype, writes, name)
+    results = epilogue(graph, k, body, ptrs, dims, itype, writes, name)
     body.comment(f"NCHW offsets: n * {m * out_vol} + channel * {out_vol} + pixel")
     row = []
     if nb > 1:
@@ -187,30 +165,20 @@ def conv(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str, *, tf32: b
     row_e = f"{_row(' + '.join(row))} + " if row else "zero_c + "
     body.raw(f"offs_c = {row_e}{_scale('co[None, :]', out_vol)}")
     for t in writes:
-        store(body, graph, pointers, t, "offs_c", results[t], "mask_c")
+        store(body, graph, ptrs, t, "offs_c", results[t], "mask_c")
 
-    gpu = {
-        "BLOCK_M": clamp_pow2(gemm_m, MIN_DOT, BLOCK_M),
-        "BLOCK_N": clamp_pow2(gemm_n, MIN_DOT, BLOCK_N),
-        "BLOCK_K": clamp_pow2(gemm_k, MIN_DOT, BLOCK_K),
-    }
-    fast = {
-        "BLOCK_M": clamp_pow2(gemm_m, MIN_DOT, INTERPRET_BLOCK_M),
-        "BLOCK_N": clamp_pow2(gemm_n, MIN_DOT, INTERPRET_BLOCK),
-        "BLOCK_K": clamp_pow2(gemm_k, MIN_DOT, INTERPRET_BLOCK),
-    }
-    doc = describe(graph, k, writes) + [
+    doc = describe(graph, k, writes, ptrs) + [
         f"  traffic: each input pixel is gathered by up to {kvol} rows of a tile and x by "
-        f"{math.ceil(gemm_n / gpu['BLOCK_N'])} column(s) of tiles,",
-        f"  w by {math.ceil(gemm_m / gpu['BLOCK_M'])} row(s) of tiles: re-reads hit L1/L2; "
+        f"{math.ceil(gemm_n / k.config['BLOCK_N'])} column(s) of tiles,",
+        f"  w by {math.ceil(gemm_m / k.config['BLOCK_M'])} row(s) of tiles: re-reads hit L1/L2; "
         "epilogue inputs read once, outputs written once.",
     ]
     return KernelSource(
         name=name,
         doc=doc,
-        args=list(pointers.items()),
-        constexprs={**gpu, "GROUP_M": GROUP_M},
-        interpret_constexprs=fast,
+        params=ptrs.params(),
+        config=k.config,
+        helpers=body.helpers,
         body=drop_unused(body.lines, ("zero_c",)),
         grid=[
             f"    grid = (triton.cdiv({gemm_m}, BLOCK_M) * triton.cdiv({gemm_n}, BLOCK_N), "

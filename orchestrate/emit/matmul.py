@@ -40,57 +40,15 @@ from orchestrate.emit.codegen import (
     broadcast_index,
     split_linear,
 )
-from orchestrate.emit.source import KernelSource, describe, next_pow2, store
-from orchestrate.ir import Graph, Node, Op
-from orchestrate.kernels.templates import MATMUL, Kernel
+from orchestrate.emit.source import KernelSource, describe, pointers, store
+from orchestrate.ir import Graph
+from orchestrate.kernels.spec import KernelSpec
 
-# tile sizes on a GPU (tl.dot needs >= 16 in every dimension)
-BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M = 64, 64, 32, 8
-MIN_DOT = 16
-# the interpreter pays per program and per loop step, not per element: one
-# tile covers a small matrix whole (each dimension up to this)
-INTERPRET_BLOCK = 256
-# integer / fp64 matmuls multiply (BLOCK_M, BLOCK_K, BLOCK_N) products in
-# registers and sum over K: smaller tiles
-SLOW_BLOCK_MN, SLOW_BLOCK_K = 32, 8
-INTERPRET_SLOW_VOLUME = 1 << 20
-MAX_GRID_AXIS1 = 65535
 WIDE = 2**31  # tensors this large need 64-bit offsets
-
-
-def clamp_pow2(n: int, lo: int, hi: int) -> int:
-    """The power of two covering ``n``, clamped to [lo, hi]."""
-    return max(lo, min(hi, next_pow2(n)))
-
-
-def uses_dot(dtype: str) -> bool:
-    """tl.dot for fp16 and fp32; a multiply-and-sum for fp64 and integers."""
-    return dtype in ("float16", "float32")
 
 
 def accumulator_dtype(dtype: str) -> str:
     return "float32" if dtype == "float16" else dtype
-
-
-def tile_sizes(m: int, n: int, k: int, dtype: str, interpret: bool) -> dict[str, int]:
-    """BLOCK_M / BLOCK_N / BLOCK_K for an (m, k) @ (k, n) product."""
-    if uses_dot(dtype):
-        hi_mn = INTERPRET_BLOCK if interpret else BLOCK_M
-        hi_k = INTERPRET_BLOCK if interpret else BLOCK_K
-        return {
-            "BLOCK_M": clamp_pow2(m, MIN_DOT, hi_mn),
-            "BLOCK_N": clamp_pow2(n, MIN_DOT, hi_mn),
-            "BLOCK_K": clamp_pow2(k, MIN_DOT, hi_k),
-        }
-    if not interpret:
-        return {
-            "BLOCK_M": clamp_pow2(m, 1, SLOW_BLOCK_MN),
-            "BLOCK_N": clamp_pow2(n, 1, SLOW_BLOCK_MN),
-            "BLOCK_K": clamp_pow2(k, 1, SLOW_BLOCK_K),
-        }
-    bm, bn = clamp_pow2(m, 1, INTERPRET_BLOCK // 2), clamp_pow2(n, 1, INTERPRET_BLOCK // 2)
-    bk = clamp_pow2(k, 1, max(1, INTERPRET_SLOW_VOLUME // (bm * bn)))
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}
 
 
 def grouped_tile(body: Body, rows: int, cols: int) -> None:
@@ -107,11 +65,11 @@ def grouped_tile(body: Body, rows: int, cols: int) -> None:
     body.raw("pid_n = (pid % num_pid_in_group) // group_size_m")
 
 
-def multiply_accumulate(body: Body, a: str, b: str, dtype: str, tf32: bool = False) -> None:
+def multiply_accumulate(body: Body, a: str, b: str, dtype: str, precision: str) -> None:
     """acc += a @ b for operand tiles of ``dtype`` (values as the Evaluator computed them).
-    fp32 runs in IEEE fp32 unless ``tf32`` (the plan's --tf32) allows tensor cores."""
+    fp32 runs in the spec's precision: IEEE fp32, or TF32 tensor cores (--tf32)."""
     if dtype == "float32":
-        body.raw(f'acc += tl.dot({a}, {b}, input_precision="{precision(tf32)}")')
+        body.raw(f'acc += tl.dot({a}, {b}, input_precision="{precision}")')
     elif dtype == "float16":
         # fp16 tensor cores, fp32 accumulation (the loads were widened to fp32)
         body.raw(f"acc += tl.dot({a}.to(tl.float16), {b}.to(tl.float16))")
@@ -119,10 +77,10 @@ def multiply_accumulate(body: Body, a: str, b: str, dtype: str, tf32: bool = Fal
         body.raw(f"acc += tl.sum({a}[:, :, None] * {b}[None, :, :], axis=1)")
 
 
-def traffic_note(m: int, n: int, tiles: dict[str, int]) -> list[str]:
+def traffic_note(m: int, n: int, spec: KernelSpec) -> list[str]:
     """The comment lines that reason about the re-reads of A and B."""
-    col_tiles = math.ceil(n / tiles["BLOCK_N"])
-    row_tiles = math.ceil(m / tiles["BLOCK_M"])
+    col_tiles = math.ceil(n / spec.config["BLOCK_N"])
+    row_tiles = math.ceil(m / spec.config["BLOCK_M"])
     return [
         f"  traffic: A strips read by {col_tiles} column(s) of tiles, B strips by {row_tiles} "
         "row(s) of tiles;",
@@ -131,25 +89,7 @@ def traffic_note(m: int, n: int, tiles: dict[str, int]) -> list[str]:
     ]
 
 
-def precision(tf32: bool) -> str:
-    return "tf32" if tf32 else "ieee"
-
-
-def anchor_of(graph: Graph, k: Kernel, template: str, op: Op, writes, name: str) -> Node:
-    """The matmul or conv a ``template`` kernel is built around, after checking
-    that every tensor it writes is indexed like it (the epilogue's space)."""
-    if k.template != template or k.anchor is None:
-        raise AssertionError(f"{name}: not a {template} kernel ({k.template})")
-    node = graph.producer[k.anchor]
-    if node.op is not op:
-        raise AssertionError(f"{name}: anchor {k.anchor} is {node.op.value}, not {op.value}")
-    for t in writes:
-        if graph.types[t].shape != node.shape:
-            raise AssertionError(f"{name}: output {t} is not aligned with {k.anchor}")
-    return node
-
-
-def epilogue(graph: Graph, k: Kernel, body: Body, pointers: Pointers, dims, itype: str,
+def epilogue(graph: Graph, k: KernelSpec, body: Body, ptrs: Pointers, dims, itype: str,
              writes, name: str) -> dict[str, str]:  # fmt: skip
     """Open the epilogue on the accumulator tile (its mask and block zero) and
     return each written tensor's value at the output index ``dims``; the
@@ -157,30 +97,25 @@ def epilogue(graph: Graph, k: Kernel, body: Body, pointers: Pointers, dims, ityp
     body.raw("mask_c = mask_m[:, None] & mask_n[None, :]")
     body.raw(f"zero_c = tl.zeros((BLOCK_M, BLOCK_N), dtype={itype})")
     out_index = Index(tuple(dims), "mask_c")
-    ev = Evaluator(graph, set(k.nodes), body, pointers, zero="zero_c", broadcast_all=True)
+    ev = Evaluator(graph, set(k.nodes), body, ptrs, zero="zero_c", broadcast_all=True)
     ev.provided[k.anchor] = lambda index: _accumulator(index, out_index, name)
     return {t: ev.value(t, out_index) for t in writes}
 
 
-def matmul(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str, *, tf32: bool = False
-           ) -> KernelSource:  # fmt: skip
-    mm = anchor_of(graph, k, MATMUL, Op.MATMUL, writes, name)
+def matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
+    mm = graph.producer[k.roles.anchor]
     a_name, b_name = mm.inputs
     a_t, b_t = graph.types[a_name], graph.types[b_name]
     dtype = a_t.dtype
-    if dtype not in ir.DTYPES[Op.MATMUL]:
-        raise NotImplementedError(f"{name}: matmul of {dtype} operands")
     *batch, m, n = mm.shape
     kk = a_t.shape[-1]
     nbatch = math.prod(batch)
-    if nbatch > MAX_GRID_AXIS1:
-        raise NotImplementedError(f"{name}: batch of {nbatch} exceeds grid axis 1")
     kernel_tensors = set(k.inputs) | set(k.nodes)
     wide = any(graph.types[t].size >= WIDE for t in kernel_tensors)
     itype = "tl.int64" if wide else "tl.int32"
 
     body = Body()
-    pointers = Pointers()
+    ptrs = pointers(graph, k, writes)
     inside = set(k.nodes)
     body.comment(
         f"C{list(mm.shape)} = A{list(a_t.shape)} @ B{list(b_t.shape)}"
@@ -227,7 +162,7 @@ def matmul(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str, *, tf32:
         (a_name, a_index, "zero_a", "mask_a"),
         (b_name, b_index, "zero_b", "mask_b"),
     ):
-        ev = Evaluator(graph, inside, loop, pointers, zero=zero, broadcast_all=True)
+        ev = Evaluator(graph, inside, loop, ptrs, zero=zero, broadcast_all=True)
         v = ev.value(tensor, index)
         if not masked_load(loop, v, mask):
             # computed values are not zero where the mask is off: zero them so
@@ -235,29 +170,27 @@ def matmul(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str, *, tf32:
             zero_v = "0" if acc_dtype in ir.INTS else "0.0"
             v = loop.let(f"tl.where({mask}, {v}, {zero_v})", "v")
         operands.append(v)
-    multiply_accumulate(loop, operands[0], operands[1], dtype, tf32)
+    multiply_accumulate(loop, operands[0], operands[1], dtype, k.config.precision)
     body.lines += loop.lines
 
     # -- epilogue on the accumulator ----------------------------------------
     body.comment("epilogue on the accumulator tile, then store")
     out_dims = bdims + ("rm[:, None]", "rn[None, :]")
-    results = epilogue(graph, k, body, pointers, out_dims, itype, writes, name)
+    results = epilogue(graph, k, body, ptrs, out_dims, itype, writes, name)
     batch_off = f"pid_b * {m * n} + " if nbatch > 1 else ""
     col = "rn[None, :]"
     row = f"rm[:, None] * {n}" if n > 1 else "rm[:, None]"
     body.raw(f"offs_c = {batch_off}{row} + {col}")
     for t in writes:
-        store(body, graph, pointers, t, "offs_c", results[t], "mask_c")
+        store(body, graph, ptrs, t, "offs_c", results[t], "mask_c")
 
-    gpu = tile_sizes(m, n, kk, dtype, interpret=False)
-    fast = tile_sizes(m, n, kk, dtype, interpret=True)
-    doc = describe(graph, k, writes) + traffic_note(m, n, gpu)
+    doc = describe(graph, k, writes, ptrs) + traffic_note(m, n, k)
     return KernelSource(
         name=name,
         doc=doc,
-        args=list(pointers.items()),
-        constexprs={**gpu, "GROUP_M": GROUP_M},
-        interpret_constexprs=fast,
+        params=ptrs.params(),
+        config=k.config,
+        helpers=body.helpers,
         body=drop_unused(body.lines, ("zero_a", "zero_b", "zero_c")),
         grid=[
             f"    grid = (triton.cdiv({m}, BLOCK_M) * triton.cdiv({n}, BLOCK_N), {nbatch})",

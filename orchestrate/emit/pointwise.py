@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import math
 
-from orchestrate.emit.codegen import Body, Evaluator, Index, Pointers, split_linear
-from orchestrate.emit.source import KernelSource, describe, store
+from orchestrate.emit.codegen import Body, Evaluator, Index, split_linear
+from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph
-from orchestrate.kernels.templates import Kernel
-
-MAX_BLOCK = 1024
+from orchestrate.kernels.spec import KernelSpec
 
 
-def pointwise(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> KernelSource:
+def pointwise(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
     numel = math.prod(k.space)
     body = Body()
-    pointers = Pointers()
+    ptrs = pointers(graph, k, writes)
     body.comment("map the program id to a block of output elements")
     body.raw("pid = tl.program_id(0)")
     wide = numel >= 2**31
@@ -32,25 +30,18 @@ def pointwise(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> Ke
     body.raw(f"mask = offs < {numel}")
     body.comment(f"multi-index into the iteration space {list(k.space)}")
     index = Index(split_linear(body, "offs", k.space))
-    ev = Evaluator(graph, set(k.nodes), body, pointers, mask="mask", zero="offs * 0")
+    ev = Evaluator(graph, set(k.nodes), body, ptrs, mask="mask", zero="offs * 0")
     body.comment("load and compute")
     results = {t: ev.value(t, index) for t in writes}
     body.comment("store")
     for t in writes:
-        store(body, graph, pointers, t, "offs", results[t], "mask")
-    args = list(pointers.items())
-    block = min(MAX_BLOCK, 1 << max(0, (numel - 1).bit_length()))
-    launcher = [
-        f"    grid = (triton.cdiv({numel}, BLOCK),)",
-    ]
+        store(body, graph, ptrs, t, "offs", results[t], "mask")
     return KernelSource(
         name=name,
-        doc=describe(graph, k, writes),
-        args=args,
-        constexprs={"BLOCK": block},
-        interpret_constexprs={
-            "BLOCK": min(1 << 16, max(block, 1 << max(0, (numel - 1).bit_length())))
-        },
+        doc=describe(graph, k, writes, ptrs),
+        params=ptrs.params(),
+        config=k.config,
         body=body.lines,
-        grid=launcher,
+        grid=[f"    grid = (triton.cdiv({numel}, BLOCK),)"],
+        helpers=body.helpers,
     )

@@ -21,7 +21,8 @@ Each node of the kernel lives in one of two spaces:
 Reductions that read a value depending on an earlier reduction (softmax's
 sum of ``exp(x - max)``, layernorm's variance) form dependent *phases*.
 
-Two forms, chosen by ``roofline.SINGLE_PASS_ROW``:
+Two forms, chosen by the rule (``Rows.looped``, rows longer than
+``kernels.config.SINGLE_PASS_ROW``):
 
 * single pass (short rows): a [BLOCK_ROWS, BLOCK_COLS] block per program
   holds whole rows; every input is loaded once, each phase reduces along
@@ -45,113 +46,34 @@ index, or the last with ``select_last_index``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from orchestrate import ir
-from orchestrate.cost import roofline
 from orchestrate.emit.codegen import (
     TL_DTYPE,
     Body,
     Evaluator,
     Index,
-    Pointers,
     compute_dtype,
     linearise,
     literal,
     split_linear,
 )
-from orchestrate.emit.source import KernelSource, describe, next_pow2, store
+from orchestrate.emit.helpers import PROD, Helper, helper
+from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph, Node, Op
-from orchestrate.kernels.templates import ROW_REDUCTIONS, Kernel, reduce_axes
-
-# elements per program in the single-pass form (multiple short rows per program)
-SINGLE_PASS_TILE = 4096
-# columns per loop iteration in the looped form
-LOOP_BLOCK = 2048
-# the interpreter's cost grows with the number of programs and loop
-# iterations, not with the block size: much bigger blocks there
-INTERPRET_TILE = 1 << 16
-INTERPRET_LOOP_BLOCK = 1 << 14
+from orchestrate.kernels.spec import KernelSpec
 
 
-@dataclass(frozen=True)
-class _Rows:
-    """The structure of a row-reduce kernel, re-derived from its nodes."""
-
-    x: tuple[int, ...]  # the reduced input's shape (the iteration space)
-    axes: tuple[int, ...]  # the reduced axes
-    rows: int  # number of rows: product of the kept dimensions
-    length: int  # row length: product of the reduced dimensions
-    reductions: tuple[Node, ...]
-    row_space: frozenset[str]  # reductions and the nodes computed on row values
-    depth: dict[str, int]  # how many dependent reductions a value needs
-    phases: int
-
-    @property
-    def keep(self) -> tuple[int, ...]:
-        return tuple(1 if i in self.axes else d for i, d in enumerate(self.x))
-
-    @property
-    def cols_shape(self) -> tuple[int, ...]:
-        return tuple(self.x[a] for a in self.axes)
-
-
-def row_reduce(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> KernelSource:
-    info = _analyse(graph, k, writes, name)
-    gen = _Generator(graph, k, info, writes, name)
-    looped = info.length > roofline.SINGLE_PASS_ROW
-    if looped:
+def row_reduce(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
+    gen = _Generator(graph, k, writes, name)
+    if k.roles.looped:
         gen.looped()
     else:
         gen.single_pass()
     gen.store_rows()
-    return gen.source(looped)
-
-
-# ---------------------------------------------------------------------------
-# structure
-
-
-def _analyse(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> _Rows:
-    inside = set(k.nodes)
-    nodes = [graph.producer[n] for n in k.nodes]
-    reductions = tuple(n for n in nodes if n.op in ROW_REDUCTIONS)
-    if not reductions:
-        raise AssertionError(f"{name}: a row-reduce kernel without a reduction")
-    x = graph.types[reductions[0].inputs[0]].shape
-    axes = reduce_axes(reductions[0])
-    for r in reductions:
-        if graph.types[r.inputs[0]].shape != x or reduce_axes(r) != axes:
-            raise AssertionError(f"{name}: {r.name} reduces other rows than {reductions[0].name}")
-    if x != tuple(k.space):
-        raise AssertionError(f"{name}: iteration space {k.space} is not the reduced shape {x}")
-    rows = math.prod(d for i, d in enumerate(x) if i not in axes)
-    length = math.prod(x[a] for a in axes)
-    if length >= 2**31:
-        raise NotImplementedError(f"{name}: rows of {length} elements (int32 column indices)")
-    row_space: set[str] = set()
-    depth: dict[str, int] = {}
-    for n in nodes:
-        ins = [i for i in n.inputs if i in inside]
-        d = max((depth[i] for i in ins), default=0)
-        if n.op in ROW_REDUCTIONS:
-            row_space.add(n.name)
-            depth[n.name] = d + 1
-            continue
-        depth[n.name] = d
-        if ins and all(i in row_space for i in ins) and math.prod(n.shape) == rows:
-            row_space.add(n.name)
-        elif n.shape != x:
-            raise AssertionError(f"{name}: {n.name} {list(n.shape)} is in neither space")
-    for t in writes:
-        if t not in inside:
-            raise AssertionError(f"{name}: writes {t}, which it does not compute")
-        if t not in row_space and graph.types[t].shape != x:
-            raise AssertionError(f"{name}: output {t} is neither a row value nor shaped {x}")
-    phases = max(depth[r.name] for r in reductions)
-    return _Rows(x, axes, rows, length, reductions, frozenset(row_space), depth, phases)
+    return gen.source()
 
 
 def _neutral(op: Op, dtype: str) -> str:
@@ -167,13 +89,13 @@ def _neutral(op: Op, dtype: str) -> str:
     return literal(info.min if smallest else info.max, dtype)
 
 
-def _arg_helper(op: Op, last: bool) -> tuple[str, str]:
-    """(name, source) of the combine function of an arg-max / arg-min."""
+def _arg_helper(op: Op, last: bool) -> Helper:
+    """The combine function of an arg-max / arg-min."""
     kind = "argmax" if op is Op.ARGMAX else "argmin"
-    name = f"_{kind}_{'last' if last else 'first'}"
     cmp = ">" if op is Op.ARGMAX else "<"
-    src = f"""@triton.jit
-def {name}(v1, i1, v2, i2):
+    return helper(
+        f"_{kind}_{'last' if last else 'first'}",
+        f"""(v1, i1, v2, i2):
     # numpy's {kind}: NaN wins over any number; ties go to the {"last" if last else "first"} index
     n1 = v1 != v1
     n2 = v2 != v2
@@ -181,34 +103,41 @@ def {name}(v1, i1, v2, i2):
     tie = ((v1 == v2) | (n1 & n2)) & (i1 {">" if last else "<"} i2)
     pick = wins | tie
     return tl.where(pick, v1, v2), tl.where(pick, i1, i2)
-"""
-    return name, src
+""",
+    )
 
 
-_NAN_HELPERS = """@triton.jit
-def _row_max(x):
+# tl.max / tl.maximum may drop NaN; numpy's max propagates it
+ROW_MAX = helper(
+    "_row_max",
+    """(x):
     # max along axis 1; tl.max may drop NaN, numpy's max propagates it
     m = tl.max(x, axis=1, keep_dims=True)
     nan = tl.max((x != x).to(tl.int32), axis=1, keep_dims=True)
     return tl.where(nan > 0, float("nan"), m)
-
-
-@triton.jit
-def _row_min(x):
+""",
+)
+ROW_MIN = helper(
+    "_row_min",
+    """(x):
     m = tl.min(x, axis=1, keep_dims=True)
     nan = tl.max((x != x).to(tl.int32), axis=1, keep_dims=True)
     return tl.where(nan > 0, float("nan"), m)
-
-
-@triton.jit
-def _maximum_nan(a, b):
+""",
+)
+MAXIMUM_NAN = helper(
+    "_maximum_nan",
+    """(a, b):
     return tl.where((a != a) | (b != b), a + b, tl.maximum(a, b))
-
-
-@triton.jit
-def _minimum_nan(a, b):
+""",
+)
+MINIMUM_NAN = helper(
+    "_minimum_nan",
+    """(a, b):
     return tl.where((a != a) | (b != b), a + b, tl.minimum(a, b))
-"""
+""",
+)
+NAN_HELPERS = {"max": (ROW_MAX, MAXIMUM_NAN), "min": (ROW_MIN, MINIMUM_NAN)}
 
 
 class _FullEvaluator(Evaluator):
@@ -244,13 +173,15 @@ class _FullEvaluator(Evaluator):
 
 
 class _Generator:
-    def __init__(self, graph: Graph, k: Kernel, info: _Rows, writes, name: str):
+    def __init__(self, graph: Graph, k: KernelSpec, writes, name: str):
+        info = k.roles
         self.graph, self.k, self.info, self.writes, self.name = graph, k, info, writes, name
         self.inside = set(k.nodes)
         self.body = Body()
-        self.pointers = Pointers()
-        self.prelude: list[str] = []
+        self.pointers = pointers(graph, k, writes)
+        self.reductions = [graph.producer[r] for r in info.reductions]
         self.row_vars: dict[str, str] = {}  # reduction -> its [BLOCK_ROWS, 1] value
+        self.accumulators = 0
         b = self.body
         wide = math.prod(info.x) >= 2**31
         b.comment(f"{info.rows} rows of {info.length}: BLOCK_ROWS rows per program")
@@ -264,11 +195,11 @@ class _Generator:
             b.lines.insert(at, f"{b.indent}# index of each row into the kept dimensions")
         self.row_ev = Evaluator(graph, self.inside, b, self.pointers, mask="row_mask",
                                 zero="rows * 0")  # fmt: skip
-        for r in info.reductions:
+        for r in self.reductions:
             self.row_ev.provided[r.name] = self._reduction_reader(r.name)
         # a tensor read directly by a reduction is loaded with its neutral value
         self.others: dict[str, str] = {}
-        for r in info.reductions:
+        for r in self.reductions:
             src = r.inputs[0]
             const = graph.constants.get(src)
             if src not in self.inside and not (const is not None and const.size == 1):
@@ -290,9 +221,7 @@ class _Generator:
         if self.info.rows == 1 or linearise(index.dims, shape, self.body) == "rows":
             return
         if index.dims != split_linear(self.body, "rows", shape):
-            raise NotImplementedError(
-                f"{self.name}: row value {tensor} is read at another row's position"
-            )
+            raise AssertionError(f"{self.name}: a row value is read at another row's position")
 
     def row_value(self, tensor: str) -> str:
         """The [BLOCK_ROWS, 1] value of row-space ``tensor`` (computed once)."""
@@ -304,11 +233,8 @@ class _Generator:
         """A full-space node reads row value ``tensor`` broadcast along its row."""
 
         def read(index: Index) -> str:
-            if index.dims != self.keep_dims:
-                raise NotImplementedError(
-                    f"{self.name}: {tensor} is read through a layout op that moves "
-                    "elements across rows; not supported in a row-reduce kernel"
-                )
+            if index.dims != self.keep_dims:  # the rule refuses such sets
+                raise AssertionError(f"{self.name}: a row value is read across rows")
             return self.row_value(tensor)
 
         return read
@@ -353,16 +279,12 @@ class _Generator:
     def _is_float(self, red: Node) -> bool:
         return self._dtype(red) in ir.FLOATS
 
-    def _helper(self, src: str) -> None:
-        if src not in self.prelude:
-            self.prelude.append(src)
-
     def _arg(self, red: Node) -> tuple[str, str]:
         """(combine function, masked-out index) of an arg-max / arg-min."""
         last = bool(red.attrs["select_last_index"])
-        fn, src = _arg_helper(red.op, last)
-        self._helper(src)
-        return fn, ("-1" if last else str(2**31 - 1))
+        fn = _arg_helper(red.op, last)
+        self.body.use(fn)
+        return fn.name, ("-1" if last else str(2**31 - 1))
 
     def store_full(self, ev: Evaluator, body: Body, index: Index, tensors) -> None:
         if not tensors:
@@ -374,10 +296,10 @@ class _Generator:
 
     def _full_writes(self, depth: int | None = None) -> list[str]:
         return [t for t in self.writes if t not in self.info.row_space
-                and (depth is None or self.info.depth[t] == depth)]  # fmt: skip
+                and (depth is None or self.info.depth_of(t) == depth)]  # fmt: skip
 
     def _phase(self, p: int) -> list[Node]:
-        return [r for r in self.info.reductions if self.info.depth[r.name] == p]
+        return [r for r in self.reductions if self.info.depth_of(r.name) == p]
 
     # -- single pass --------------------------------------------------------
 
@@ -388,7 +310,7 @@ class _Generator:
         ev = self.full_evaluator(b, index)
         for p in range(1, self.info.phases + 1):
             for red in self._phase(p):
-                b.comment(f"{red.op.value} along the row: {red.name}")
+                b.comment(f"{red.op.value} along the row")
                 v = self.reduced_input(ev, b, red, index)
                 self.row_vars[red.name] = self._reduce_block(red, v)
         self.store_full(ev, b, index, self._full_writes())
@@ -399,11 +321,12 @@ class _Generator:
         if red.op is Op.SUM:
             return b.let(f"tl.sum({v}, axis=1, keep_dims=True)", "r")
         if red.op is Op.PROD:
+            b.use(PROD)
             return b.let(f"tl.reduce({v}, 1, _prod, keep_dims=True)", "r")
         if red.op in (Op.RMAX, Op.RMIN):
             fn = "max" if red.op is Op.RMAX else "min"
             if self._is_float(red):
-                self._helper(_NAN_HELPERS)
+                b.use(NAN_HELPERS[fn][0])
                 return b.let(f"_row_{fn}({v})", "r")
             return b.let(f"tl.{fn}({v}, axis=1, keep_dims=True)", "r")
         fn, sentinel = self._arg(red)
@@ -430,7 +353,7 @@ class _Generator:
                 self._accumulate(red, v, loop, init, finish)
             # full-space outputs ready before this phase are stored on the way
             self.store_full(ev, loop, index, self._full_writes(p - 1))
-            names = ", ".join(r.name for r in self._phase(p))
+            names = ", ".join(r.op.value for r in self._phase(p))
             b.comment(f"pass {p}: {names} over column blocks")
             b.lines += [f"{b.indent}{line}" for line in init]
             b.raw(f"for c0 in range(0, {info.length}, BLOCK_COLS):")
@@ -453,7 +376,8 @@ class _Generator:
     def _accumulate(self, red: Node, v: str, loop: Body, init: list, finish: list) -> None:
         """Block-shaped partial results across the loop, reduced after it."""
         dt = TL_DTYPE[self._dtype(red)]
-        acc = f"acc{len(init) + 1}_{_stem(red.name)}"
+        self.accumulators += 1
+        acc = f"acc{self.accumulators}"
         shape = "[BLOCK_ROWS, BLOCK_COLS]"
         neutral = self._neutral_of(red)
         if red.op is Op.SUM:
@@ -463,12 +387,14 @@ class _Generator:
         elif red.op is Op.PROD:
             init.append(f"{acc} = tl.full({shape}, 1, dtype={dt})")
             loop.raw(f"{acc} *= {v}")
+            loop.use(PROD)
             finish.append((red.name, f"tl.reduce({acc}, 1, _prod, keep_dims=True)"))
         elif red.op in (Op.RMAX, Op.RMIN):
             fn = "max" if red.op is Op.RMAX else "min"
             init.append(f"{acc} = tl.full({shape}, {neutral}, dtype={dt})")
             if self._is_float(red):
-                self._helper(_NAN_HELPERS)
+                loop.use(NAN_HELPERS[fn][0])
+                loop.use(NAN_HELPERS[fn][1])
                 loop.raw(f"{acc} = _{fn}imum_nan({acc}, {v})")
                 finish.append((red.name, f"_row_{fn}({acc})"))
             else:
@@ -494,34 +420,21 @@ class _Generator:
             v = self.row_value(t)
             store(self.body, self.graph, self.pointers, t, "rows", v, "row_mask")
 
-    def source(self, looped: bool) -> KernelSource:
+    def source(self) -> KernelSource:
         info = self.info
-        cols = next_pow2(info.length)
-        if looped:
-            block_cols = min(LOOP_BLOCK, cols)
-            block_rows = 1
-            fast_cols = min(INTERPRET_LOOP_BLOCK, cols)
+        if info.looped:
             passes = info.phases + (1 if self._full_writes(info.phases) else 0)
             traffic = f"looped: {passes} pass{'es' if passes > 1 else ''} over each row"
         else:
-            block_cols = fast_cols = cols
-            block_rows = min(next_pow2(info.rows), max(1, SINGLE_PASS_TILE // cols))
             traffic = "single pass: each row held on chip, inputs read once"
-        fast_rows = min(next_pow2(info.rows), max(1, INTERPRET_TILE // fast_cols))
-        doc = describe(self.graph, self.k, self.writes)
+        doc = describe(self.graph, self.k, self.writes, self.pointers)
         doc.append(f"  {traffic}; reduced axes {list(info.axes)}")
         return KernelSource(
             name=self.name,
             doc=doc,
-            args=list(self.pointers.items()),
-            constexprs={"BLOCK_ROWS": block_rows, "BLOCK_COLS": block_cols},
-            interpret_constexprs={"BLOCK_ROWS": fast_rows, "BLOCK_COLS": fast_cols},
+            params=self.pointers.params(),
+            config=self.k.config,
             body=self.body.lines,
             grid=[f"    grid = (triton.cdiv({info.rows}, BLOCK_ROWS),)"],
-            prelude=self.prelude,
+            helpers=self.body.helpers,
         )
-
-
-def _stem(name: str) -> str:
-    s = "".join(c if c.isalnum() else "_" for c in name.split("/")[-1]).strip("_")
-    return s or "r"

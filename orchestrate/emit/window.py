@@ -21,36 +21,24 @@ from __future__ import annotations
 
 import math
 
-from orchestrate.emit.codegen import Body, Evaluator, Index, Pointers, paren, split_linear
-from orchestrate.emit.source import KernelSource, describe, next_pow2, store
-from orchestrate.ir import Graph, Op
-from orchestrate.kernels.templates import WINDOW, Kernel, descendants_within
+from orchestrate.emit.codegen import Body, Evaluator, Index, paren, split_linear
+from orchestrate.emit.source import KernelSource, describe, pointers, store
+from orchestrate.ir import Graph
+from orchestrate.kernels.spec import KernelSpec
 
-MAX_BLOCK = 512  # output elements per program on a GPU
-INTERPRET_BLOCK = 1 << 14  # ... and in the interpreter (fewer, wider programs)
 # windows with more taps than this loop at runtime instead of being unrolled
 UNROLL_LIMIT = 64
 
 _TAP_NAMES = {1: ("kx",), 2: ("ky", "kx"), 3: ("kz", "ky", "kx")}
 
 
-def window(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> KernelSource:
-    if k.template != WINDOW or k.anchor is None:
-        raise AssertionError(f"{name}: the window generator got a {k.template} kernel")
-    pool = graph.producer[k.anchor]
-    if pool.op is not Op.POOL or pool.attrs["kind"] not in ("max", "avg"):
-        raise AssertionError(f"{name}: anchor {pool.name} is not a max/avg pool")
-    epilogue = descendants_within(graph, pool.name, set(k.nodes))
-    prologue = set(k.nodes) - epilogue - {pool.name}
-    bad = [t for t in writes if t != pool.name and t not in epilogue]
-    if bad:
-        raise AssertionError(f"{name}: {bad[0]} is not the pool or its epilogue: cannot store it")
-
+def window(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
+    pool = graph.producer[k.roles.anchor]
+    epilogue = set(k.roles.epilogue)
+    prologue = set(k.roles.prologue)
     x = pool.inputs[0]
     x_shape = graph.types[x].shape
     spatial = len(x_shape) - 2
-    if spatial not in _TAP_NAMES:
-        raise NotImplementedError(f"{name}: {spatial}-D pooling (1-D, 2-D and 3-D are supported)")
     a = pool.attrs
     kernel, strides, dil, pads = a["kernel"], a["strides"], a["dilations"], a["pads"]
     volume = math.prod(kernel)
@@ -58,7 +46,7 @@ def window(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> Kerne
     largest = max([numel] + [graph.types[t].size for t in k.inputs])
 
     body = Body()
-    pointers = Pointers()
+    ptrs = pointers(graph, k, writes)
     body.comment("map the program id to a block of output elements")
     body.raw("pid = tl.program_id(0)")
     body.raw("offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)" if largest >= 2**31
@@ -89,7 +77,7 @@ def window(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> Kerne
 
     levels, pos, tap_mask = _loops(body, pool, x_shape, k.space, corner, loop)
     inner = levels[-1]
-    ev = Evaluator(graph, prologue, inner, pointers, mask="mask", zero="offs * 0")
+    ev = Evaluator(graph, prologue, inner, ptrs, mask="mask", zero="offs * 0")
     dims = (out[0], out[1], *pos)
     neutral = 'float("-inf")' if is_max else "0.0"
     inner.comment(
@@ -116,7 +104,7 @@ def window(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> Kerne
     else:
         body.comment(f"the average divides by the full window ({volume} taps), padding included")
         pooled = body.let(f"acc / {float(volume)!r}", "pooled")
-    ev_out = Evaluator(graph, epilogue, body, pointers, mask="mask", zero="offs * 0")
+    ev_out = Evaluator(graph, epilogue, body, ptrs, mask="mask", zero="offs * 0")
     out_index = Index(out)
 
     def provide(index: Index) -> str:
@@ -130,10 +118,9 @@ def window(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> Kerne
     results = {t: ev_out.value(t, out_index) for t in writes}
     body.comment("store")
     for t in writes:
-        store(body, graph, pointers, t, "offs", results[t], "mask")
+        store(body, graph, ptrs, t, "offs", results[t], "mask")
 
-    block = min(MAX_BLOCK, next_pow2(numel))
-    doc = describe(graph, k, writes)
+    doc = describe(graph, k, writes, ptrs)
     doc[1:1] = [
         f"  {pool.attrs['kind']} pool: kernel {list(kernel)}, strides {list(strides)}, "
         f"pads {list(pads)}, dilations {list(dil)}",
@@ -142,9 +129,9 @@ def window(graph: Graph, k: Kernel, writes: tuple[str, ...], name: str) -> Kerne
     return KernelSource(
         name=name,
         doc=doc,
-        args=list(pointers.items()),
-        constexprs={"BLOCK": block},
-        interpret_constexprs={"BLOCK": min(INTERPRET_BLOCK, max(block, next_pow2(numel)))},
+        params=ptrs.params(),
+        config=k.config,
+        helpers=body.helpers,
         body=body.lines,
         grid=[f"    grid = (triton.cdiv({numel}, BLOCK),)"],
     )

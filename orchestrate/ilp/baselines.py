@@ -17,48 +17,41 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrate.cost.devices import Device
-from orchestrate.cost.roofline import Config, cost, us_for_bytes, working_set_rejection, write_bytes
+from orchestrate.cost.roofline import Prices
 from orchestrate.ir import Graph
-from orchestrate.kernels.templates import VIEW, Kernel, Rejection, classify
+from orchestrate.kernels.rules import match
+from orchestrate.kernels.spec import KernelSpec, Rejection, Target
 
 
 @dataclass(frozen=True)
 class Priced:
-    kernel: Kernel
+    kernel: KernelSpec
     writes: tuple[str, ...]
     time_us: float
     bytes: int
     flops: int
 
 
-def price(graph: Graph, k: Kernel, writes: Sequence[str], device: Device, config: Config) -> Priced:
-    c = cost(graph, k, device, config)
-    extra = [t for t in writes if t not in k.outputs]
-    extra_bytes = write_bytes(graph, extra)
-    mem = c.memory_us + us_for_bytes(extra_bytes, device)
-    t = max(mem, c.compute_us) + c.launch_us
-    return Priced(k, tuple(writes), t, c.bytes + extra_bytes, c.flops)
+def price(prices: Prices, k: KernelSpec, writes: Sequence[str]) -> Priced:
+    p = prices.price(k, writes)
+    return Priced(k, tuple(writes), p.time_us, p.bytes, p.flops)
 
 
-def fused_no_recompute(graph: Graph, names, device: Device, config: Config) -> Priced | Rejection:
+def fused_no_recompute(graph: Graph, names, target: Target, prices: Prices) -> Priced | Rejection:
     """The kernel for ``names`` writing everything read outside it, or why not."""
-    k = classify(graph, names)
+    k = match(graph, names, target)
     if isinstance(k, Rejection):
         return k
-    ws = working_set_rejection(graph, k, device)
-    if ws:
-        return ws
     exposed = _exposed(graph, k)
     if any(e not in k.optional for e in exposed):
         bad = next(e for e in exposed if e not in k.optional)
         return Rejection(
             f"{bad} is read outside the kernel but the {k.template} template cannot store it"
         )
-    return price(graph, k, k.outputs + tuple(exposed), device, config)
+    return price(prices, k, k.outputs + tuple(exposed))
 
 
-def _exposed(graph: Graph, k: Kernel) -> list[str]:
+def _exposed(graph: Graph, k: KernelSpec) -> list[str]:
     inside = set(k.nodes)
     outs = set(graph.outputs)
     return [
@@ -69,14 +62,14 @@ def _exposed(graph: Graph, k: Kernel) -> list[str]:
     ]
 
 
-def greedy(graph: Graph, nodes: Sequence[str], device: Device, config: Config) -> list[Priced]:
+def greedy(graph: Graph, nodes: Sequence[str], target: Target, prices: Prices) -> list[Priced]:
     """Greedy pairwise fusion over the primitive ``nodes`` of one partition."""
     order = {n.name: i for i, n in enumerate(graph.nodes)}
     groups: dict[int, Priced] = {}
     owner: dict[str, int] = {}
     ids = itertools.count()
     for n in nodes:
-        p = fused_no_recompute(graph, [n], device, config)
+        p = fused_no_recompute(graph, [n], target, prices)
         assert not isinstance(p, Rejection), p
         gid = next(ids)
         groups[gid] = p
@@ -113,7 +106,7 @@ def greedy(graph: Graph, nodes: Sequence[str], device: Device, config: Config) -
         for other in sorted(succ(gid) | _preds(gid)):
             a, b = (gid, other) if gid < other else (other, gid)
             merged = fused_no_recompute(
-                graph, groups[a].kernel.nodes + groups[b].kernel.nodes, device, config
+                graph, groups[a].kernel.nodes + groups[b].kernel.nodes, target, prices
             )
             if isinstance(merged, Rejection):
                 continue
@@ -137,7 +130,7 @@ def greedy(graph: Graph, nodes: Sequence[str], device: Device, config: Config) -
         if a not in groups or b not in groups or creates_cycle(a, b):
             continue
         merged = fused_no_recompute(
-            graph, groups[a].kernel.nodes + groups[b].kernel.nodes, device, config
+            graph, groups[a].kernel.nodes + groups[b].kernel.nodes, target, prices
         )
         if isinstance(merged, Rejection):
             continue
@@ -150,10 +143,10 @@ def greedy(graph: Graph, nodes: Sequence[str], device: Device, config: Config) -
     return sorted(groups.values(), key=lambda p: order[p.kernel.nodes[0]])
 
 
-def unfused(graph: Graph, device: Device, config: Config) -> list[Priced]:
+def unfused(graph: Graph, target: Target, prices: Prices) -> list[Priced]:
     """One kernel per ONNX node of the original model."""
     return [p for members in origins(graph).values() for p in onnx_node_kernels(
-        graph, members, device, config)]  # fmt: skip
+        graph, members, target, prices)]  # fmt: skip
 
 
 def origins(graph: Graph) -> dict[str, list[str]]:
@@ -165,14 +158,12 @@ def origins(graph: Graph) -> dict[str, list[str]]:
 
 
 def onnx_node_kernels(
-    graph: Graph, members: Sequence[str], device: Device, config: Config
+    graph: Graph, members: Sequence[str], target: Target, prices: Prices
 ) -> list[Priced]:
     """How an op-by-op runtime runs one ONNX node: one kernel when a template
     can run all its primitives, else the fewest kernels that can (greedy
     fusion inside the node; e.g. ONNX Attention's two matmuls)."""
-    p = fused_no_recompute(graph, members, device, config)
+    p = fused_no_recompute(graph, members, target, prices)
     if not isinstance(p, Rejection):
-        if p.kernel.template == VIEW:
-            return [Priced(p.kernel, p.writes, 0.0, 0, 0)]
         return [p]
-    return greedy(graph, members, device, config)
+    return greedy(graph, members, target, prices)

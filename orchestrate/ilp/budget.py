@@ -15,12 +15,16 @@ fits is known exactly: the sum of each partition's smallest point.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pulp
 
+from orchestrate.ilp import program
+from orchestrate.ilp.partition import Partition, transplant
 from orchestrate.ilp.program import BudgetInfeasible, NoPlanInTime, Solution
+from orchestrate.ir import Graph
+from orchestrate.plan import materialized
 
 MAX_POINTS = 32  # frontier points per partition before the search stops
 
@@ -83,3 +87,47 @@ def choose(frontiers: Sequence[Sequence[Point]], budget: int) -> list[int] | Non
     if prob.status != pulp.LpStatusOptimal:
         raise AssertionError("the budget knapsack failed although its least fits")
     return [max(range(len(zs)), key=lambda i: zs[i].value() or 0) for zs in z]
+
+
+def within_budget(graph: Graph, groups: Mapping[Partition, list[Partition]], problems,
+                  fastest: Mapping[int, Solution], prices, options, stats: program.Stats,
+                  report) -> dict[int, list]:  # fmt: skip
+    """The fastest plan within ``options.memory_budget``: a frontier per
+    distinct partition (``problems`` by representative index), then one
+    point per partition.  Returns each partition's (spec, writes) choices."""
+    frontiers, complete = {}, True
+    for i, rep in enumerate(groups):
+        report("frontier", i + 1, len(groups))
+        prob = problems[rep.index]
+
+        def solve(b, prob=prob):
+            sol = prob.solve(prices, time_limit=options.time_limit, recompute=options.recompute,
+                             budget=b, budget_exempt=set(graph.outputs))  # fmt: skip
+            stats.add(sol)
+            return sol
+
+        def written(sol, prob=prob):
+            return materialized(graph, [(k.template, ws) for k, ws in prob.chosen(sol)])
+
+        frontiers[rep.index], done = frontier(solve, written, fastest[rep.index])
+        complete &= done
+    order = [(rep, p) for rep, copies in groups.items() for p in copies]
+    per_part = [frontiers[rep.index] for rep, _ in order]
+    picks = choose(per_part, options.memory_budget)
+    if picks is None:
+        need = least(per_part)
+        raise BudgetInfeasible(
+            f"--memory-budget {options.memory_budget}: no plan fits; every plan "
+            f"materialises at least {need} bytes of intermediate tensors"
+            if complete
+            else f"--memory-budget {options.memory_budget}: no plan fits; the least found "
+            f"is {need} bytes (not proven least: a search hit --time-limit or "
+            f"{MAX_POINTS} plans per partition)"
+        )
+    if not complete and stats.status == program.OPTIMAL:
+        stats.status = program.FEASIBLE
+    out = {}
+    for (rep, p), i in zip(order, picks):
+        prob = problems[rep.index]
+        out[p.index] = transplant(rep, p, prob.chosen(frontiers[rep.index][i].solution))
+    return out

@@ -12,11 +12,12 @@ from collections.abc import Callable, Sequence
 
 from orchestrate.errors import GraphError
 from orchestrate.ir import Graph
-from orchestrate.kernels.templates import Kernel
+from orchestrate.kernels.spec import KernelSpec
+from orchestrate.plan import PlannedKernel
 
 
 def schedule(
-    kernels: Sequence[Kernel],
+    kernels: Sequence[KernelSpec],
     writes: Sequence[Sequence[str]],
     available: set[str],
     key: Callable[[int], object] | None = None,
@@ -40,29 +41,28 @@ def schedule(
     return order, pending
 
 
-def check_plan(graph: Graph, kernels: Sequence[dict]) -> None:
-    """Raise GraphError unless ``kernels`` (plan entries with ``primitives``,
-    ``inputs``, ``outputs``) run ``graph`` correctly in the given order."""
+def check_plan(graph: Graph, kernels: Sequence[PlannedKernel]) -> None:
+    """Raise GraphError unless ``kernels`` run ``graph`` correctly in the given order."""
     ready = {i.name for i in graph.inputs} | set(graph.constants)
     nodes = graph.producer
     for k in kernels:
-        name = k["name"]
-        prims = set(k["primitives"])
+        name = k.name
+        prims = set(k.primitives)
         for p in prims:
             if p not in nodes:
                 raise GraphError(f"kernel {name}: unknown primitive {p}")
         needed = {i for p in prims for i in nodes[p].inputs if i not in prims}
-        if needed != set(k["inputs"]):
+        if needed != set(k.inputs):
             raise GraphError(
-                f"kernel {name}: declared inputs {sorted(k['inputs'])} != {sorted(needed)}"
+                f"kernel {name}: declared inputs {sorted(k.inputs)} != {sorted(needed)}"
             )
         missing = sorted(t for t in needed if t not in ready)
         if missing:
             raise GraphError(f"kernel {name} reads {missing} before any kernel writes them")
-        bad = sorted(t for t in k["outputs"] if t not in prims)
+        bad = sorted(t for t in k.outputs if t not in prims)
         if bad:
             raise GraphError(f"kernel {name} writes {bad}, which it does not compute")
-        ready.update(k["outputs"])
+        ready.update(k.outputs)
     lost = sorted(o for o in graph.outputs if o not in ready)
     if lost:
         raise GraphError(f"graph outputs {lost} are never written")

@@ -20,10 +20,12 @@ a signature; the planner solves one of them and reuses the answer.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrate.ir import Graph
-from orchestrate.kernels.templates import ANCHORS
+from orchestrate.kernels.region import ANCHORS
+from orchestrate.kernels.spec import KernelSpec
 
 
 @dataclass(frozen=True)
@@ -118,3 +120,25 @@ def signature(graph: Graph, p: Partition) -> str:
     parts.append("out" + ",".join(str(local[o]) for o in p.outputs))
     parts.append("gout" + ",".join(str(local[o]) for o in p.outputs if o in graph.outputs))
     return hashlib.sha1("|".join(parts).encode()).hexdigest()
+
+
+def transplant(
+    src: Partition, dst: Partition, chosen: Sequence[tuple[KernelSpec, tuple[str, ...]]]
+) -> list[tuple[KernelSpec, tuple[str, ...]]]:
+    """A solution (specs and what each writes) of ``src`` mapped onto the
+    identically structured ``dst`` (equal signatures)."""
+    if src.index == dst.index:
+        return list(chosen)
+    rename = dict(zip(src.nodes, dst.nodes)) | dict(zip(src.inputs, dst.inputs))
+    return [(k.renamed(rename), tuple(rename[t] for t in writes)) for k, writes in chosen]
+
+
+def group_identical(graph: Graph, parts: Sequence[Partition]) -> dict[Partition, list[Partition]]:
+    """Partitions grouped by signature: the first of each group (solved once)
+    -> every partition with its structure, itself included, in graph order."""
+    first: dict[str, Partition] = {}
+    groups: dict[Partition, list[Partition]] = {}
+    for p in parts:
+        rep = first.setdefault(signature(graph, p), p)
+        groups.setdefault(rep, []).append(p)
+    return groups

@@ -44,7 +44,7 @@ import pulp
 from orchestrate.cost.roofline import Cost
 from orchestrate.errors import InputError
 from orchestrate.ilp.checker import schedule
-from orchestrate.kernels.templates import VIEW, Kernel
+from orchestrate.kernels.spec import VIEW, KernelSpec
 
 OPTIMAL = "optimal"
 FEASIBLE = "feasible"  # time limit hit with an integer solution in hand
@@ -65,6 +65,22 @@ class NoPlanInTime(InputError):
     """The time limit ran out before the solver found any plan."""
 
 
+@dataclass
+class Stats:
+    """The worst status and gap, and the solves, over several programs."""
+
+    status: str = OPTIMAL
+    gap: float = 0.0
+    rounds: int = 0
+
+    def add(self, sol: Solution) -> None:
+        if sol.status != OPTIMAL:
+            self.status = sol.status
+        if not math.isnan(sol.gap):
+            self.gap = max(self.gap, sol.gap)
+        self.rounds += sol.rounds
+
+
 @dataclass(frozen=True)
 class Solution:
     choices: tuple[Choice, ...]  # in execution order
@@ -76,7 +92,7 @@ class Solution:
 
 
 def solve(
-    kernels: Sequence[Kernel],
+    kernels: Sequence[KernelSpec],
     costs: Sequence[Cost],
     write_us: dict[str, float],
     nbytes: dict[str, int],

@@ -21,50 +21,63 @@ rotary embeddings, grouped-query EXPANDs, a mask) join the kernel when the
 kernel holds every reader of theirs.  The scores and the probabilities are
 never written, so nothing but O may be read outside the kernel.
 
-``attention_legality`` is the pure check (``templates.classify`` delegates to
-it for sets with two matmuls); ``analyse`` gives the roles of the nodes, which
-the emitter and the cost model re-derive from the node set alone.
+The rule judges every set with two matmuls (``attention``) and proposes,
+per partition, one set per ``P @ V`` that ends the pattern, with the largest
+prologue the partition allows (``propose``); ``analyse`` gives the roles of
+the nodes, which the spec carries to the cost model and the emitter.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from orchestrate import ir
 from orchestrate.ir import Graph, Node, Op
-from orchestrate.kernels.templates import (
-    ATTENTION,
+from orchestrate.kernels import config
+from orchestrate.kernels.region import (
     POINTWISE_OPS,
-    Kernel,
-    Rejection,
+    Region,
     ancestors_within,
-    convexity,
     descendants_within,
+)
+from orchestrate.kernels.rule import Rule, accept
+from orchestrate.kernels.spec import (
+    ATTENTION,
+    AttentionRoles,
+    KernelSpec,
+    Operand,
+    Rejection,
+    Target,
 )
 
 DOT_DTYPES = ("float16", "float32")
 MAX_BATCH = 65535  # the batch runs on grid axis 1
+WIDE = 2**31  # offsets are int32
 
 
-@dataclass(frozen=True)
-class Attention:
-    """The roles of an attention kernel's nodes."""
-
-    m1: str  # scores = Q @ K
-    m2: str  # output = P @ V
-    scores: tuple[str, ...]  # elementwise nodes from m1 to the softmax input, graph order
-    x: str  # the softmax input (m1 itself when there is no score chain)
-    softmax: tuple[str, ...]  # RMAX, SUB, EXP, SUM, DIV, the floors and the casts of P
-    max_floor: float | None  # M = max(RMAX, c): the running max starts at c
-    sum_floor: float | None  # Z = max(SUM, c)
-    prologue: tuple[str, ...]  # computes Q, K, V or the side inputs of the scores
+def _judges(r: Region) -> bool:
+    return len(r.anchors) == 2 and all(a.op is Op.MATMUL for a in r.anchors)
 
 
-def attention_candidates(graph: Graph, nodes: Sequence[str]) -> list[Kernel]:
-    """One attention kernel per ``P @ V`` matmul among ``nodes`` (a partition)
-    that ends the pattern above, with the largest prologue the partition allows."""
+def attention(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection:
+    """The attention kernel running the set, or why it cannot."""
+    a = analyse(graph, r)
+    if isinstance(a, Rejection):
+        return a
+    big = next((t for t in (*r.inputs, *r.names) if graph.types[t].size >= WIDE), None)
+    if big is not None:
+        return Rejection(f"{big} has 2**31 elements or more (int32 offsets)")
+    m1, m2 = graph.producer[a.m1], graph.producer[a.m2]
+    *_, lq, lk = m1.shape
+    d, dv = graph.types[m1.inputs[0]].shape[-1], m2.shape[-1]
+    configs = config.attention(lq, lk, d, dv)
+    return accept(graph, ATTENTION, r, m1.shape, a, (), configs, target)
+
+
+def propose(graph: Graph, nodes: Sequence[str]) -> list[tuple[str, ...]]:
+    """One set per ``P @ V`` matmul among ``nodes`` (a partition) that ends
+    the pattern above, with the largest prologue the partition allows."""
     allowed = set(nodes)
     out = []
     for n in nodes:
@@ -72,42 +85,16 @@ def attention_candidates(graph: Graph, nodes: Sequence[str]) -> list[Kernel]:
         if node.op is not Op.MATMUL:
             continue
         core = _match(graph, node, allowed)
-        if core is None:
-            continue
-        k = attention_legality(graph, _with_prologue(graph, core, allowed))
-        if isinstance(k, Kernel):
-            out.append(k)
+        if core is not None:
+            grown = _with_prologue(graph, core, allowed)
+            out.append(tuple(sorted(grown, key=graph.position.__getitem__)))
     return out
 
 
-def attention_legality(graph: Graph, names: Iterable[str]) -> Kernel | Rejection:
-    """The attention kernel running ``names``, or why it cannot."""
-    order = {n.name: i for i, n in enumerate(graph.nodes)}
-    names = tuple(sorted(set(names), key=order.__getitem__))
-    if not names:
-        return Rejection("empty set")
-    reason = convexity(graph, set(names))
-    if reason:
-        return Rejection(reason)
-    a = analyse(graph, names)
-    if isinstance(a, Rejection):
-        return a
-    inside = set(names)
-    inputs = tuple(
-        dict.fromkeys(i for n in names for i in graph.producer[n].inputs if i not in inside)
-    )
-    m1 = graph.producer[a.m1]
-    return Kernel(ATTENTION, names, inputs, (a.m2,), (), a.m2, m1.shape)
-
-
-def analyse(graph: Graph, names: Iterable[str]) -> Attention | Rejection:
-    """The roles of ``names`` in the attention pattern, or the reason it is none."""
-    names = tuple(names)
-    inside = set(names)
-    matmuls = [graph.producer[n] for n in names if graph.producer[n].op is Op.MATMUL]
-    if len(matmuls) != 2:
-        return Rejection(f"attention needs two matmuls, not {len(matmuls)}")
-    m1, m2 = matmuls  # names come in graph order
+def analyse(graph: Graph, r: Region) -> AttentionRoles | Rejection:
+    """The roles of the set's nodes in the attention pattern, or why it is none."""
+    names, inside = r.names, r.inside
+    m1, m2 = r.anchors  # in graph order
     other = next((n for n in names if graph.producer[n].op in (Op.CONV, Op.POOL)), None)
     if other:
         return Rejection(f"{other} ({graph.producer[other].op.value}) cannot join an attention")
@@ -130,24 +117,27 @@ def analyse(graph: Graph, names: Iterable[str]) -> Attention | Rejection:
     )
     if reason:
         return Rejection(reason)
-    return Attention(m1.name, m2.name, tuple(n for n in names if n in scores and n != m1.name),
-                     x, tuple(n for n in names if n in parts), *floors,
-                     tuple(prologue))  # fmt: skip
+    operands = _operands(graph, m1, m2, prologue)
+    return AttentionRoles(
+        m1.name, m2.name, tuple(n for n in names if n in scores and n != m1.name), x,
+        tuple(n for n in names if n in parts), *floors,
+        tuple((n, operands[n]) for n in prologue),
+    )  # fmt: skip
 
 
-def prologue_operands(graph: Graph, a: Attention) -> dict[str, str]:
-    """What each prologue node computes: ``"kv"`` (part of K or V, evaluated
-    once per block of query rows), ``"q"`` (part of Q only, evaluated once) or
-    ``"scores"`` (a side input of the score chain, evaluated once per score)."""
-    m1, m2 = graph.producer[a.m1], graph.producer[a.m2]
-    inside = set(a.prologue)
+def _operands(graph: Graph, m1: Node, m2: Node, prologue: Iterable[str]) -> dict[str, Operand]:
+    """What each prologue node computes: part of K or V (evaluated once per
+    block of query rows), of Q only (once) or a side input of the score
+    chain (once per score)."""
+    inside = set(prologue)
 
     def feeding(t: str) -> set[str]:
         return ancestors_within(graph, t, inside) | {t} if t in inside else set()
 
     kv = feeding(m1.inputs[1]) | feeding(m2.inputs[1])
     q = feeding(m1.inputs[0])
-    return {n: "kv" if n in kv else "q" if n in q else "scores" for n in a.prologue}
+    return {n: Operand.KV if n in kv else Operand.Q if n in q else Operand.SCORES
+            for n in inside}  # fmt: skip
 
 
 # -- the pattern -----------------------------------------------------------------
@@ -336,3 +326,14 @@ def _with_prologue(graph: Graph, core: set[str], allowed: set[str]) -> set[str]:
                 names.add(t)
                 grown = True
     return names
+
+
+RULES = [
+    Rule(
+        ATTENTION,
+        "softmax(Q @ K, scaled and masked) @ V as one flash-attention kernel",
+        _judges,
+        attention,
+        propose,
+    ),  # fmt: skip
+]

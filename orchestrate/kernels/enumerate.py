@@ -11,23 +11,21 @@ small to large, what a budget drops is the largest sets; the counts of what
 was cut are reported.
 
 Every single node is a candidate, so a plan always exists.
+
+Pattern rules (attention) then propose the sets enumeration never builds;
+they are judged by the same rule table, and each refusal is kept with its
+reason (``declined``) for ``orchestrate explain --rejected``.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from orchestrate.ir import Graph, Node
-from orchestrate.kernels.templates import (
-    ANCHORS,
-    ROW_REDUCTIONS,
-    Kernel,
-    Rejection,
-    classify,
-    reduce_axes,
-)
+from orchestrate.kernels.region import ANCHORS, ROW_REDUCTIONS, reduce_axes
+from orchestrate.kernels.rules import match, pattern_rules
+from orchestrate.kernels.spec import KernelSpec, Rejection, Target
 
 
 @dataclass(frozen=True)
@@ -40,16 +38,16 @@ class Limits:
 
 @dataclass
 class Enumeration:
-    kernels: list[Kernel]
+    kernels: list[KernelSpec]
     examined: int = 0
     rejected: int = 0
     pruned: int = 0  # growths cut by the monotone rules
     truncated: bool = False  # a budget stopped the search
-    rejections: dict[str, str] = field(default_factory=dict)  # small sample for explain
+    declined: list[tuple[str, str, str]] = field(default_factory=list)  # (rule, at, reason)
 
 
 def enumerate_kernels(
-    graph: Graph, nodes: Sequence[str], limits: Limits = Limits(), keep_reasons: int = 0
+    graph: Graph, nodes: Sequence[str], target: Target, limits: Limits = Limits()
 ) -> Enumeration:
     """Legal kernels over connected subsets of ``nodes`` (a partition), small first."""
     members = list(nodes)
@@ -69,11 +67,9 @@ def enumerate_kernels(
     result = Enumeration([])
 
     def consider(s: frozenset[int]) -> None:
-        k = classify(graph, (members[i] for i in sorted(s)))
+        k = match(graph, (members[i] for i in sorted(s)), target)
         if isinstance(k, Rejection):
             result.rejected += 1
-            if len(result.rejections) < keep_reasons:
-                result.rejections[", ".join(members[i] for i in sorted(s))] = k.reason
         else:
             result.kernels.append(k)
 
@@ -107,6 +103,13 @@ def enumerate_kernels(
         if result.truncated or not grown:
             break
         level = grown
+    for rule in pattern_rules():
+        for proposed in rule.propose(graph, members):
+            k = match(graph, proposed, target)
+            if isinstance(k, Rejection):
+                result.declined.append((rule.name, max(proposed, key=index.get), k.reason))
+            else:
+                result.kernels.append(k)
     return result
 
 
@@ -130,28 +133,3 @@ class _State:
         if anchors and self.size + 1 > limits.max_anchor_fanout + 1:
             return None
         return _State(anchors, reduction, self.size + 1)
-
-
-def structural_hash(graph: Graph, k: Kernel) -> str:
-    """Identical kernels (same ops, attributes, shapes, dtypes, wiring, outputs)
-    share this hash whatever their tensors are called."""
-    local = {n: i for i, n in enumerate(k.nodes)}
-    ext = {t: i for i, t in enumerate(k.inputs)}
-    parts = [k.template]
-    for t in k.inputs:
-        parts.append(f"in{graph.types[t]}")
-    for n in k.nodes:
-        node = graph.producer[n]
-        refs = ",".join(f"n{local[i]}" if i in local else f"x{ext[i]}" for i in node.inputs)
-        parts.append(f"{node.op.value}({refs}){node.type}{sorted(node.attrs.items())}")
-    parts.append("out" + ",".join(str(local[o]) for o in k.outputs))
-    parts.append("opt" + ",".join(str(local[o]) for o in k.optional))
-    return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
-
-
-def kernel_for(graph: Graph, names: Iterable[str]) -> Kernel:
-    """classify() for sets known to be legal (baselines); raises otherwise."""
-    k = classify(graph, names)
-    if isinstance(k, Rejection):
-        raise AssertionError(k.reason)
-    return k

@@ -1,0 +1,70 @@
+"""One linear program's instance: a partition's candidates, priced, ready to solve.
+
+``Problem`` holds the candidate specs of one partition with their costs,
+the tensors available from outside, the tensors it must output, the
+primitive edges (they tighten the relaxation) and the warm start.  Both
+baselines' kernels are added as candidates (``include``), so the optimum is
+never worse than either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from orchestrate.cost.roofline import Cost, Prices
+from orchestrate.ilp import program
+from orchestrate.ilp.baselines import Priced
+from orchestrate.ilp.partition import Partition
+from orchestrate.ir import Graph
+from orchestrate.kernels.enumerate import Enumeration
+from orchestrate.kernels.spec import KernelSpec
+
+
+@dataclass
+class Problem:
+    part: Partition
+    kernels: list[KernelSpec]
+    costs: list[Cost]
+    edges: list[tuple[str, str]]
+    warm: list[program.Choice] = field(default_factory=list)
+    found: Enumeration | None = None
+
+    def include(self, prices: Prices, plan: Sequence[Priced]) -> list[program.Choice]:
+        """Add the kernels of ``plan`` to the candidates; return them as choices."""
+        index = {(k.nodes, k.outputs): i for i, k in enumerate(self.kernels)}
+        choices = []
+        for p in plan:
+            key = (p.kernel.nodes, p.kernel.outputs)
+            if key not in index:
+                index[key] = len(self.kernels)
+                self.kernels.append(p.kernel)
+                self.costs.append(prices.cost(p.kernel))
+            choices.append(program.Choice(index[key], p.writes))
+        return choices
+
+    def solve(self, prices: Prices, *, time_limit, recompute, budget=None,
+              budget_exempt=frozenset()) -> program.Solution:  # fmt: skip
+        graph = prices.graph
+        return program.solve(
+            self.kernels, self.costs,
+            {t: prices.write_us(t) for k in self.kernels for t in k.optional},
+            {t: graph.types[t].nbytes for k in self.kernels for t in (*k.outputs, *k.optional)},
+            set(self.part.inputs), list(self.part.outputs),
+            warm=self.warm, time_limit=time_limit, recompute=recompute, edges=self.edges,
+            name=f"partition {self.part.index}", budget=budget, budget_exempt=budget_exempt,
+        )  # fmt: skip
+
+    def chosen(self, sol: program.Solution) -> list[tuple[KernelSpec, tuple[str, ...]]]:
+        return [(self.kernels[c.kernel], c.writes) for c in sol.choices]
+
+
+def problem(graph: Graph, part: Partition, found: Enumeration, prices: Prices) -> Problem:
+    kernels = list(found.kernels)
+    return Problem(part, kernels, [prices.cost(k) for k in kernels],
+                   primitive_edges(graph, part.nodes), found=found)  # fmt: skip
+
+
+def primitive_edges(graph: Graph, nodes) -> list[tuple[str, str]]:
+    inside = set(nodes)
+    return [(q, n) for n in nodes for q in graph.producer[n].inputs if q in inside]

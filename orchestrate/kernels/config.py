@@ -1,0 +1,160 @@
+"""Launch configurations: the tiles, warps and stages each template may use.
+
+For each template, the configurations a kernel may run with, best first.
+The rule keeps the first one whose working set fits the device
+(``kernels/fit.py``); when none does, the set is no kernel.  The block
+sizes are powers of two covering the problem, clamped to the tiles below:
+``tl.dot`` needs at least 16 in every dimension.
+
+Each configuration also carries the block sizes used under Triton's
+interpreter (no GPU): the interpreter's cost grows with the number of
+programs and loop steps, not with the block size, so those are much larger.
+Tests shrink the ``INTERPRET_*`` figures to force several blocks.
+
+``num_warps`` 4 and ``num_stages`` 3 are Triton's defaults; configurations
+with fewer stages (less shared memory for the software pipeline) come after.
+"""
+
+from __future__ import annotations
+
+from orchestrate.kernels.spec import LaunchConfig, config
+
+NUM_WARPS, NUM_STAGES = 4, 3
+MIN_DOT = 16
+
+# pointwise: output elements per program
+POINTWISE_BLOCK, INTERPRET_POINTWISE_BLOCK = 1024, 1 << 16
+
+# row reduce: a row longer than SINGLE_PASS_ROW is reduced in a loop over
+# column blocks (one pass per phase) instead of being held in registers
+SINGLE_PASS_ROW = 16384
+SINGLE_PASS_TILE = 4096  # elements per program (several short rows per program)
+LOOP_BLOCK = 2048  # columns per loop step
+INTERPRET_TILE, INTERPRET_LOOP_BLOCK = 1 << 16, 1 << 14
+
+# matmul: (BLOCK_M, BLOCK_N, BLOCK_K) tiles, GROUP_M rows of tiles per group
+MATMUL_TILE, GROUP_M = (64, 64, 32), 8
+MATMUL_INTERPRET_BLOCK = 256  # each dimension: one tile covers a small matrix whole
+# integer / fp64 matmuls multiply (BLOCK_M, BLOCK_K, BLOCK_N) products in
+# registers and sum over K: smaller tiles
+SLOW_BLOCK_MN, SLOW_BLOCK_K = 32, 8
+INTERPRET_SLOW_VOLUME = 1 << 20
+
+# conv (implicit GEMM): output pixels x output channels x reduction
+CONV_TILE = (64, 64, 32)
+CONV_INTERPRET_BLOCK_M, CONV_INTERPRET_BLOCK = 1024, 256
+
+# window (pooling): output elements per program
+WINDOW_BLOCK, INTERPRET_WINDOW_BLOCK = 512, 1 << 14
+
+# attention: query rows x keys per step; head dims padded to a power of two
+ATTENTION_TILE = (64, 64)
+ATTENTION_INTERPRET_BLOCK = 128
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def clamp_pow2(n: int, lo: int, hi: int) -> int:
+    """The power of two covering ``n``, clamped to [lo, hi]."""
+    return max(lo, min(hi, next_pow2(n)))
+
+
+def uses_dot(dtype: str) -> bool:
+    """tl.dot for fp16 and fp32; a multiply-and-sum for fp64 and integers."""
+    return dtype in ("float16", "float32")
+
+
+def _fewer_stages(first: LaunchConfig) -> list[LaunchConfig]:
+    """``first``, then the same tiles with shallower software pipelines."""
+    out = [first]
+    for stages in range(first.num_stages - 1, 0, -1):
+        out.append(LaunchConfig(first.blocks, first.num_warps, stages, first.interpret,
+                                first.precision))  # fmt: skip
+    return out
+
+
+def pointwise(numel: int) -> list[LaunchConfig]:
+    return [config({"BLOCK": min(POINTWISE_BLOCK, next_pow2(numel))},
+                   {"BLOCK": min(INTERPRET_POINTWISE_BLOCK, next_pow2(numel))})]  # fmt: skip
+
+
+def row_reduce(rows: int, length: int, looped: bool) -> list[LaunchConfig]:
+    cols = next_pow2(length)
+    if looped:
+        gpu = {"BLOCK_ROWS": 1, "BLOCK_COLS": min(LOOP_BLOCK, cols)}
+        fast_cols = min(INTERPRET_LOOP_BLOCK, cols)
+    else:
+        gpu = {"BLOCK_ROWS": min(next_pow2(rows), max(1, SINGLE_PASS_TILE // cols)),
+               "BLOCK_COLS": cols}  # fmt: skip
+        fast_cols = cols
+    fast = {"BLOCK_ROWS": min(next_pow2(rows), max(1, INTERPRET_TILE // fast_cols)),
+            "BLOCK_COLS": fast_cols}  # fmt: skip
+    return [config(gpu, fast)]
+
+
+def matmul(m: int, n: int, k: int, dtype: str, tf32: bool) -> list[LaunchConfig]:
+    """C[m, n] = A[m, k] @ B[k, n] in ``dtype``."""
+    if uses_dot(dtype):
+        bm, bn, bk = MATMUL_TILE
+        hi = MATMUL_INTERPRET_BLOCK
+        gpu = {"BLOCK_M": clamp_pow2(m, MIN_DOT, bm), "BLOCK_N": clamp_pow2(n, MIN_DOT, bn),
+               "BLOCK_K": clamp_pow2(k, MIN_DOT, bk)}  # fmt: skip
+        fast = {"BLOCK_M": clamp_pow2(m, MIN_DOT, hi), "BLOCK_N": clamp_pow2(n, MIN_DOT, hi),
+                "BLOCK_K": clamp_pow2(k, MIN_DOT, hi)}  # fmt: skip
+    else:
+        gpu = {"BLOCK_M": clamp_pow2(m, 1, SLOW_BLOCK_MN), "BLOCK_N": clamp_pow2(n, 1, SLOW_BLOCK_MN),
+               "BLOCK_K": clamp_pow2(k, 1, SLOW_BLOCK_K)}  # fmt: skip
+        half = MATMUL_INTERPRET_BLOCK // 2
+        bm, bn = clamp_pow2(m, 1, half), clamp_pow2(n, 1, half)
+        fast = {"BLOCK_M": bm, "BLOCK_N": bn,
+                "BLOCK_K": clamp_pow2(k, 1, max(1, INTERPRET_SLOW_VOLUME // (bm * bn)))}  # fmt: skip
+    first = config({**gpu, "GROUP_M": GROUP_M}, fast, num_warps=NUM_WARPS,
+                   num_stages=NUM_STAGES, precision=_precision(dtype, tf32))  # fmt: skip
+    return _fewer_stages(first)
+
+
+def conv(gemm_m: int, gemm_n: int, gemm_k: int, dtype: str, tf32: bool) -> list[LaunchConfig]:
+    """An implicit GEMM of [gemm_m pixels, gemm_k] @ [gemm_k, gemm_n channels]."""
+    bm, bn, bk = CONV_TILE
+    gpu = {"BLOCK_M": clamp_pow2(gemm_m, MIN_DOT, bm), "BLOCK_N": clamp_pow2(gemm_n, MIN_DOT, bn),
+           "BLOCK_K": clamp_pow2(gemm_k, MIN_DOT, bk), "GROUP_M": GROUP_M}  # fmt: skip
+    fast = {"BLOCK_M": clamp_pow2(gemm_m, MIN_DOT, CONV_INTERPRET_BLOCK_M),
+            "BLOCK_N": clamp_pow2(gemm_n, MIN_DOT, CONV_INTERPRET_BLOCK),
+            "BLOCK_K": clamp_pow2(gemm_k, MIN_DOT, CONV_INTERPRET_BLOCK)}  # fmt: skip
+    first = config(gpu, fast, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+                   precision=_precision(dtype, tf32))  # fmt: skip
+    return _fewer_stages(first)
+
+
+def window(numel: int) -> list[LaunchConfig]:
+    block = min(WINDOW_BLOCK, next_pow2(numel))
+    return [config({"BLOCK": block},
+                   {"BLOCK": min(INTERPRET_WINDOW_BLOCK, max(block, next_pow2(numel)))})]  # fmt: skip
+
+
+def attention(lq: int, lk: int, d: int, dv: int) -> list[LaunchConfig]:
+    """Query tiles of BLOCK_M rows, key steps of BLOCK_N; then smaller
+    pipelines and key steps for head dims that do not fit."""
+    heads = {"BLOCK_D": max(MIN_DOT, next_pow2(d)), "BLOCK_DV": max(MIN_DOT, next_pow2(dv))}
+    fast = {"BLOCK_M": clamp_pow2(lq, MIN_DOT, ATTENTION_INTERPRET_BLOCK),
+            "BLOCK_N": clamp_pow2(lk, MIN_DOT, ATTENTION_INTERPRET_BLOCK)}  # fmt: skip
+    bm, bn = ATTENTION_TILE
+    out = []
+    for m, n, stages in (
+        (bm, bn, NUM_STAGES),
+        (bm, bn, 2),
+        (bm, bn // 2, 2),
+        (bm // 2, bn // 2, 1),
+    ):
+        gpu = {"BLOCK_M": clamp_pow2(lq, MIN_DOT, m), "BLOCK_N": clamp_pow2(lk, MIN_DOT, n),
+               **heads}  # fmt: skip
+        c = config(gpu, fast, num_warps=NUM_WARPS, num_stages=stages)
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def _precision(dtype: str, tf32: bool) -> str:
+    return "tf32" if tf32 and dtype == "float32" else "ieee"

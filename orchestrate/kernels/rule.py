@@ -1,0 +1,53 @@
+"""What a rule is, and the last step every rule takes: pick a configuration that fits.
+
+A :class:`Rule` is data: a name, a one-line summary, which sets it judges,
+and ``match(graph, region, target) -> KernelSpec | Rejection``.  A rule that
+recognises a pattern enumeration never builds (two matmuls around a softmax)
+also ``propose``s node sets; the planner judges those through the same table.
+Rule sets are flat lists exported by each template module and concatenated
+in ``kernels/rules.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from orchestrate.ir import Graph
+from orchestrate.kernels.fit import fits
+from orchestrate.kernels.region import Region
+from orchestrate.kernels.spec import (
+    KernelSpec,
+    LaunchConfig,
+    Rejection,
+    Roles,
+    Target,
+    with_hash,
+)
+
+Match = Callable[[Graph, Region, Target], "KernelSpec | Rejection"]
+Propose = Callable[[Graph, Sequence[str]], Iterable[Iterable[str]]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    summary: str  # one line, for `orchestrate rules`
+    judges: Callable[[Region], bool]  # is this set this rule's to judge?
+    match: Match
+    propose: Propose | None = None  # sets beyond enumeration (pattern rules)
+
+
+def accept(
+    graph: Graph, template: str, r: Region, space: tuple[int, ...], roles: Roles,
+    optional: tuple[str, ...], configs: Sequence[LaunchConfig], target: Target,
+) -> KernelSpec | Rejection:  # fmt: skip
+    """The spec with the first configuration that fits the device, or the
+    reason the last (smallest) one does not."""
+    refused: KernelSpec | Rejection = Rejection(f"no {template} configuration")
+    for c in configs:
+        spec = KernelSpec(template, r.names, r.inputs, r.sinks, optional, space, roles, c)
+        refused = fits(graph, spec, target.device)
+        if isinstance(refused, KernelSpec):
+            return with_hash(graph, refused)
+    return refused

@@ -1,0 +1,283 @@
+"""The kernel spec: the one description of a kernel, and the refusal of one.
+
+A rule (``kernels/rules.py``) looks at a set of primitives and returns either
+a :class:`KernelSpec` (this set runs as one kernel, and here is everything
+about it) or a :class:`Rejection` (it cannot, and why).  Everything
+downstream reads the spec and never re-derives it:
+
+* cost prices it (bytes, flops, the launch configuration's tiles);
+* the linear program chooses among specs;
+* emission prints one ``@triton.jit`` function per distinct spec;
+* the runner launches it.
+
+A spec names its primitives and tensors, the roles they play in the template
+(``roles``: anchor, prologue and epilogue; row space and phases; the
+attention roles) and the launch configuration chosen for the device
+(``config``).  Its ``hash`` is structural: two specs with equal hashes
+generate the same source, whatever their tensors are called (a transformer's
+layers), so each is costed once and compiled once.
+
+Neither result type has a truth value: ``if rule(...)`` raises TypeError.
+Test ``isinstance(result, Rejection)``.  (A refusal that read as False once
+switched the on-chip fit check off without anyone noticing.)
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from orchestrate.ir import Graph
+
+VIEW = "view"
+POINTWISE = "pointwise"
+ROW_REDUCE = "row_reduce"
+MATMUL = "matmul"
+CONV = "conv"
+WINDOW = "window"
+ATTENTION = "attention"
+TEMPLATES = (VIEW, POINTWISE, ROW_REDUCE, MATMUL, CONV, WINDOW, ATTENTION)
+
+
+class _NoTruth:
+    def __bool__(self) -> bool:
+        raise TypeError(
+            f"a {type(self).__name__} has no truth value: test isinstance(result, Rejection)"
+        )
+
+
+@dataclass(frozen=True)
+class Rejection(_NoTruth):
+    """Why a set of primitives is not one kernel."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the rules need to know besides the graph: the device, and
+    whether fp32 matmuls may use TF32 tensor cores (``--tf32``)."""
+
+    device: Any  # orchestrate.devices.Device
+    tf32: bool = False
+
+
+# -- launch configuration --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How a kernel is launched: its ``tl.constexpr`` block sizes on the GPU,
+    ``num_warps`` and ``num_stages`` (software-pipelining depth), the block
+    sizes under Triton's interpreter (whose cost grows with the number of
+    programs, not with block size), and, for matmul and conv, the fp32
+    ``tl.dot`` precision (``ieee`` or ``tf32``)."""
+
+    blocks: tuple[tuple[str, int], ...] = ()
+    num_warps: int = 4
+    num_stages: int = 3
+    interpret: tuple[tuple[str, int], ...] = ()
+    precision: str = "ieee"
+
+    def __getitem__(self, name: str) -> int:
+        return dict(self.blocks)[name]
+
+    def interpreted(self, name: str) -> int:
+        return dict(self.interpret).get(name, self[name])
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = dict(self.blocks)
+        out["num_warps"] = self.num_warps
+        out["num_stages"] = self.num_stages
+        if self.precision != "ieee":
+            out["precision"] = self.precision
+        if self.interpret:
+            out["interpret"] = dict(self.interpret)
+        return out
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> LaunchConfig:
+        special = {"num_warps", "num_stages", "precision", "interpret"}
+        return LaunchConfig(
+            blocks=tuple((k, int(v)) for k, v in data.items() if k not in special),
+            num_warps=int(data.get("num_warps", 4)),
+            num_stages=int(data.get("num_stages", 3)),
+            interpret=tuple((k, int(v)) for k, v in data.get("interpret", {}).items()),
+            precision=str(data.get("precision", "ieee")),
+        )
+
+
+def config(blocks: Mapping[str, int], interpret: Mapping[str, int] | None = None,
+           **options) -> LaunchConfig:  # fmt: skip
+    """A LaunchConfig from dicts (interpreter block sizes equal to the GPU's
+    are left out)."""
+    fast = {k: v for k, v in (interpret or {}).items() if blocks.get(k) != v}
+    return LaunchConfig(tuple(blocks.items()), interpret=tuple(fast.items()), **options)
+
+
+# -- roles --------------------------------------------------------------------------
+
+
+class Operand(enum.Enum):
+    """What an attention prologue node computes (how often it is evaluated)."""
+
+    Q = "q"  # part of Q only: once per query row
+    KV = "kv"  # part of K or V: once per block of query rows
+    SCORES = "scores"  # a side input of the score chain: once per score
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """Pointwise and view kernels: every node is evaluated per output element."""
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A row-reduce kernel.  The reduced input X (shape ``x``) is a matrix of
+    ``rows`` rows of ``length`` columns (the ``axes`` reduced).  Nodes in
+    ``row_space`` hold one value per row (the reductions and what is computed
+    from row values only); the others are per element of X.  ``depth`` is
+    the number of dependent reductions behind each node; reductions of the
+    same depth form one phase.  ``looped``: rows too long for registers are
+    reduced in a loop over column blocks, one pass per phase."""
+
+    x: tuple[int, ...]
+    axes: tuple[int, ...]
+    rows: int
+    length: int
+    reductions: tuple[str, ...]
+    row_space: frozenset[str]
+    depth: tuple[tuple[str, int], ...]
+    phases: int
+    looped: bool
+
+    def depth_of(self, name: str) -> int:
+        return dict(self.depth)[name]
+
+    @property
+    def keep(self) -> tuple[int, ...]:
+        return tuple(1 if i in self.axes else d for i, d in enumerate(self.x))
+
+    @property
+    def cols_shape(self) -> tuple[int, ...]:
+        return tuple(self.x[a] for a in self.axes)
+
+
+@dataclass(frozen=True)
+class Anchored:
+    """A matmul, conv or window kernel: the anchor, the nodes evaluated on its
+    operand tiles before it (``prologue``) and on its result after it
+    (``epilogue``, element-aligned with the anchor), both in graph order."""
+
+    anchor: str
+    prologue: tuple[str, ...]
+    epilogue: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AttentionRoles:
+    """A flash-attention kernel: ``softmax(chain(m1)) @ V``."""
+
+    m1: str  # scores = Q @ K
+    m2: str  # output = P @ V (the anchor, the only output)
+    scores: tuple[str, ...]  # elementwise nodes from m1 to the softmax input, graph order
+    x: str  # the softmax input (m1 itself when there is no score chain)
+    softmax: tuple[str, ...]  # RMAX, SUB, EXP, SUM, DIV, the floors and the casts of P
+    max_floor: float | None  # M = max(RMAX, c): the running max starts at c
+    sum_floor: float | None  # Z = max(SUM, c)
+    prologue: tuple[tuple[str, Operand], ...]  # computes Q, K, V or the score side inputs
+
+    @property
+    def anchor(self) -> str:
+        return self.m2
+
+
+Roles = Elementwise | Rows | Anchored | AttentionRoles
+
+
+# -- the spec -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KernelSpec(_NoTruth):
+    """A legal kernel: what it runs, how, and with which tiles."""
+
+    template: str
+    nodes: tuple[str, ...]  # in graph order
+    inputs: tuple[str, ...]  # tensors read from memory (graph inputs, constants, others)
+    outputs: tuple[str, ...]  # sinks: always written
+    optional: tuple[str, ...]  # may be written as well (the linear program decides)
+    space: tuple[int, ...]  # iteration space: output shape, reduced input, scores
+    roles: Roles
+    config: LaunchConfig
+    hash: str = ""
+
+    @property
+    def size(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def anchor(self) -> str | None:
+        """The matmul / conv / pool, the first reduction, or attention's P @ V."""
+        r = self.roles
+        if isinstance(r, Rows):
+            return r.reductions[0]
+        return getattr(r, "anchor", None)
+
+    def renamed(self, mapping: Mapping[str, str]) -> KernelSpec:
+        """The same kernel over renamed tensors (an identical partition)."""
+        return replace(
+            self,
+            nodes=_rename(self.nodes, mapping),
+            inputs=_rename(self.inputs, mapping),
+            outputs=_rename(self.outputs, mapping),
+            optional=_rename(self.optional, mapping),
+            roles=_rename(self.roles, mapping),
+        )
+
+
+def _rename(value, mapping: Mapping[str, str]):
+    if isinstance(value, str):
+        return mapping.get(value, value)
+    if isinstance(value, tuple):
+        return tuple(_rename(v, mapping) for v in value)
+    if isinstance(value, frozenset):
+        return frozenset(_rename(v, mapping) for v in value)
+    if isinstance(value, (Elementwise, Rows, Anchored, AttentionRoles)):
+        return replace(value, **{f.name: _rename(getattr(value, f.name), mapping)
+                                 for f in fields(value)})  # fmt: skip
+    return value  # numbers, enums, configs
+
+
+def inlined(graph: Graph, tensor: str) -> bool:
+    """Scalar constants are written into the source as literals, not read."""
+    c = graph.constants.get(tensor)
+    return c is not None and c.size == 1
+
+
+def structural_hash(graph: Graph, spec: KernelSpec) -> str:
+    """Equal for kernels that generate the same source: same template, ops,
+    attributes, shapes, dtypes, wiring, outputs, inlined constants and
+    launch configuration, whatever the tensors are called."""
+    local = {n: i for i, n in enumerate(spec.nodes)}
+    ext = {t: i for i, t in enumerate(spec.inputs)}
+    parts = [spec.template, repr(spec.config)]
+    for t in spec.inputs:
+        part = f"in{graph.types[t]}"
+        if inlined(graph, t):
+            part += "=" + repr(graph.constants[t].reshape(()).item())
+        parts.append(part)
+    for n in spec.nodes:
+        node = graph.producer[n]
+        refs = ",".join(f"n{local[i]}" if i in local else f"x{ext[i]}" for i in node.inputs)
+        parts.append(f"{node.op.value}({refs}){node.type}{sorted(node.attrs.items())}")
+    parts.append("out" + ",".join(str(local[o]) for o in spec.outputs))
+    parts.append("opt" + ",".join(str(local[o]) for o in spec.optional))
+    return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
+
+
+def with_hash(graph: Graph, spec: KernelSpec) -> KernelSpec:
+    return replace(spec, hash=structural_hash(graph, spec))
