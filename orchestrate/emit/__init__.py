@@ -74,5 +74,7 @@ def emit(graph: Graph, planned: Planned, title: str = "") -> str:
     head = title or (
         f"Triton kernels for {plan.graph.name} ({len(launches)} kernels, planned for {plan.device})"
     )
-    head += f"\n\n{len(functions)} jitted functions serve {len(launches)} planned kernels."
+    n, k = len(functions), len(launches)
+    head += (f"\n\n{n} jitted function{'s' if n != 1 else ''} for {k} planned "
+             f"kernel{'s' if k != 1 else ''}.")  # fmt: skip
     return module(list(functions.values()), launches, head)

@@ -36,15 +36,15 @@ from __future__ import annotations
 
 import math
 
+from orchestrate.emit.body import Body
 from orchestrate.emit.codegen import (
-    Body,
     Evaluator,
     Index,
     broadcast_index,
     literal,
     split_linear,
 )
-from orchestrate.emit.matmul import drop_unused, masked_load
+from orchestrate.emit.expr import Sym
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph
 from orchestrate.kernels.spec import KernelSpec
@@ -68,7 +68,9 @@ def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
     )
     body.raw("pid_m = tl.program_id(0)")
     body.raw("pid_b = tl.program_id(1)")
-    bdims = split_linear(body, "pid_b", tuple(batch), "b") if batch else ()
+    pid_b = Sym("pid_b", 0, nbatch, lane=False)
+    bdims = split_linear(body, pid_b, tuple(batch), "b") if batch else ()
+    extent = {"offs_m": lq, "offs_n": lk, "offs_d": d, "offs_dv": dv}
     body.comment("query rows of this program and the (padded) head dims")
     body.raw("offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
     body.raw("offs_d = tl.arange(0, BLOCK_D)")
@@ -77,28 +79,28 @@ def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
     body.raw(f"mask_d = offs_d < {d}")
     body.raw(f"mask_dv = offs_dv < {dv}")
     body.comment("block-shaped zeros make every load a full tile, whatever it broadcasts")
-    for zero, shape in (("zero_q", "BLOCK_M, BLOCK_D"), ("zero_k", "BLOCK_D, BLOCK_N"),
-                        ("zero_s", "BLOCK_M, BLOCK_N"), ("zero_v", "BLOCK_N, BLOCK_DV")):  # fmt: skip
-        body.raw(f"{zero} = tl.zeros(({shape}), dtype=tl.int32)")
+    zeros = {
+        zero: body.lazy(zero, f"tl.zeros(({shape}), dtype=tl.int32)")
+        for zero, shape in (("zero_q", "BLOCK_M, BLOCK_D"), ("zero_k", "BLOCK_D, BLOCK_N"),
+                            ("zero_s", "BLOCK_M, BLOCK_N"), ("zero_v", "BLOCK_N, BLOCK_DV"))
+    }  # fmt: skip
+
+    def tile(rows: str, cols: str) -> tuple[Sym, Sym]:
+        """The row and column index vectors of a tile, as broadcast blocks."""
+        return (Sym(f"{rows}[:, None]", 0, extent[rows]), Sym(f"{cols}[None, :]", 0, extent[cols]))
 
     def operand(b: Body, tensor: str, rows: str, cols: str, shape, mask: str, zero: str) -> str:
         """The tile of ``tensor`` (through its prologue), zero where ``mask`` is off."""
-        ev = Evaluator(graph, inside, b, ptrs, zero=zero, broadcast_all=True)
-        dims = {
-            "BLOCK_M": "offs_m",
-            "BLOCK_N": "offs_n",
-            "BLOCK_D": "offs_d",
-            "BLOCK_DV": "offs_dv",
-        }
-        index = Index((*bdims, f"{dims[rows]}[:, None]", f"{dims[cols]}[None, :]"), mask)
+        ev = Evaluator(graph, inside, b, ptrs, zero=zeros[zero], broadcast_all=True)
+        index = Index((*bdims, *tile(rows, cols)), Sym(mask))
         v = ev.value(tensor, broadcast_index(index, (*batch, *shape), graph.types[tensor].shape))
-        if masked_load(b, v, mask):
+        if b.zero_where_off(v, Sym(mask)):
             return v
         return b.let(f"tl.where({mask}, {v}, 0.0)", "v")
 
     body.comment("the query tile, loaded once (zero in the padded head dims)")
     body.raw("mask_q = mask_m[:, None] & mask_d[None, :]")
-    q = operand(body, q_name, "BLOCK_M", "BLOCK_D", (lq, d), "mask_q", "zero_q")
+    q = operand(body, q_name, "offs_m", "offs_d", (lq, d), "mask_q", "zero_q")
     start = -math.inf if a.max_floor is None else a.max_floor
     body.comment("online softmax state per query row: running max, running sum, output")
     body.raw(f"m_i = tl.full((BLOCK_M,), {literal(start, 'float32')}, dtype=tl.float32)")
@@ -112,12 +114,12 @@ def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
     loop.raw("offs_n = start_n + tl.arange(0, BLOCK_N)")
     loop.raw(f"mask_n = offs_n < {lk}")
     loop.raw("mask_k = mask_d[:, None] & mask_n[None, :]")
-    kt = operand(loop, k_name, "BLOCK_D", "BLOCK_N", (d, lk), "mask_k", "zero_k")
+    kt = operand(loop, k_name, "offs_d", "offs_n", (d, lk), "mask_k", "zero_k")
     loop.raw(f"qk = {_dot(q, kt, m1.dtype)}")
     loop.comment("the score chain on the tile, then -inf for keys past the end")
-    loop.raw("mask_s = mask_m[:, None] & mask_n[None, :]")
-    ev = Evaluator(graph, inside, loop, ptrs, zero="zero_s", broadcast_all=True)
-    s_index = Index((*bdims, "offs_m[:, None]", "offs_n[None, :]"), "mask_s")
+    mask_s = loop.lazy("mask_s", "mask_m[:, None] & mask_n[None, :]")
+    ev = Evaluator(graph, inside, loop, ptrs, zero=zeros["zero_s"], broadcast_all=True)
+    s_index = Index((*bdims, *tile("offs_m", "offs_n")), mask_s)
     ev.provided[a.m1] = lambda index: _scores(index, s_index, name)
     s = ev.value(a.x, s_index)
     loop.raw(f's = tl.where(mask_n[None, :], {s}, float("-inf"))')
@@ -132,7 +134,7 @@ def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
     loop.raw(f"p = tl.exp(s - {m_use}[:, None])")
     loop.raw("l_i = l_i * alpha + tl.sum(p, 1)")
     loop.raw("mask_v = mask_n[:, None] & mask_dv[None, :]")
-    v = operand(loop, v_name, "BLOCK_N", "BLOCK_DV", (lk, dv), "mask_v", "zero_v")
+    v = operand(loop, v_name, "offs_n", "offs_dv", (lk, dv), "mask_v", "zero_v")
     loop.raw(f"acc = acc * alpha[:, None] + {_dot('p', v, m2.dtype)}")
     loop.raw("m_i = m_new")
     body.lines += loop.lines
@@ -160,7 +162,7 @@ def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
         params=ptrs.params(),
         config=k.config,
         helpers=body.helpers,
-        body=drop_unused(body.lines, ("zero_q", "zero_k", "zero_s", "zero_v", "mask_s")),
+        body=body.code(),
         grid=[f"    grid = (triton.cdiv({lq}, BLOCK_M), {nbatch})"],
     )
 

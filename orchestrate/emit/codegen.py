@@ -15,14 +15,16 @@ So layout primitives cost no memory traffic: they become index arithmetic on
 the loads of the kernel that reads them.  Values are computed in fp32 when the
 tensor is fp16 (``compute_dtype``) and cast back when stored.
 
-:class:`Body` collects the statements of one kernel body with common
-subexpressions named once, so the generated source stays short and readable.
+Indices are ``Expr`` trees (``emit/expr.py``): the rewrite rules simplify
+them as they are built (a reshape of a split index is the index again, a
+padding test that cannot fail disappears) and they become text only when a
+line is written.  Values (what is loaded and computed) are Triton text named
+by the :class:`Body` (``emit/body.py``).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -30,6 +32,21 @@ import numpy as np
 
 from orchestrate import ir
 from orchestrate.emit import helpers
+from orchestrate.emit.body import Body
+from orchestrate.emit.expr import (
+    Const,
+    Expr,
+    Sym,
+    and_,
+    ge,
+    gt,
+    is_false,
+    is_lane_invariant,
+    lt,
+    maximum,
+    minimum,
+    where,
+)
 from orchestrate.emit.helpers import Helper
 from orchestrate.ir import Graph, Node, Op
 
@@ -88,128 +105,63 @@ class Pointers:
         names = [self.slots[t] for t in self.used]
         return sorted(names, key=lambda s: (not s.startswith("in"), int(s.lstrip("inout"))))
 
-    def tensors(self) -> list[str]:
-        """The tensors behind ``params()``, in the same order."""
-        by_slot = {v: k for k, v in self.slots.items()}
-        return [by_slot[s] for s in self.params()]
-
 
 @dataclass(frozen=True)
 class Index:
     """A multi-index: one expression per dimension, plus an optional mask
-    expression (False where the element does not exist, e.g. padding)."""
+    (False where the element does not exist, e.g. padding)."""
 
-    dims: tuple[str, ...]
-    mask: str | None = None
-
-
-class Body:
-    """Statements of one kernel body; equal expressions get one name."""
-
-    def __init__(self, indent: str = "    ", counter: list[int] | None = None,
-                 helpers: list[Helper] | None = None):  # fmt: skip
-        self.lines: list[str] = []
-        self.indent = indent
-        self._names: dict[str, str] = {}
-        self._counter = counter if counter is not None else [0]
-        self.helpers = helpers if helpers is not None else []  # device functions called
-        self.linear_of: dict[tuple, str] = {}  # (dims, shape) -> the linear index they split
-        self._invariant: set[str] = set()  # names bound to block-invariant scalars
-
-    def let(self, expr: str, stem: str = "t") -> str:
-        if _trivial(expr):
-            return expr
-        if expr in self._names:
-            return self._names[expr]
-        self._counter[0] += 1
-        name = f"{stem}{self._counter[0]}"
-        self.lines.append(f"{self.indent}{name} = {expr}")
-        self._names[expr] = name
-        if self.invariant(expr):
-            self._invariant.add(name)
-        return name
-
-    def invariant(self, expr: str) -> bool:
-        """Whether ``expr`` is the same scalar for every lane of the block:
-        built from literals, ``tl`` functions and names bound to such
-        expressions (a constant gather index, say), not from block indices."""
-        return all(
-            w.startswith("tl.") or w in self._invariant
-            for w in re.findall(r"[A-Za-z_][A-Za-z_0-9.]*", expr)
-        )
-
-    def use(self, helper: Helper) -> None:
-        """Record that the body calls ``helper``."""
-        if helper not in self.helpers:
-            self.helpers.append(helper)
-
-    def comment(self, text: str) -> None:
-        self.lines.append(f"{self.indent}# {text}")
-
-    def raw(self, line: str) -> None:
-        self.lines.append(f"{self.indent}{line}")
-
-    def fork(self, indent: str) -> Body:
-        """A nested body (a loop): sees this one's names, numbers on from it,
-        and keeps its own names to itself."""
-        child = Body(indent, self._counter, self.helpers)
-        child._names = dict(self._names)
-        child.linear_of = dict(self.linear_of)
-        child._invariant = set(self._invariant)
-        return child
+    dims: tuple[Expr, ...]
+    mask: Expr | None = None
 
 
-def _trivial(expr: str) -> bool:
-    return expr.isidentifier() or _is_number(expr)
-
-
-def _is_number(expr: str) -> bool:
-    try:
-        float(expr)
-        return True
-    except ValueError:
-        return False
-
-
-def split_linear(body: Body, linear: str, shape: Sequence[int], stem: str = "i") -> tuple[str, ...]:
-    """The multi-index of a row-major ``linear`` index into ``shape``."""
+def split_linear(body: Body, linear: Expr, shape: Sequence[int], stem: str = "i"
+                 ) -> tuple[Expr, ...]:  # fmt: skip
+    """The multi-index of a row-major ``linear`` index into ``shape``.  The
+    outermost dimension takes no modulo: masked-out lanes may run past it."""
     if not shape:
         return ()
-    st = strides(shape)
     out = []
-    for d, s in zip(shape, st):
+    total = math.prod(shape)
+    for d, s in zip(shape, strides(shape)):
         if d == 1:
-            out.append("0")
+            out.append(Const(0))
             continue
-        e = linear
-        if s != 1:
-            e = f"{paren(e)} // {s}"
-        if s * d != math.prod(shape):
-            e = f"{paren(e)} % {d}"
-        out.append(body.let(e, stem))
+        e = linear // s
+        if s * d != total:
+            e = e % d
+        out.append(_within(body.let(e, stem), d))
     body.linear_of[(tuple(out), tuple(shape))] = linear
     return tuple(out)
 
 
-def linearise(dims: Sequence[str], shape: Sequence[int], body: Body | None = None) -> str:
+def _within(e: Expr, d: int) -> Expr:
+    """A let-bound index component known to lie in [0, d) on valid lanes."""
+    if isinstance(e, Sym):
+        lo, hi = e.lo, e.hi
+        return Sym(e.name, 0 if lo is None else max(lo, 0), d if hi is None else min(hi, d),
+                   e.lane)  # fmt: skip
+    return e
+
+
+def linearise(dims: Sequence[Expr], shape: Sequence[int], body: Body | None = None) -> Expr:
     """Row-major offset of a multi-index into a contiguous tensor."""
     if body is not None:
         known = body.linear_of.get((tuple(dims), tuple(shape)))
         if known is not None:
             return known
-    terms = []
+    total: Expr = Const(0)
     for e, d, s in zip(dims, shape, strides(shape)):
-        if d == 1 or e == "0":
-            continue
-        terms.append(e if s == 1 else f"{paren(e)} * {s}")
-    return " + ".join(terms) if terms else "0"
+        if d != 1:
+            total = total + e * s
+    return total
 
 
 def broadcast_index(index: Index, out_shape: Sequence[int], in_shape: Sequence[int]) -> Index:
     """numpy broadcasting, backwards: the index into an input of ``in_shape``."""
     lead = len(out_shape) - len(in_shape)
     dims = tuple(
-        "0" if d == 1 and out_shape[lead + j] != 1 else index.dims[lead + j]
+        Const(0) if d == 1 and out_shape[lead + j] != 1 else index.dims[lead + j]
         for j, d in enumerate(in_shape)
     )
     return Index(dims, index.mask)
@@ -219,17 +171,18 @@ class Evaluator:
     """Evaluates the primitives of one kernel at indices, emitting statements.
 
     ``inside`` are the kernel's own nodes (computed here); anything else is
-    loaded from memory through the pointer ``pointer(name)``.  Scalar
-    constants are inlined as literals.  ``loaded`` lets a template supply
-    values it computed itself (a matmul accumulator, a row reduction)."""
+    loaded from memory through its pointer.  Scalar constants are inlined as
+    literals.  ``provided`` lets a template supply values it computed itself
+    (a matmul accumulator, a row reduction).
+
+    ``zero``: a block-shaped integer zero; a load whose offset does not vary
+    over the block adds it so pointer and mask shapes agree (always, with
+    ``broadcast_all``, for templates whose index expressions have lower rank
+    than the block)."""
 
     def __init__(self, graph: Graph, inside: set[str], body: Body, pointers: Pointers,
-                 mask: str | None = None, zero: str | None = None,
+                 mask: Expr | None = None, zero: Expr | None = None,
                  broadcast_all: bool = False):  # fmt: skip
-        # ``zero``: a block-shaped integer zero; a load whose offset does not
-        # vary over the block adds it so pointer and mask shapes agree
-        # (always, with ``broadcast_all``, for templates whose index
-        # expressions have lower rank than the block)
         self.zero = zero
         self.broadcast_all = broadcast_all
         self.graph = graph
@@ -237,7 +190,7 @@ class Evaluator:
         self.body = body
         self.pointers = pointers
         self.mask = mask
-        self.provided: dict[str, object] = {}  # name -> callable(Index) -> expr
+        self.provided: dict[str, Callable[[Index], str]] = {}
         self._memo: dict[tuple, str] = {}
 
     def value(self, name: str, index: Index) -> str:
@@ -261,17 +214,22 @@ class Evaluator:
         if const is not None and const.size == 1:
             return literal(np.asarray(const).reshape(()).item(), compute_dtype(t.dtype))
         offset = linearise(index.dims, t.shape, self.body)
-        if self.zero and (self.broadcast_all or self.body.invariant(offset)):
-            offset = f"{self.zero} + {offset}" if offset != "0" else self.zero
-        offset = self.body.let(offset, "o")
-        mask = _and(self.mask, index.mask)
-        ptr = self.pointers.get(name)
+        if self.zero is not None and (self.broadcast_all or is_lane_invariant(offset)):
+            offset = self.zero + offset
+        b = self.body
+        offset = b.let(offset, "o")
+        mask = and_(self.mask, index.mask)
         other = "0" if t.dtype in ir.INTS or t.dtype == "bool" else "0.0"
-        args = f"{ptr} + {offset}" + (f", mask={mask}, other={other}" if mask else "")
+        mask_text = None if mask is None else b.text(mask)
+        args = f"{self.pointers.get(name)} + {b.text(offset)}"
+        if mask_text is not None:
+            args += f", mask={mask_text}, other={other}"
         expr = f"tl.load({args})"
         if t.dtype == "float16":
             expr += ".to(tl.float32)"
-        return self.body.let(expr, "x")
+        v = b.let(expr, "x")
+        b.loaded(v, mask_text, other)
+        return v
 
     # -- primitives -----------------------------------------------------------
 
@@ -293,7 +251,7 @@ class Evaluator:
         if n.op is Op.IDENTITY:
             return self.value(src, index)
         if n.op is Op.TRANSPOSE:
-            dims = [""] * len(in_shape)
+            dims: list[Expr] = [Const(0)] * len(in_shape)
             for i, p in enumerate(a["perm"]):
                 dims[p] = index.dims[i]
             return self.value(src, Index(tuple(dims), index.mask))
@@ -303,11 +261,8 @@ class Evaluator:
         if n.op is Op.EXPAND:
             return self.value(src, broadcast_index(index, n.shape, in_shape))
         if n.op is Op.SLICE:
-            dims = tuple(
-                _affine(e, start, step)
-                for e, start, step in zip(index.dims, a["starts"], a["steps"])
-            )
-            return self.value(src, Index(dims, index.mask))
+            dims = [e * step + start for e, start, step in zip(index.dims, a["starts"], a["steps"])]
+            return self.value(src, Index(tuple(dims), index.mask))
         if n.op is Op.PAD:
             return self._pad(n, index, in_shape)
         if n.op is Op.CONCAT:
@@ -318,47 +273,54 @@ class Evaluator:
 
     def _pad(self, n: Node, index: Index, in_shape) -> str:
         a, r = n.attrs, len(in_shape)
-        pads = a["pads"]
+        pads, b = a["pads"], self.body
         dims, conds = [], []
         for j, (e, d) in enumerate(zip(index.dims, in_shape)):
             before = pads[j]
             if not before and not pads[j + r]:
                 dims.append(e)
                 continue
-            i = self.body.let(f"{e} - {before}" if before else e, "p")
+            i = b.let(e - before, "p")
             if a["mode"] == "constant":
-                conds.append(f"({i} >= 0) & ({i} < {d})")
+                conds.append(and_(ge(i, 0), lt(i, d)))
                 dims.append(i)
             elif a["mode"] == "edge":
-                dims.append(self.body.let(f"tl.minimum(tl.maximum({i}, 0), {d - 1})", "p"))
+                dims.append(b.let(minimum(maximum(i, 0), d - 1), "p"))
             else:  # reflect: -i before the start, 2(d-1)-i past the end
-                i = self.body.let(f"tl.where({i} < 0, -{i}, {i})", "p")
-                dims.append(
-                    self.body.let(f"tl.where({i} > {d - 1}, {2 * (d - 1)} - {i}, {i})", "p")
-                )
-        if a["mode"] != "constant" or not conds:
+                i = b.let(where(lt(i, 0), -i, i), "p")
+                dims.append(b.let(where(gt(i, d - 1), 2 * (d - 1) - i, i), "p"))
+        inside = and_(*conds)
+        if a["mode"] != "constant" or inside is None:
             return self.value(n.inputs[0], Index(tuple(dims), index.mask))
-        inside = self.body.let(" & ".join(conds), "m")
-        v = self.value(n.inputs[0], Index(tuple(dims), _and(index.mask, inside)))
         fill = literal(a["value"], compute_dtype(n.dtype))
-        return self.body.let(f"tl.where({inside}, {v}, {fill})", "v")
+        if is_false(inside):
+            return fill
+        inside = b.let(inside, "m")
+        v = self.value(n.inputs[0], Index(tuple(dims), and_(index.mask, inside)))
+        return b.let(f"tl.where({b.text(inside)}, {v}, {fill})", "v")
 
     def _concat(self, n: Node, index: Index) -> str:
-        ax = n.attrs["axis"]
+        ax, b = n.attrs["axis"], self.body
         e = index.dims[ax]
         start = 0
         pieces = []
         for src in n.inputs:
             size = self.graph.types[src].shape[ax]
-            cond = self.body.let(f"({e} >= {start}) & ({e} < {start + size})", "m")
-            dims = list(index.dims)
-            dims[ax] = self.body.let(f"{e} - {start}", "c") if start else e
-            pieces.append((cond, self.value(src, Index(tuple(dims), _and(index.mask, cond)))))
+            cond = and_(ge(e, start), lt(e, start + size))
+            shift = start
             start += size
+            if cond is not None and is_false(cond):
+                continue
+            dims = list(index.dims)
+            dims[ax] = b.let(e - shift, "c")
+            if cond is None:  # every valid lane reads this piece
+                return self.value(src, Index(tuple(dims), index.mask))
+            cond = b.let(cond, "m")
+            pieces.append((cond, self.value(src, Index(tuple(dims), and_(index.mask, cond)))))
         expr = pieces[-1][1]
         for cond, v in reversed(pieces[:-1]):
-            expr = f"tl.where({cond}, {v}, {expr})"
-        return self.body.let(expr, "v")
+            expr = f"tl.where({b.text(cond)}, {v}, {expr})"
+        return b.let(expr, "v")
 
     def _gather(self, n: Node, index: Index) -> str:
         data, idx = n.inputs
@@ -367,30 +329,30 @@ class Evaluator:
         dim = self.graph.types[data].shape[ax]
         which = Index(index.dims[ax : ax + idx_rank], index.mask)
         raw = self.value(idx, which)
-        pos = self.body.let(f"tl.where({raw} < 0, {raw} + {dim}, {raw})", "g")
+        if _is_int(raw):  # a constant index
+            k = int(raw)
+            pos: Expr = Const(k + dim if k < 0 else k)
+        else:
+            name = self.body.let(f"tl.where({raw} < 0, {raw} + {dim}, {raw})", "g")
+            pos = Sym(name, 0, dim)
         dims = index.dims[:ax] + (pos,) + index.dims[ax + idx_rank :]
         return self.value(data, Index(dims, index.mask))
 
 
-def _affine(e: str, start: int, step: int) -> str:
-    if step == 1:
-        return e if not start else f"{e} + {start}"
-    if e == "0":
-        return str(start)
-    return f"{start} + {paren(e)} * {step}" if start else f"{paren(e)} * {step}"
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+        return True
+    except ValueError:
+        return False
 
 
-def paren(e: str) -> str:
-    """``e`` in parentheses unless it is a name or a number."""
-    return e if _trivial(e) else f"({e})"
-
-
-def _and(a: str | None, b: str | None) -> str | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return f"({a}) & ({b})"
+def _is_number(expr: str) -> bool:
+    try:
+        float(expr)
+        return True
+    except ValueError:
+        return False
 
 
 # ---------------------------------------------------------------------------

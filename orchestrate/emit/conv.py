@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import math
 
-from orchestrate.emit.codegen import Body
-from orchestrate.emit.matmul import WIDE, drop_unused, epilogue, grouped_tile
+from orchestrate.emit.body import Body
+from orchestrate.emit.expr import Const, Expr, Sym, and_, ge, lt, ne
+from orchestrate.emit.matmul import WIDE, epilogue, grouped_tile
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph
 from orchestrate.kernels.spec import KernelSpec
@@ -75,24 +76,20 @@ def conv(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> Ker
     body.raw(f"rn = pid_n{wid} * BLOCK_N + tl.arange(0, BLOCK_N)")
     body.raw(f"mask_m = rm < {gemm_m}")
     body.raw(f"mask_n = rn < {gemm_n}")
+    rm, rn = Sym("rm", 0, gemm_m), Sym("rn", 0, gemm_n)
+    grp = Sym("grp", 0, groups, lane=False)
     # output pixel of each row
-    n_img = _split(body, "rm", "n_img", out_vol, nb, outer=True)
+    n_img = _component(body, rm, "n_img", out_vol, nb, outer=True)
     o = [
-        _split(
-            body, "rm", f"o_{a}", math.prod(out_sp[i + 1 :]), out_sp[i], outer=nb == 1 and i == 0
-        )
+        _component(
+            body, rm, f"o_{a}", math.prod(out_sp[i + 1 :]), out_sp[i], outer=nb == 1 and i == 0
+        )  # fmt: skip
         for i, a in enumerate(axes)
     ]
-    body.raw(f"co = {_scale('grp', mg)} + rn" if groups > 1 else "co = rn")
+    co = body.define("co", grp * mg + rn)
     body.comment("first input position of each row's window")
-    start = []
-    for i, a in enumerate(axes):
-        if o[i] == "0":
-            start.append(str(-pads[i]))
-            continue
-        e = o[i] if strides[i] == 1 else f"{o[i]} * {strides[i]}"
-        start.append(_let(body, f"i0_{a}", f"{e} - {pads[i]}" if pads[i] else e))
-    body.raw(f"zero_a = tl.zeros((BLOCK_M, BLOCK_K), dtype={itype})")
+    start = [body.define(f"i0_{a}", o[i] * strides[i] - pads[i]) for i, a in enumerate(axes)]
+    zero_a = body.lazy("zero_a", f"tl.zeros((BLOCK_M, BLOCK_K), dtype={itype})")
     body.raw("acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
 
     # -- K loop: gather the A tile, load the B tile ------------------------------
@@ -103,49 +100,31 @@ def conv(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> Ker
         f"rk = (k0 + tl.arange(0, BLOCK_K)){wid}" if wide else "rk = k0 + tl.arange(0, BLOCK_K)"
     )
     loop.raw(f"mask_k = rk < {gemm_k}")
-    ci = _split(loop, "rk", "c_in", kvol, cg, outer=True)
+    rk = Sym("rk", 0, gemm_k)
+    ci = _component(loop, rk, "c_in", kvol, cg, outer=True)
     kd = [
-        _split(loop, "rk", f"k_{a}", math.prod(kern[i + 1 :]), kern[i], outer=cg == 1 and i == 0)
+        _component(
+            loop, rk, f"k_{a}", math.prod(kern[i + 1 :]), kern[i], outer=cg == 1 and i == 0
+        )  # fmt: skip
         for i, a in enumerate(axes)
     ]
     loop.comment("input pixel of each (row, column); masked where it is padding")
-    conds = ["mask_m[:, None]", "mask_k[None, :]"]
-    terms = []
-    if nb > 1:
-        terms.append(f"{n_img}[:, None] * {c * in_vol}")
-    if groups > 1:
-        terms.append(_scale("grp", cg * in_vol))
-    if ci != "0":
-        terms.append(_scale(f"{ci}[None, :]", in_vol))
+    conds: list[Expr | None] = [Sym("mask_m[:, None]"), Sym("mask_k[None, :]")]
+    offset: Expr = zero_a + _row(n_img) * (c * in_vol) + grp * (cg * in_vol) + _col(ci) * in_vol
     for i, a in enumerate(axes):
-        parts = [p for p in (_row(start[i]), _col(kd[i], dil[i])) if p != "0"]
-        if not parts:
-            pos = "0"
-        elif len(parts) == 1 and _is_number(parts[0]):
-            pos = parts[0]
+        pos = loop.define(f"i_{a}", _row(start[i]) + _col(kd[i]) * dil[i])
+        if isinstance(pos, Const) and not 0 <= pos.value < in_sp[i]:
+            conds.append(ne(zero_a, 0))  # this axis reads only padding
         else:
-            pos = _let(loop, f"i_{a}", " + ".join(parts))
-        last = (out_sp[i] - 1) * strides[i] - pads[i] + (kern[i] - 1) * dil[i]
-        if _is_number(pos):
-            if not 0 <= int(pos) < in_sp[i]:
-                conds.append("(zero_a != 0)")  # this axis reads only padding
-        else:
-            if pads[i]:
-                conds.append(f"({pos} >= 0)")
-            if last >= in_sp[i]:
-                conds.append(f"({pos} < {in_sp[i]})")
-        inner = math.prod(in_sp[i + 1 :])
-        if _is_number(pos):
-            if pos != "0":
-                terms.append(str(int(pos) * inner))
-        else:
-            terms.append(_scale(pos, inner))
-    loop.raw("mask_a = " + " & ".join(conds))
+            conds += [ge(pos, 0), lt(pos, in_sp[i])]
+        offset = offset + pos * math.prod(in_sp[i + 1 :])
+    mask_a = and_(*conds)
+    loop.raw(f"mask_a = {loop.text(mask_a)}")
     loop.raw("mask_b = mask_k[:, None] & mask_n[None, :]")
     x_ptr, w_ptr = ptrs.get(x_name), ptrs.get(w_name)
-    offset = " + ".join(["zero_a", *terms]).replace("+ -", "- ")
-    loop.raw(f"a = tl.load({x_ptr} + {offset}, mask=mask_a, other=0.0)")
-    loop.raw(f"b = tl.load({w_ptr} + co[None, :] * {gemm_k} + rk[:, None], mask=mask_b, other=0.0)")
+    w_offset = _col(co) * gemm_k + Sym("rk[:, None]")
+    loop.raw(f"a = tl.load({x_ptr} + {loop.text(offset)}, mask=mask_a, other=0.0)")
+    loop.raw(f"b = tl.load({w_ptr} + {loop.text(w_offset)}, mask=mask_b, other=0.0)")
     if dtype == "float16":
         loop.raw("acc += tl.dot(a, b)  # fp16 tensor cores, fp32 accumulation")
     else:
@@ -154,16 +133,13 @@ def conv(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> Ker
 
     # -- epilogue on the accumulator ----------------------------------------
     body.comment("epilogue on the accumulator tile at the output index (n, channel, *o)")
-    dims = (_row(n_img), "co[None, :]") + tuple(_row(e) for e in o)
+    dims = (_row(n_img), _col(co)) + tuple(_row(e) for e in o)
     results = epilogue(graph, k, body, ptrs, dims, itype, writes, name)
     body.comment(f"NCHW offsets: n * {m * out_vol} + channel * {out_vol} + pixel")
-    row = []
-    if nb > 1:
-        row.append(f"{n_img} * {m * out_vol}")
-    if out_vol > 1:
-        row.append("rm" if nb == 1 else f"rm % {out_vol}")
-    row_e = f"{_row(' + '.join(row))} + " if row else "zero_c + "
-    body.raw(f"offs_c = {row_e}{_scale('co[None, :]', out_vol)}")
+    offs_c = _row(n_img) * (m * out_vol) + _row(rm) % out_vol + _col(co) * out_vol
+    if gemm_m == 1:  # no term varies along the rows: keep the tile's shape
+        offs_c = Sym("zero_c") + offs_c
+    body.raw(f"offs_c = {body.text(offs_c)}")
     for t in writes:
         store(body, graph, ptrs, t, "offs_c", results[t], "mask_c")
 
@@ -179,7 +155,7 @@ def conv(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> Ker
         params=ptrs.params(),
         config=k.config,
         helpers=body.helpers,
-        body=drop_unused(body.lines, ("zero_c",)),
+        body=body.code(),
         grid=[
             f"    grid = (triton.cdiv({gemm_m}, BLOCK_M) * triton.cdiv({gemm_n}, BLOCK_N), "
             f"{groups})",
@@ -187,45 +163,21 @@ def conv(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> Ker
     )
 
 
-def _split(body: Body, linear: str, name: str, inner: int, size: int, outer: bool = False) -> str:
+def _component(body: Body, linear: Expr, name: str, inner: int, size: int,
+               outer: bool = False) -> Expr:  # fmt: skip
     """The component of a row-major ``linear`` index with inner volume ``inner``
     (``outer``: the outermost one, no modulo; masked lanes may run past it)."""
     if size == 1:
-        return "0"
-    e = linear if inner == 1 else f"{linear} // {inner}"
-    if not outer:
-        e = f"({e}) % {size}" if inner != 1 else f"{e} % {size}"
-    return _let(body, name, e)
+        return Const(0)
+    e = linear // inner
+    return body.define(name, e if outer else e % size)
 
 
-def _let(body: Body, name: str, expr: str) -> str:
-    if expr.isidentifier() or _is_number(expr):
-        return expr
-    body.raw(f"{name} = {expr}")
-    return name
+def _row(e: Expr) -> Expr:
+    """A per-row vector (or a constant) as a (BLOCK_M, 1) column."""
+    return Sym(f"{e.name}[:, None]", e.lo, e.hi, e.lane) if isinstance(e, Sym) else e
 
 
-def _is_number(e: str) -> bool:
-    try:
-        int(e)
-        return True
-    except ValueError:
-        return False
-
-
-def _row(e: str) -> str:
-    """A per-row vector (or literal) as a (BLOCK_M, 1) column."""
-    if _is_number(e):
-        return e
-    return f"{e}[:, None]" if e.isidentifier() else f"({e})[:, None]"
-
-
-def _col(e: str, scale: int) -> str:
-    """A per-column vector (or literal) times ``scale`` as a (1, BLOCK_K) row."""
-    if _is_number(e):
-        return str(int(e) * scale)
-    return _scale(f"{e}[None, :]", scale)
-
-
-def _scale(e: str, k: int) -> str:
-    return e if k == 1 else f"{e} * {k}"
+def _col(e: Expr) -> Expr:
+    """A per-column vector (or a constant) as a (1, BLOCK_K) row."""
+    return Sym(f"{e.name}[None, :]", e.lo, e.hi, e.lane) if isinstance(e, Sym) else e

@@ -28,18 +28,18 @@ inputs read once, outputs written once.
 from __future__ import annotations
 
 import math
-import re
 
 from orchestrate import ir
+from orchestrate.emit.body import Body
 from orchestrate.emit.codegen import (
     TL_DTYPE,
-    Body,
     Evaluator,
     Index,
     Pointers,
     broadcast_index,
     split_linear,
 )
+from orchestrate.emit.expr import Sym
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph
 from orchestrate.kernels.spec import KernelSpec
@@ -95,9 +95,9 @@ def epilogue(graph: Graph, k: KernelSpec, body: Body, ptrs: Pointers, dims, ityp
     return each written tensor's value at the output index ``dims``; the
     anchor reads as ``acc``."""
     body.raw("mask_c = mask_m[:, None] & mask_n[None, :]")
-    body.raw(f"zero_c = tl.zeros((BLOCK_M, BLOCK_N), dtype={itype})")
-    out_index = Index(tuple(dims), "mask_c")
-    ev = Evaluator(graph, set(k.nodes), body, ptrs, zero="zero_c", broadcast_all=True)
+    zero_c = body.lazy("zero_c", f"tl.zeros((BLOCK_M, BLOCK_N), dtype={itype})")
+    out_index = Index(tuple(dims), Sym("mask_c"))
+    ev = Evaluator(graph, set(k.nodes), body, ptrs, zero=zero_c, broadcast_all=True)
     ev.provided[k.anchor] = lambda index: _accumulator(index, out_index, name)
     return {t: ev.value(t, out_index) for t in writes}
 
@@ -126,18 +126,17 @@ def matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> K
     body.raw(f"pid_b = tl.program_id(1){wid}")
     if len(batch) > 1:
         body.comment(f"batch multi-index into {list(batch)}")
-    if batch:
-        bdims = split_linear(body, "pid_b", tuple(batch), "b")
-    else:
-        bdims = ()
+    pid_b = Sym("pid_b", 0, nbatch, lane=False)
+    bdims = split_linear(body, pid_b, tuple(batch), "b") if batch else ()
+    rm, rn = Sym("rm[:, None]", 0, m), Sym("rn[None, :]", 0, n)
     body.comment("row and column offsets of the tile")
     body.raw(f"rm = pid_m{wid} * BLOCK_M + tl.arange(0, BLOCK_M)")
     body.raw(f"rn = pid_n{wid} * BLOCK_N + tl.arange(0, BLOCK_N)")
     body.raw(f"mask_m = rm < {m}")
     body.raw(f"mask_n = rn < {n}")
     body.comment("block-shaped zeros make every load a full tile, whatever it broadcasts")
-    body.raw(f"zero_a = tl.zeros((BLOCK_M, BLOCK_K), dtype={itype})")
-    body.raw(f"zero_b = tl.zeros((BLOCK_K, BLOCK_N), dtype={itype})")
+    zero_a = body.lazy("zero_a", f"tl.zeros((BLOCK_M, BLOCK_K), dtype={itype})")
+    zero_b = body.lazy("zero_b", f"tl.zeros((BLOCK_K, BLOCK_N), dtype={itype})")
     acc_dtype = accumulator_dtype(dtype)
     body.raw(f"acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={TL_DTYPE[acc_dtype]})")
 
@@ -151,31 +150,27 @@ def matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> K
     loop.raw(f"mask_k = rk < {kk}")
     loop.raw("mask_a = mask_m[:, None] & mask_k[None, :]")
     loop.raw("mask_b = mask_k[:, None] & mask_n[None, :]")
-    a_index = broadcast_index(
-        Index(bdims + ("rm[:, None]", "rk[None, :]"), "mask_a"), (*batch, m, kk), a_t.shape
-    )
-    b_index = broadcast_index(
-        Index(bdims + ("rk[:, None]", "rn[None, :]"), "mask_b"), (*batch, kk, n), b_t.shape
-    )
+    rk_a, rk_b = Sym("rk[None, :]", 0, kk), Sym("rk[:, None]", 0, kk)
+    mask_a, mask_b = Sym("mask_a"), Sym("mask_b")
+    a_index = broadcast_index(Index(bdims + (rm, rk_a), mask_a), (*batch, m, kk), a_t.shape)
+    b_index = broadcast_index(Index(bdims + (rk_b, rn), mask_b), (*batch, kk, n), b_t.shape)
     operands = []
-    for tensor, index, zero, mask in (
-        (a_name, a_index, "zero_a", "mask_a"),
-        (b_name, b_index, "zero_b", "mask_b"),
-    ):
+    for tensor, index, zero, mask in ((a_name, a_index, zero_a, mask_a),
+                                      (b_name, b_index, zero_b, mask_b)):  # fmt: skip
         ev = Evaluator(graph, inside, loop, ptrs, zero=zero, broadcast_all=True)
         v = ev.value(tensor, index)
-        if not masked_load(loop, v, mask):
+        if not loop.zero_where_off(v, mask):
             # computed values are not zero where the mask is off: zero them so
             # the padded K columns add nothing
             zero_v = "0" if acc_dtype in ir.INTS else "0.0"
-            v = loop.let(f"tl.where({mask}, {v}, {zero_v})", "v")
+            v = loop.let(f"tl.where({mask.name}, {v}, {zero_v})", "v")
         operands.append(v)
     multiply_accumulate(loop, operands[0], operands[1], dtype, k.config.precision)
     body.lines += loop.lines
 
     # -- epilogue on the accumulator ----------------------------------------
     body.comment("epilogue on the accumulator tile, then store")
-    out_dims = bdims + ("rm[:, None]", "rn[None, :]")
+    out_dims = bdims + (rm, rn)
     results = epilogue(graph, k, body, ptrs, out_dims, itype, writes, name)
     batch_off = f"pid_b * {m * n} + " if nbatch > 1 else ""
     col = "rn[None, :]"
@@ -191,37 +186,15 @@ def matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> K
         params=ptrs.params(),
         config=k.config,
         helpers=body.helpers,
-        body=drop_unused(body.lines, ("zero_a", "zero_b", "zero_c")),
+        body=body.code(),
         grid=[
             f"    grid = (triton.cdiv({m}, BLOCK_M) * triton.cdiv({n}, BLOCK_N), {nbatch})",
         ],
     )
 
 
-def drop_unused(lines: list[str], names: tuple[str, ...]) -> list[str]:
-    """``lines`` without the definitions of those ``names`` nothing reads."""
-    out = list(lines)
-    for name in names:
-        define = re.compile(rf"\s*{name} = ")
-        use = re.compile(rf"\b{name}\b")
-        defs = [i for i, line in enumerate(out) if define.match(line)]
-        if defs and not any(use.search(line) for i, line in enumerate(out) if i not in defs):
-            out = [line for i, line in enumerate(out) if i not in defs]
-    return out
-
-
 def _accumulator(index: Index, expected: Index, name: str) -> str:
+    # epilogue nodes are element-aligned with the anchor (the rule's check)
     if index.dims != expected.dims:
         raise AssertionError(f"{name}: the epilogue reads the accumulator at {index.dims}")
     return "acc"
-
-
-def masked_load(body: Body, value: str, mask: str) -> bool:
-    """Whether ``value`` names a load under exactly ``mask`` (zero where it is off)."""
-    for expr, name in body._names.items():
-        if name == value:
-            load = expr.split(").to(")[0].rstrip(")")
-            return expr.startswith("tl.load(") and load.endswith(
-                (f", mask={mask}, other=0.0", f", mask={mask}, other=0")
-            )
-    return False

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import math
 
-from orchestrate.emit.codegen import Body, Evaluator, Index, split_linear
+from orchestrate.emit.body import Body
+from orchestrate.emit.codegen import Evaluator, Index, split_linear
+from orchestrate.emit.expr import Sym
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph
 from orchestrate.kernels.spec import KernelSpec
@@ -28,9 +30,10 @@ def pointwise(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
     body.raw("offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)" if wide
              else "offs = pid * BLOCK + tl.arange(0, BLOCK)")  # fmt: skip
     body.raw(f"mask = offs < {numel}")
+    zero = body.lazy("zero", "offs * 0")  # block-shaped, for loads at a lane-invariant offset
     body.comment(f"multi-index into the iteration space {list(k.space)}")
-    index = Index(split_linear(body, "offs", k.space))
-    ev = Evaluator(graph, set(k.nodes), body, ptrs, mask="mask", zero="offs * 0")
+    index = Index(split_linear(body, Sym("offs", 0, numel), k.space))
+    ev = Evaluator(graph, set(k.nodes), body, ptrs, mask=Sym("mask"), zero=zero)
     body.comment("load and compute")
     results = {t: ev.value(t, index) for t in writes}
     body.comment("store")
@@ -41,7 +44,7 @@ def pointwise(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
         doc=describe(graph, k, writes, ptrs),
         params=ptrs.params(),
         config=k.config,
-        body=body.lines,
+        body=body.code(),
         grid=[f"    grid = (triton.cdiv({numel}, BLOCK),)"],
         helpers=body.helpers,
     )

@@ -50,9 +50,9 @@ import math
 import numpy as np
 
 from orchestrate import ir
+from orchestrate.emit.body import Body
 from orchestrate.emit.codegen import (
     TL_DTYPE,
-    Body,
     Evaluator,
     Index,
     compute_dtype,
@@ -60,6 +60,7 @@ from orchestrate.emit.codegen import (
     literal,
     split_linear,
 )
+from orchestrate.emit.expr import Const, Expr, Sym
 from orchestrate.emit.helpers import PROD, Helper, helper
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph, Node, Op
@@ -144,7 +145,7 @@ class _FullEvaluator(Evaluator):
     """Evaluates full-space nodes; a tensor that a reduction reads directly
     is loaded with that reduction's neutral ``other=``."""
 
-    def __init__(self, *args, others: dict[str, str], base: tuple[str, ...], **kw):
+    def __init__(self, *args, others: dict[str, str], base: tuple[Expr, ...], **kw):
         super().__init__(*args, **kw)
         self.others = others
         self.base = base
@@ -154,16 +155,17 @@ class _FullEvaluator(Evaluator):
         other = self.others.get(name)
         if other is None or index.dims != self.base or index.mask is not None:
             return super().load(name, index)
-        t = self.graph.types[name]
-        offset = linearise(index.dims, t.shape, self.body)
-        if offset == "0":  # a one-element tensor: the pointer needs the block's shape
+        t, b = self.graph.types[name], self.body
+        offset = linearise(index.dims, t.shape, b)
+        if offset == Const(0):  # a one-element tensor: the pointer needs the block's shape
             return super().load(name, index)
-        offset = self.body.let(offset, "o")
-        ptr = self.pointers.get(name)
-        expr = f"tl.load({ptr} + {offset}, mask={self.mask}, other={other})"
+        offset = b.let(offset, "o")
+        mask = b.text(self.mask)
+        expr = f"tl.load({self.pointers.get(name)} + {b.text(offset)}, mask={mask}, other={other})"
         if t.dtype == "float16":
             expr += ".to(tl.float32)"
-        v = self.body.let(expr, "x")
+        v = b.let(expr, "x")
+        b.loaded(v, mask, other)
         self.neutral_loads.add(v)
         return v
 
@@ -189,12 +191,15 @@ class _Generator:
         start = "pid.to(tl.int64) * BLOCK_ROWS" if wide else "pid * BLOCK_ROWS"
         b.raw(f"rows = {start} + tl.arange(0, BLOCK_ROWS)[:, None]")
         b.raw(f"row_mask = rows < {info.rows}")
+        # block-shaped zeros, for loads at a lane-invariant offset
+        self.zero = b.lazy("zero_r", "rows * 0")
+        self.rows = Sym("rows", 0, info.rows)
         at = len(b.lines)
-        self.keep_dims = split_linear(b, "rows", info.keep)
+        self.keep_dims = split_linear(b, self.rows, info.keep)
         if len(b.lines) > at:
             b.lines.insert(at, f"{b.indent}# index of each row into the kept dimensions")
-        self.row_ev = Evaluator(graph, self.inside, b, self.pointers, mask="row_mask",
-                                zero="rows * 0")  # fmt: skip
+        self.row_ev = Evaluator(graph, self.inside, b, self.pointers, mask=Sym("row_mask"),
+                                zero=self.zero)  # fmt: skip
         for r in self.reductions:
             self.row_ev.provided[r.name] = self._reduction_reader(r.name)
         # a tensor read directly by a reduction is loaded with its neutral value
@@ -218,15 +223,16 @@ class _Generator:
 
     def _check_row_position(self, tensor: str, index: Index) -> None:
         shape = self.graph.types[tensor].shape
-        if self.info.rows == 1 or linearise(index.dims, shape, self.body) == "rows":
+        linear = linearise(index.dims, shape, self.body)
+        if self.info.rows == 1 or (isinstance(linear, Sym) and linear.name == "rows"):
             return
-        if index.dims != split_linear(self.body, "rows", shape):
+        if index.dims != split_linear(self.body, self.rows, shape):
             raise AssertionError(f"{self.name}: a row value is read at another row's position")
 
     def row_value(self, tensor: str) -> str:
         """The [BLOCK_ROWS, 1] value of row-space ``tensor`` (computed once)."""
         shape = self.graph.types[tensor].shape
-        index = Index(split_linear(self.body, "rows", shape))
+        index = Index(split_linear(self.body, self.rows, shape))
         return self.row_ev.value(tensor, index)
 
     def _keep_reader(self, tensor: str):
@@ -247,17 +253,18 @@ class _Generator:
         first = f"{start} + " if start else ""
         body.raw(f"cols = {first}tl.arange(0, BLOCK_COLS)[None, :]")
         body.raw(f"mask = row_mask & (cols < {info.length})")
-        col_dims = iter(split_linear(body, "cols", info.cols_shape, "j"))
+        cols = Sym("cols", 0, info.length)
+        col_dims = iter(split_linear(body, cols, info.cols_shape, "j"))
         dims = tuple(next(col_dims) if i in info.axes else d for i, d in enumerate(self.keep_dims))
         n = len(info.x)
         if info.axes == tuple(range(n - len(info.axes), n)) and info.rows > 1:
             # reduced axes last: rows are contiguous
-            body.linear_of[(dims, info.x)] = f"rows * {info.length} + cols"
+            body.linear_of[(dims, info.x)] = self.rows * info.length + cols
         return Index(dims)
 
     def full_evaluator(self, body: Body, index: Index) -> _FullEvaluator:
-        ev = _FullEvaluator(self.graph, self.inside, body, self.pointers, mask="mask",
-                            zero="rows * 0", others=self.others, base=index.dims)  # fmt: skip
+        ev = _FullEvaluator(self.graph, self.inside, body, self.pointers, mask=Sym("mask"),
+                            zero=self.zero, others=self.others, base=index.dims)  # fmt: skip
         for t in self.info.row_space:
             ev.provided[t] = self._keep_reader(t)
         return ev
@@ -290,7 +297,7 @@ class _Generator:
         if not tensors:
             return
         body.comment("compute and store the full-space outputs")
-        offset = body.let(linearise(index.dims, self.info.x, body), "o")
+        offset = body.text(body.let(linearise(index.dims, self.info.x, body), "o"))
         for t in tensors:
             store(body, self.graph, self.pointers, t, offset, ev.value(t, index), "mask")
 
@@ -334,8 +341,7 @@ class _Generator:
         return self._arg_result(b, f"tl.reduce(({v}, {idx}), 1, {fn}, keep_dims=True)")
 
     def _arg_result(self, b: Body, reduce_expr: str) -> str:
-        b._counter[0] += 1
-        name = f"r{b._counter[0]}"
+        name = b.fresh("r")
         b.raw(f"_, {name} = {reduce_expr}")
         return b.let(f"{name}.to(tl.int64)", "r")
 
@@ -434,7 +440,7 @@ class _Generator:
             doc=doc,
             params=self.pointers.params(),
             config=self.k.config,
-            body=self.body.lines,
+            body=self.body.code(),
             grid=[f"    grid = (triton.cdiv({info.rows}, BLOCK_ROWS),)"],
             helpers=self.body.helpers,
         )

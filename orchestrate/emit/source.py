@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from orchestrate.emit.codegen import TL_DTYPE, Body, Pointers
+from orchestrate.emit.body import Body
+from orchestrate.emit.codegen import TL_DTYPE, Pointers
 from orchestrate.emit.helpers import HELPERS, Helper
 from orchestrate.emit.text import comment, docstring, string
 from orchestrate.ir import Graph

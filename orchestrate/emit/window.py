@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import math
 
-from orchestrate.emit.codegen import Body, Evaluator, Index, paren, split_linear
+from orchestrate.emit.body import Body
+from orchestrate.emit.codegen import Evaluator, Index, split_linear
+from orchestrate.emit.expr import Const, Expr, Sym, and_, ge, lt
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph
 from orchestrate.kernels.spec import KernelSpec
@@ -52,15 +54,18 @@ def window(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> K
     body.raw("offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)" if largest >= 2**31
              else "offs = pid * BLOCK + tl.arange(0, BLOCK)")  # fmt: skip
     body.raw(f"mask = offs < {numel}")
+    zero = body.lazy("zero", "offs * 0")  # a block-shaped zero
     body.comment(f"multi-index (n, c, *out) into the output {list(k.space)}")
-    out = split_linear(body, "offs", k.space)
+    out = split_linear(body, Sym("offs", 0, numel), k.space)
     body.comment("first input position of each window per axis (negative inside the padding)")
     corner = []
     for i in range(spatial):
         # block-shaped even on an output axis of size 1, so every tap's load
         # offset (and pointer) has the shape of its mask
-        o = _mul(out[2 + i], strides[i])
-        corner.append(body.let(_sub("offs * 0" if o == "0" else o, pads[i]), "h"))
+        o = out[2 + i] * strides[i]
+        if isinstance(o, Const):  # an output axis of size 1
+            o = zero + o
+        corner.append(body.let(o - pads[i], "h"))
 
     is_max = pool.attrs["kind"] == "max"
     if is_max:
@@ -77,7 +82,7 @@ def window(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> K
 
     levels, pos, tap_mask = _loops(body, pool, x_shape, k.space, corner, loop)
     inner = levels[-1]
-    ev = Evaluator(graph, prologue, inner, ptrs, mask="mask", zero="offs * 0")
+    ev = Evaluator(graph, prologue, inner, ptrs, mask=Sym("mask"), zero=zero)
     dims = (out[0], out[1], *pos)
     neutral = 'float("-inf")' if is_max else "0.0"
     inner.comment(
@@ -89,7 +94,7 @@ def window(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> K
     if not v.isidentifier():  # a literal (size-1 constant input): make it a block
         v = inner.let(f"tl.full([BLOCK], {v}, tl.float32)", "v")
     if tap_mask is not None:
-        v = inner.let(f"tl.where({tap_mask}, {v}, {neutral})", "v")
+        v = inner.let(f"tl.where({inner.text(tap_mask)}, {v}, {neutral})", "v")
     if is_max:
         inner.raw(
             f"acc = tl.where(({v} > acc) | ({v} != {v}), {v}, acc)  # NaN wins, as np.maximum"
@@ -104,7 +109,7 @@ def window(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> K
     else:
         body.comment(f"the average divides by the full window ({volume} taps), padding included")
         pooled = body.let(f"acc / {float(volume)!r}", "pooled")
-    ev_out = Evaluator(graph, epilogue, body, ptrs, mask="mask", zero="offs * 0")
+    ev_out = Evaluator(graph, epilogue, body, ptrs, mask=Sym("mask"), zero=zero)
     out_index = Index(out)
 
     def provide(index: Index) -> str:
@@ -132,12 +137,12 @@ def window(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> K
         params=ptrs.params(),
         config=k.config,
         helpers=body.helpers,
-        body=body.lines,
+        body=body.code(),
         grid=[f"    grid = (triton.cdiv({numel}, BLOCK),)"],
     )
 
 
-def _loops(body: Body, pool, x_shape, out_shape, corner: list[str], loop: str):
+def _loops(body: Body, pool, x_shape, out_shape, corner: list[Expr], loop: str):
     """Open one loop per spatial axis with more than one tap; each axis's
     input position and bounds check is computed at its own loop level.
     Returns the bodies (outermost first), the positions and the tap mask
@@ -153,27 +158,15 @@ def _loops(body: Body, pool, x_shape, out_shape, corner: list[str], loop: str):
             b.raw(f"for {tap} in {loop}({kernel[i]}):")
             b = b.fork(b.indent + "    ")
             levels.append(b)
-            h = b.let(f"{corner[i]} + {_mul(tap, dil[i])}", "h")
+            h = b.let(corner[i] + Sym(tap, 0, kernel[i], lane=False) * dil[i], "h")
         else:
             h = corner[i]
         pos.append(h)
         # positions read on this axis run from -pads[i] to `last`
         last = (out_shape[2 + i] - 1) * strides[i] - pads[i] + (kernel[i] - 1) * dil[i]
-        conds = ([f"{h} >= 0"] if pads[i] > 0 else []) + ([f"{h} < {size}"] if last >= size else [])
-        if len(conds) > 1:
-            conds = [" & ".join(f"({c})" for c in conds)]
-        if conds:
-            inside.append(b.let(conds[0], "m"))
+        cond = and_(ge(h, 0) if pads[i] > 0 else None, lt(h, size) if last >= size else None)
+        if cond is not None:
+            inside.append(b.let(cond, "m"))
     inner = levels[-1]
-    tap_mask = inner.let(" & ".join(map(paren, inside)), "m") if inside else None
-    return levels, pos, tap_mask
-
-
-def _mul(e: str, k: int) -> str:
-    if e == "0" or k == 0:
-        return "0"
-    return e if k == 1 else f"{paren(e)} * {k}"
-
-
-def _sub(e: str, k: int) -> str:
-    return f"{e} - {k}" if k else e
+    tap_mask = and_(*inside)
+    return levels, pos, None if tap_mask is None else inner.let(tap_mask, "m")
