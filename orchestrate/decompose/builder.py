@@ -198,9 +198,6 @@ class Builder:
     def abs(self, x):
         return self.unary(Op.ABS, x)
 
-    def not_(self, x):
-        return self.unary(Op.NOT, x)
-
     def add(self, x, y):
         return self.binary(Op.ADD, x, y)
 
@@ -242,9 +239,6 @@ class Builder:
 
     def and_(self, x, y):
         return self.binary(Op.AND, x, y)
-
-    def or_(self, x, y):
-        return self.binary(Op.OR, x, y)
 
     def where(self, c: Value, x: Operand, y: Operand) -> Value:
         if not isinstance(x, Value):

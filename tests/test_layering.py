@@ -1,0 +1,137 @@
+"""Stages import downward only: no import cycle in orchestrate/, and the
+edges the design forbids are absent.
+
+Imports are read from the source with ``ast``, those inside functions
+included (a lazy import is still a dependency), so a cycle cannot hide in a
+function body.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "orchestrate"
+
+# what a stage may not import (prefixes of module names)
+FORBIDDEN = {
+    "orchestrate.ir": ["orchestrate."],  # the IR stands alone (but for errors)
+    "orchestrate.kernels": ["orchestrate.cost", "orchestrate.ilp", "orchestrate.emit",
+                            "orchestrate.planner", "orchestrate.plan"],
+    "orchestrate.cost": ["orchestrate.ilp", "orchestrate.emit", "orchestrate.planner"],
+    "orchestrate.ilp": ["orchestrate.emit", "orchestrate.planner", "orchestrate.runtime"],
+    "orchestrate.emit": ["orchestrate.cost", "orchestrate.ilp", "orchestrate.planner"],
+    "orchestrate.plan": ["orchestrate.cost", "orchestrate.ilp", "orchestrate.emit",
+                         "orchestrate.planner"],
+    "orchestrate.runtime": ["orchestrate.cost", "orchestrate.ilp", "orchestrate.planner",
+                            "orchestrate.kernels.rules", "pulp"],
+}  # fmt: skip
+ALLOWED_FROM_IR = {"orchestrate.errors"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """Every module ``path`` imports, at any depth of the file."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            for a in node.names:  # `from orchestrate import ir` imports a module,
+                sub = f"{base}.{a.name}"  # `from orchestrate.ir import Op` reads one
+                out.add(sub if sub in known else base)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    edges = {}
+    for name, path in mods.items():
+        found = imports(path, known)
+        # importing a package's submodule runs the package first: count the
+        # submodule, not the package, so `from orchestrate import x` in a
+        # module that the package itself imports lazily is no cycle
+        edges[name] = {m for m in found if m in known and m != name and m != "orchestrate"}
+        edges[name] |= {m for m in found if not m.startswith("orchestrate")}
+    return edges
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(v: str) -> list[str] | None:
+        state[v] = 1
+        stack.append(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in edges:
+                continue
+            if state.get(w) == 1:
+                return stack[stack.index(w) :] + [w]
+            if w not in state:
+                found = visit(w)
+                if found:
+                    return found
+        stack.pop()
+        state[v] = 2
+        return None
+
+    for v in sorted(edges):
+        if v not in state:
+            found = visit(v)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(
+        {k: {m for m in v if m.startswith("orchestrate")} for k, v in graph().items()}
+    )
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_package_imports_nothing_but_errors_and_its_version_eagerly():
+    """``import orchestrate`` stays light: the stages load when used."""
+    top = ast.parse((PACKAGE / "__init__.py").read_text())
+    eager = {n.module for n in top.body if isinstance(n, ast.ImportFrom)}
+    assert eager <= {"orchestrate.errors", "orchestrate.version"}, eager
+
+
+def test_stages_import_downward_only():
+    bad = []
+    for name, deps in graph().items():
+        for stage, banned in FORBIDDEN.items():
+            if name != stage and not name.startswith(stage + "."):
+                continue
+            for dep in deps:
+                if stage == "orchestrate.ir" and dep in ALLOWED_FROM_IR:
+                    continue
+                if any(dep == b or dep.startswith(b if b.endswith(".") else b + ".")
+                       or dep == b.rstrip(".") for b in banned):  # fmt: skip
+                    bad.append(f"{name} imports {dep}")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_the_checker_finds_a_cycle():
+    """The test above can fail: a made-up cycle is found."""
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
