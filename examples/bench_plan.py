@@ -44,6 +44,7 @@ def plan_one(path: Path) -> dict:
     """Run in a child process: plan ``path`` and report time, memory, plan summary."""
     from orchestrate import frontend, pipeline
     from orchestrate.decompose import fission
+    from orchestrate.emit import function_key
     from orchestrate.planner import PlanOptions
 
     started = time.perf_counter()
@@ -53,12 +54,16 @@ def plan_one(path: Path) -> dict:
     del model
     graph = fission(prepared, str(path), consume=True)
     del prepared
-    result = pipeline.plan_graph(graph, PlanOptions())
+    plan = pipeline.plan_graph(graph, PlanOptions()).plan
     wall = time.perf_counter() - started
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    result = plan.to_json()
     return {
         "nodes": nodes,
         "primitives": len(result["primitives"]),
+        "functions": len(
+            {function_key(k.hash, k.primitives, k.outputs) for k in plan.kernels if not k.is_view}
+        ),  # fmt: skip
         "solver": result["solver"],
         "summary": result["summary"],
         "baselines": result["baselines"],
@@ -116,8 +121,8 @@ def reasons(r: dict) -> list[str]:
 def table(rows) -> str:
     head = (
         "| model | ONNX nodes | primitives | candidates | partitions (unique) | solver s | status "
-        "| kernels unfused / greedy / ILP | predicted us unfused / greedy / ILP | MB moved unfused / "
-        "greedy / ILP | ILP vs greedy | wall s | peak RSS |"
+        "| kernels unfused / greedy / ILP | jitted functions | predicted us unfused / greedy / ILP "
+        "| MB moved unfused / greedy / ILP | ILP vs greedy | wall s | peak RSS |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, r in rows:
@@ -126,7 +131,7 @@ def table(rows) -> str:
         lines.append(
             f"| {name} | {r['nodes']} | {r['primitives']} | {sol['candidates']} "
             f"| {sol['partitions']} ({sol['unique_partitions']}) | {sol['seconds']} | {sol['status']} "
-            f"| {u['kernels']} / {g['kernels']} / {s['kernels']} "
+            f"| {u['kernels']} / {g['kernels']} / {s['kernels']} | {r['functions']} "
             f"| {u['predicted_us']:.1f} / {g['predicted_us']:.1f} / {s['predicted_us']:.1f} "
             f"| {u['bytes'] / 1e6:.0f} / {g['bytes'] / 1e6:.0f} / {s['bytes'] / 1e6:.0f} "
             f"| {g['predicted_us'] / s['predicted_us']:.2f}x | {r['wall_s']} "

@@ -102,10 +102,10 @@ def check(name: str, build, kind: str, dynamo: bool, out: Path) -> tuple[list[st
     except orchestrate.OrchestrateError as e:
         return [name, exporter, str(len(model.graph.node)), "-", "-", "-", f"FAILED: {e}"], False
     plan, worst = result.plan, max(c.rel for c in result.report.checks)
-    s, g = plan["summary"], plan["baselines"]["greedy"]
+    s, g = plan.summary, plan.baselines["greedy"]
     return [
-        name, exporter, str(len(model.graph.node)), f"{g['kernels']} / {s['kernels']}",
-        f"{g['predicted_us']:.1f} / {s['predicted_us']:.1f}", f"{worst:.1e}",
+        name, exporter, str(len(model.graph.node)), f"{g.kernels} / {s.kernels}",
+        f"{g.predicted_us:.1f} / {s.predicted_us:.1f}", f"{worst:.1e}",
         f"verified ({time.perf_counter() - started:.0f} s)",
     ], True  # fmt: skip
 

@@ -191,3 +191,38 @@ def test_bench_times_the_bundle_and_onnxruntime(built):
     assert r.exit_code == 0, r.output
     assert "orchestrate (Triton interpreter)" in r.output and "onnxruntime (CPU)" in r.output
     assert "says nothing about GPU speed" in r.output
+
+
+def test_a_bundle_of_an_older_format_is_refused(built, tmp_path):
+    import shutil
+
+    _, out = built
+    old = tmp_path / "old.orch"
+    shutil.copytree(out, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    manifest["format"] = "orchestrate-bundle/1"
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(orchestrate.InputError, match="older orchestrate"):
+        orchestrate.load(old)
+    r = invoke("run", old)
+    assert r.exit_code == 2 and "optimize" in r.output
+
+
+def test_planned_kernels_with_equal_specs_share_one_jitted_function(tmp_path):
+    """A two-layer model: the layers' kernels share functions, and the
+    launch table binds each planned kernel to its own tensors."""
+    from orchestrate import bundle
+
+    src = "examples/models/tiny_bert.onnx"
+    result = orchestrate.optimize(src, tmp_path / "bert.orch", trials=1, reproducible=True)
+    text = (result.path / "kernels.py").read_text()
+    functions = text.count("@triton.jit\ndef ") - text.count("@triton.jit\ndef _")
+    planned = [k for k in result.plan.kernels if not k.is_view]
+    assert len(planned) > functions >= len({k.hash for k in planned})
+    program = orchestrate.load(result.path).program
+    assert len({launch.__name__ for launch, _ in program.launches.values()}) == functions
+    _, _, constants, _ = bundle.read(result.path)
+    literals = {name for name, value in constants.items() if value.size == 1}
+    for k in planned:
+        _, tensors = program.launches[k.name]
+        assert set(tensors) == (set(k.inputs) - literals) | set(k.outputs), k.name

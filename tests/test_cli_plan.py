@@ -89,3 +89,24 @@ def test_bad_options_and_files(tmp_path):
     r = invoke("explain", tmp_path / "broken.json")
     assert r.exit_code == 2 and "not a JSON plan" in r.output
     assert not (tmp_path / "p.json").exists()
+
+
+def test_a_plan_of_an_older_format_is_refused_with_the_reason(tmp_path):
+    src, plan = tmp_path / "m.onnx", tmp_path / "m.plan.json"
+    onnx.save(_model(), src)
+    assert invoke("plan", src, "-o", plan, "--reproducible").exit_code == 0
+    data = json.loads(plan.read_text())
+    assert data["format"] == "orchestrate-plan/2"
+    assert all({"num_warps", "num_stages"} <= set(k["config"]) for k in data["kernels"])
+    data["format"] = "orchestrate-plan/1"
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(data))
+    r = invoke("explain", old)
+    assert r.exit_code == 2 and "older orchestrate" in r.output and "Traceback" not in r.output
+
+
+def test_rules_lists_the_table():
+    r = invoke("rules")
+    assert r.exit_code == 0, r.output
+    names = [line.split()[0] for line in r.output.splitlines()]
+    assert names == ["view", "pointwise", "row_reduce", "matmul", "conv", "window", "attention"]

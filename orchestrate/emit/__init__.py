@@ -42,12 +42,12 @@ GENERATORS = {
 }
 
 
-def function_key(spec: KernelSpec, writes: Sequence[str]) -> str:
+def function_key(spec_hash: str, nodes: Sequence[str], writes: Sequence[str]) -> str:
     """Equal for planned kernels one jitted function serves: the same spec
-    writing the same of its nodes."""
-    local = {n: i for i, n in enumerate(spec.nodes)}
+    (structural hash) writing the same of its nodes."""
+    local = {n: i for i, n in enumerate(nodes)}
     which = ",".join(str(local[t]) for t in writes)
-    return hashlib.sha1(f"{spec.hash}|{which}".encode()).hexdigest()[:16]
+    return hashlib.sha1(f"{spec_hash}|{which}".encode()).hexdigest()[:16]
 
 
 def kernel_source(graph: Graph, spec: KernelSpec, writes: Sequence[str], name: str) -> KernelSource:
@@ -63,7 +63,7 @@ def emit(graph: Graph, planned: Planned, title: str = "") -> str:
     for entry, spec in zip(plan.kernels, planned.specs):
         if spec.template == VIEW:
             continue
-        key = function_key(spec, entry.outputs)
+        key = function_key(spec.hash, spec.nodes, entry.outputs)
         if key not in functions:
             counts[spec.template] = counts.get(spec.template, 0) + 1
             name = f"{spec.template}_{counts[spec.template]}"
