@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from orchestrate import ir, type_rules
 from orchestrate.decompose.builder import Builder, Value
 from orchestrate.kernels import config
-from orchestrate.kernels.spec import MATMUL, KernelSpec, Rejection
+from orchestrate.kernels.spec import MATMUL, KernelSpec
 from tests import graphs
 from tests.emit_util import (
     assert_matches_reference,
@@ -217,7 +217,17 @@ def test_large_tensors_use_64_bit_offsets():
     assert "pid_b = tl.program_id(1).to(tl.int64)" in src and "dtype=tl.int64" in src
 
 
-def test_batch_beyond_grid_axis_is_refused_by_the_rule():
+def test_a_batch_beyond_grid_axis_1_joins_grid_axis_0(monkeypatch):
+    """Grid axis 1 holds 65,535 programs: a larger batch is counted on axis 0
+    with the tiles, so even a lone matmul of 70,000 batch entries is a kernel."""
+    from orchestrate.emit import matmul as matmul_module
+
     g = graphs.build(lambda b, x, y: b.matmul(x, y), [(70000, 2, 2), (2, 2)])
-    r = spec_of(g, [n.name for n in g.nodes])
-    assert isinstance(r, Rejection) and "batch of 70000" in r.reason
+    assert isinstance(spec_of(g, [n.name for n in g.nodes]), KernelSpec)
+    src = one_source(g)
+    assert "pid_b = pid // tiles" in src and "* 70000, 1)" in src
+    # the same mapping, run: a batch of 5 beyond an axis of 2
+    monkeypatch.setattr(matmul_module, "MAX_GRID_AXIS1", 2)
+    g = graphs.build(lambda b, x, y: b.add(b.matmul(x, y), 1.0), [(5, 3, 4), (4, 3)])
+    src = assert_matches_reference(g, one_kernel(g), graphs.random_inputs(g), atol=1e-5)
+    assert "pid_b = pid // tiles" in src

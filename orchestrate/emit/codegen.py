@@ -282,7 +282,8 @@ class Evaluator:
                 continue
             i = b.let(e - before, "p")
             if a["mode"] == "constant":
-                conds.append(and_(ge(i, 0), lt(i, d)))
+                at = self._blocked(i)
+                conds.append(and_(ge(at, 0), lt(at, d)))
                 dims.append(i)
             elif a["mode"] == "edge":
                 dims.append(b.let(minimum(maximum(i, 0), d - 1), "p"))
@@ -306,7 +307,8 @@ class Evaluator:
         pieces = []
         for src in n.inputs:
             size = self.graph.types[src].shape[ax]
-            cond = and_(ge(e, start), lt(e, start + size))
+            at = self._blocked(e)
+            cond = and_(ge(at, start), lt(at, start + size))
             shift = start
             start += size
             if cond is not None and is_false(cond):
@@ -321,6 +323,13 @@ class Evaluator:
         for cond, v in reversed(pieces[:-1]):
             expr = f"tl.where({b.text(cond)}, {v}, {expr})"
         return b.let(expr, "v")
+
+    def _blocked(self, e: Expr) -> Expr:
+        """``e`` for a mask test: block-shaped even when it is one scalar for
+        the whole program (a batch index), as a load's mask must be."""
+        if self.zero is not None and is_lane_invariant(e) and not isinstance(e, Const):
+            return self.zero + e
+        return e
 
     def _gather(self, n: Node, index: Index) -> str:
         data, idx = n.inputs

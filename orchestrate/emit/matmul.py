@@ -45,16 +45,25 @@ from orchestrate.ir import Graph
 from orchestrate.kernels.spec import KernelSpec
 
 WIDE = 2**31  # tensors this large need 64-bit offsets
+MAX_GRID_AXIS1 = 65535  # a larger batch is counted on grid axis 0 with the tiles
 
 
 def accumulator_dtype(dtype: str) -> str:
     return "float32" if dtype == "float16" else dtype
 
 
-def grouped_tile(body: Body, rows: int, cols: int) -> None:
-    """Emit the tutorial's grouped mapping of program id 0 to (pid_m, pid_n)."""
+def grouped_tile(body: Body, rows: int, cols: int, batch_too: bool = False) -> None:
+    """Emit the tutorial's grouped mapping of program id 0 to (pid_m, pid_n);
+    ``batch_too``: program id 0 also counts the batch (``pid_b``), for
+    batches beyond what grid axis 1 holds."""
     body.comment("map the program id to a tile, GROUP_M rows of tiles at a time (L2 reuse)")
-    body.raw("pid = tl.program_id(0)")
+    if batch_too:
+        body.raw("pid = tl.program_id(0)")
+        body.raw(f"tiles = tl.cdiv({rows}, BLOCK_M) * tl.cdiv({cols}, BLOCK_N)")
+        body.raw("pid_b = pid // tiles  # the batch entry: grid axis 1 holds 65,535 at most")
+        body.raw("pid = pid % tiles")
+    else:
+        body.raw("pid = tl.program_id(0)")
     body.raw(f"num_pid_m = tl.cdiv({rows}, BLOCK_M)")
     body.raw(f"num_pid_n = tl.cdiv({cols}, BLOCK_N)")
     body.raw("num_pid_in_group = GROUP_M * num_pid_n")
@@ -121,9 +130,13 @@ def matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> K
         f"C{list(mm.shape)} = A{list(a_t.shape)} @ B{list(b_t.shape)}"
         + (f", batch {list(batch)} on grid axis 1" if batch else "")
     )
-    grouped_tile(body, m, n)
+    fold = nbatch > MAX_GRID_AXIS1
+    grouped_tile(body, m, n, batch_too=fold)
     wid = ".to(tl.int64)" if wide else ""
-    body.raw(f"pid_b = tl.program_id(1){wid}")
+    if not fold:
+        body.raw(f"pid_b = tl.program_id(1){wid}")
+    elif wide:
+        body.raw("pid_b = pid_b.to(tl.int64)")
     if len(batch) > 1:
         body.comment(f"batch multi-index into {list(batch)}")
     pid_b = Sym("pid_b", 0, nbatch, lane=False)
@@ -188,7 +201,9 @@ def matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> K
         helpers=body.helpers,
         body=body.code(),
         grid=[
-            f"    grid = (triton.cdiv({m}, BLOCK_M) * triton.cdiv({n}, BLOCK_N), {nbatch})",
+            f"    grid = (triton.cdiv({m}, BLOCK_M) * triton.cdiv({n}, BLOCK_N) * {nbatch}, 1)"
+            if fold
+            else f"    grid = (triton.cdiv({m}, BLOCK_M) * triton.cdiv({n}, BLOCK_N), {nbatch})",
         ],
     )
 

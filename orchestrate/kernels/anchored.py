@@ -36,7 +36,7 @@ from orchestrate.kernels.spec import (
 )
 
 EPILOGUE_OPS = ir.ELEMENTWISE  # keep the anchor's element alignment
-MAX_GRID_AXIS1 = 65535  # the batch (matmul) or the groups (conv) run on grid axis 1
+MAX_GRID_AXIS1 = 65535  # the groups of a conv run on grid axis 1
 POOL_DIMS = (1, 2, 3)  # spatial dimensions the window template unrolls
 
 
@@ -94,9 +94,7 @@ def matmul(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection:
     if isinstance(found, Rejection):
         return found
     a = graph.types[mm.inputs[0]]
-    *batch, m, n = mm.shape
-    if math.prod(batch) > MAX_GRID_AXIS1:
-        return Rejection(f"{mm.name}: batch of {math.prod(batch)} exceeds grid axis 1")
+    *_, m, n = mm.shape
     configs = config.matmul(m, n, a.shape[-1], a.dtype, target.tf32)
     return accept(graph, MATMUL, r, mm.shape, found, _optional(r, found), configs, target)
 

@@ -10,7 +10,8 @@ a reduction, reductions over different rows).  Two budgets keep a wide graph
 small to large, what a budget drops is the largest sets; the counts of what
 was cut are reported.
 
-Every single node is a candidate, so a plan always exists.
+Every single node is a candidate, so a plan always exists (a node no rule
+runs alone, a row of 2**31 elements say, is an UnsupportedError naming it).
 
 Pattern rules (attention) then propose the sets enumeration never builds;
 they are judged by the same rule table, and each refusal is kept with its
@@ -22,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from orchestrate.errors import UnsupportedError
 from orchestrate.ir import Graph, Node
 from orchestrate.kernels.region import ANCHORS, ROW_REDUCTIONS, reduce_axes
 from orchestrate.kernels.rules import match, pattern_rules
@@ -76,7 +78,15 @@ def enumerate_kernels(
     level: dict[frozenset[int], _State] = {}
     for i in range(len(members)):  # singletons first: a plan always exists
         level[frozenset((i,))] = _State().add(nodes_by_index[i], row_keys[i], limits)
-        consider(frozenset((i,)))
+        alone = match(graph, (members[i],), target)
+        if isinstance(alone, Rejection):
+            n = nodes_by_index[i]
+            raise UnsupportedError(
+                f"{n.origin or n.name}: primitive {n.name} ({n.op.value}) has no kernel: "
+                f"{alone.reason}",
+                {n.op.value: 1},
+            )
+        result.kernels.append(alone)
     result.examined = len(members)
     for _ in range(2, limits.max_nodes + 1):
         grown: dict[frozenset[int], _State] = {}
