@@ -255,15 +255,17 @@ def test_cost_by_hand():
 
 
 def test_head_dims_that_do_not_fit_are_rejected():
-    """The fit check is the rule's own: a head dim whose tiles do not fit the
-    device's shared memory gets no attention kernel, whatever the set."""
-    g = graphs.build(attention_fn(), [(1, 1, 4, 128)] * 3)
+    """The fit check is the rule's own: a head dim whose tiles fit the
+    device's shared memory in no configuration gets no attention kernel."""
+    from orchestrate.kernels.fit import working_set
+
+    g = graphs.build(attention_fn(), [(1, 1, 64, 128)] * 3)
     names = _names(g)
-    assert isinstance(spec_of(g, names, "h100"), KernelSpec)
-    r = spec_of(g, names, "v100")
-    assert isinstance(r, Rejection) and "shared memory" in r.reason, r
-    g = graphs.build(attention_fn(), [(1, 1, 4, 256)] * 3)
-    r = spec_of(g, _names(g), "h100")
+    for device, kb in (("h100", 227), ("v100", 96)):
+        k = spec_of(g, names, device)
+        assert isinstance(k, KernelSpec) and working_set(g, k).shared_bytes <= kb * 1024
+    g = graphs.build(attention_fn(), [(1, 1, 64, 1024)] * 3, dtype="float16")
+    r = spec_of(g, _names(g), "v100")
     assert isinstance(r, Rejection) and "shared memory" in r.reason, r
 
 

@@ -6,8 +6,9 @@ The Triton interpreter runs kernels but does not type-check them the way the
 compiler does (loop-carried types, constexpr use, dot shapes).  This runs
 each distinct launcher against stand-in tensors to learn its arguments, then
 hands its jitted function to ``triton.compile`` for ``cuda:<arch>`` with the
-launch's ``num_warps`` and ``num_stages``, all the way to a cubin (Triton
-wheels ship ptxas).  Needs only triton and numpy, so it can check the
+launch's ``num_warps`` and ``num_stages`` and 16-byte aligned pointers (as
+the JIT specialises torch's allocations), all the way to a cubin (Triton
+wheels ship ptxas).  ``metadata.shared`` is the shared memory per block.  Needs only triton and numpy, so it can check the
 generated source against another Triton version in a separate environment.
 Must run in a process where TRITON_INTERPRET is not set.
 """
@@ -94,8 +95,10 @@ def compile_module(module, dtypes: dict[str, str], arch: int = 90) -> list[Compi
         signature = {names[i]: POINTER[a.dtype] for i, a in enumerate(args)}
         signature.update({k: "constexpr" for k in kwargs})
         constexprs = {(names.index(k),): v for k, v in kwargs.items()}
-        c = triton.compile(ASTSource(kernel, signature, constexprs=constexprs),
-                           target=GPUTarget("cuda", arch, 32), options=options)  # fmt: skip
+        # the JIT specialises 16-byte aligned pointers (torch allocations are)
+        aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(args))}
+        source = ASTSource(kernel, signature, constexprs=constexprs, attrs=aligned)
+        c = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
         done[fname] = Compiled(fname, int(c.metadata.shared), int(c.metadata.num_warps),
                                int(c.metadata.num_stages))  # fmt: skip
     return list(done.values())

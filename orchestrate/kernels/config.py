@@ -135,24 +135,24 @@ def window(numel: int) -> list[LaunchConfig]:
 
 
 def attention(lq: int, lk: int, d: int, dv: int) -> list[LaunchConfig]:
-    """Query tiles of BLOCK_M rows, key steps of BLOCK_N; then smaller
-    pipelines and key steps for head dims that do not fit."""
+    """Query tiles of BLOCK_M rows, key steps of BLOCK_N: the largest tiles
+    first, each with 4 then 8 warps and 3, 2, then 1 stages, down to 16 x 16
+    (the rule keeps the first that fits; large head dims need small tiles)."""
     heads = {"BLOCK_D": max(MIN_DOT, next_pow2(d)), "BLOCK_DV": max(MIN_DOT, next_pow2(dv))}
     fast = {"BLOCK_M": clamp_pow2(lq, MIN_DOT, ATTENTION_INTERPRET_BLOCK),
             "BLOCK_N": clamp_pow2(lk, MIN_DOT, ATTENTION_INTERPRET_BLOCK)}  # fmt: skip
     bm, bn = ATTENTION_TILE
+    tiles = [(bm, bn), (bm, bn // 2), (bm // 2, bn), (bm // 2, bn // 2), (bm // 2, bn // 4),
+             (bm // 4, bn // 4)]  # fmt: skip
     out = []
-    for m, n, stages in (
-        (bm, bn, NUM_STAGES),
-        (bm, bn, 2),
-        (bm, bn // 2, 2),
-        (bm // 2, bn // 2, 1),
-    ):
-        gpu = {"BLOCK_M": clamp_pow2(lq, MIN_DOT, m), "BLOCK_N": clamp_pow2(lk, MIN_DOT, n),
-               **heads}  # fmt: skip
-        c = config(gpu, fast, num_warps=NUM_WARPS, num_stages=stages)
-        if c not in out:
-            out.append(c)
+    for m, n in tiles:
+        for warps in (NUM_WARPS, 2 * NUM_WARPS):
+            for stages in range(NUM_STAGES, 0, -1):
+                gpu = {"BLOCK_M": clamp_pow2(lq, MIN_DOT, m), "BLOCK_N": clamp_pow2(lk, MIN_DOT, n),
+                       **heads}  # fmt: skip
+                c = config(gpu, fast, num_warps=warps, num_stages=stages)
+                if c not in out:
+                    out.append(c)
     return out
 
 

@@ -1,21 +1,36 @@
 """On-chip working sets: does a kernel with this configuration fit one block?
 
-One model per template, read from the spec's launch configuration, and the
-one fit check every rule runs before it accepts a set (``fits``).  Figures
-are per thread block:
+One model per template, read from the spec (its roles and its launch
+configuration), and the one fit check every rule runs before it accepts a
+set (``fits``).  Per thread block:
 
-``shared_bytes``  shared memory Triton allocates: the software-pipelined
-                  operand tiles of ``tl.dot`` and the scratch of reductions
-                  and layout conversions (calibrated against
-                  ``metadata.shared`` of kernels compiled for sm_90, see
-                  ``tests/test_fit.py``);
-``registers``     32-bit values one thread holds at the peak: accumulator
-                  tiles and the tiles an epilogue or a score chain keeps
-                  live, spread over ``32 * num_warps`` threads.
+``shared_bytes``  shared memory Triton allocates for the kernel as emitted.
+                  Calibrated against ``metadata.shared`` of 4,512 compiles for
+                  sm_90 (Triton 3.9, pointers 16-byte aligned as the JIT
+                  specialises them); ``tests/test_fit.py`` keeps every
+                  template x configuration the examples use between 1x and 2x
+                  of the compiled figure.
+``spills``        a rule per template that says when ptxas would spill
+                  registers to local memory (fp32 accumulators and operand
+                  tiles per thread); calibrated on the same compiles, it
+                  misses only spills of a few hundred bytes per thread.
 
-A kernel fits when ``shared_bytes`` is within the device's per-block shared
-memory and ``registers`` within ``MAX_REGISTERS`` per thread (what an sm_70+
-thread can address; past it Triton spills to local memory).
+The terms, with ``it`` the operand item size (2 for fp16, 4 for fp32), ``S``
+stages and ``W`` warps:
+
+* matmul / conv: the A (BLOCK_M x BLOCK_K) and B (BLOCK_K x BLOCK_N) tiles
+  ``T``; every tile load of the K loop (operands and prologue inputs) is
+  buffered ``S - 1`` more times when the loop is software-pipelined (more
+  than one K step and ``S >= 2``); wgmma (fp16 and TF32, BLOCK_M >= 64) keeps
+  both tiles in shared memory, IEEE fp32 only computed tiles; the result tile
+  is converted to the store layout through ``min(BLOCK_M, 128) x BLOCK_N``.
+* attention: the Q, K and probability tiles, a row of fp32 running state,
+  and ``S - 1`` more copies of the K, V (and, with a K/V prologue, score
+  side input) tiles when the key loop is pipelined.
+* row reduce: cross-warp partial sums (``4 x BLOCK_ROWS`` per warp along the
+  row), the layout change of a stored row value, and the conversion of a
+  per-row input loaded under the whole tile's mask.
+* pointwise, window, view: none.
 """
 
 from __future__ import annotations
@@ -23,7 +38,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from orchestrate.ir import Graph
+from orchestrate import ir
+from orchestrate.ir import Graph, Node, Op
+from orchestrate.kernels.region import ancestors_within
 from orchestrate.kernels.spec import (
     ATTENTION,
     CONV,
@@ -32,19 +49,17 @@ from orchestrate.kernels.spec import (
     Anchored,
     AttentionRoles,
     KernelSpec,
+    Operand,
     Rejection,
     Rows,
+    inlined,
 )
-
-MAX_REGISTERS = 255  # per thread
-# registers a thread keeps for addresses, masks and loop state, besides tiles
-BASE_REGISTERS = 40
 
 
 @dataclass(frozen=True)
 class WorkingSet:
     shared_bytes: int
-    registers: int  # per thread
+    spills: bool  # ptxas would spill registers to local memory
 
 
 def working_set(graph: Graph, spec: KernelSpec) -> WorkingSet:
@@ -53,8 +68,8 @@ def working_set(graph: Graph, spec: KernelSpec) -> WorkingSet:
     if spec.template == ATTENTION:
         return _attention(graph, spec)
     if spec.template == ROW_REDUCE:
-        return _row_reduce(graph, spec)
-    return WorkingSet(0, BASE_REGISTERS)
+        return WorkingSet(_row_reduce(graph, spec), False)
+    return WorkingSet(0, False)
 
 
 def fits(graph: Graph, spec: KernelSpec, device) -> KernelSpec | Rejection:
@@ -62,64 +77,159 @@ def fits(graph: Graph, spec: KernelSpec, device) -> KernelSpec | Rejection:
     ws = working_set(graph, spec)
     limit = device.smem_per_block_kb * 1024
     c = spec.config
-    what = ", ".join(f"{k}={v}" for k, v in c.blocks) + f", {c.num_stages} stages"
+    what = (", ".join(f"{k}={v}" for k, v in c.blocks)
+            + f", {c.num_warps} warps, {c.num_stages} stages")  # fmt: skip
     if ws.shared_bytes > limit:
         return Rejection(
             f"{spec.template} tiles ({what}) need {ws.shared_bytes // 1024} KB of shared "
             f"memory > {device.smem_per_block_kb} KB per block on {device.name}"
         )
-    if ws.registers > MAX_REGISTERS:
-        return Rejection(
-            f"{spec.template} tiles ({what}) need about {ws.registers} registers per thread "
-            f"> {MAX_REGISTERS}"
-        )
+    if ws.spills:
+        return Rejection(f"{spec.template} tiles ({what}) spill registers to local memory")
     return spec
 
 
-def _itemsize(dtype: str) -> int:
-    return 2 if dtype == "float16" else 8 if dtype in ("float64", "int64", "uint64") else 4
+def _itemsize(graph: Graph, tensor: str) -> int:
+    return graph.types[tensor].itemsize
 
 
-def _threads(spec: KernelSpec) -> int:
-    return 32 * spec.config.num_warps
+def _tile_loads(graph: Graph, spec: KernelSpec, operand: str, prologue) -> list[int]:
+    """Item sizes of the tensors loaded to make one tile of ``operand``: the
+    operand itself, or each input its prologue nodes read from memory."""
+    inside = set(spec.nodes)
+    if operand not in inside:
+        return [] if inlined(graph, operand) else [_itemsize(graph, operand)]
+    nodes = (ancestors_within(graph, operand, prologue) | {operand}) & set(prologue)
+    return [
+        _itemsize(graph, i)
+        for n in nodes for i in graph.producer[n].inputs
+        if i not in inside and not inlined(graph, i)
+    ]  # fmt: skip
 
 
 def _dot_tiles(graph: Graph, spec: KernelSpec) -> WorkingSet:
-    """matmul / conv: ``num_stages`` copies of the A (BLOCK_M x BLOCK_K) and B
-    (BLOCK_K x BLOCK_N) tiles in shared memory; the fp32 accumulator and one
-    tile per epilogue input in registers."""
-    c = spec.config
-    roles = spec.roles
+    c, roles = spec.config, spec.roles
     assert isinstance(roles, Anchored)
     anchor = graph.producer[roles.anchor]
-    item = _itemsize(graph.types[anchor.inputs[0]].dtype)
-    bm, bn, bk = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]
-    smem = (bm * bk + bk * bn) * item * c.num_stages
-    epilogue_inputs = sum(
-        1 for n in roles.epilogue for i in graph.producer[n].inputs if i not in spec.nodes
-    )
-    tile = math.ceil(bm * bn / _threads(spec))
-    return WorkingSet(smem, BASE_REGISTERS + (1 + epilogue_inputs) * tile)
+    dtype = graph.types[anchor.inputs[0]].dtype
+    it = 2 if dtype == "float16" else graph.types[anchor.inputs[0]].itemsize
+    bm, bn, bk, stages, warps = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c.num_stages, c.num_warps
+    a, b = bm * bk, bk * bn
+    if anchor.op is Op.CONV:
+        k = math.prod(graph.types[anchor.inputs[1]].shape[1:])
+        a_loads, b_loads = (
+            [_itemsize(graph, anchor.inputs[0])],
+            [_itemsize(graph, anchor.inputs[1])],
+        )
+        a_piped = dtype != "float16"  # the im2col gather of 2-byte values is not pipelined
+        b_piped = not (dtype == "float16" and k % 8)  # nor weight rows off 16-byte alignment
+        a_direct = b_direct = True
+    else:
+        k = graph.types[anchor.inputs[0]].shape[-1]
+        a_loads = _tile_loads(graph, spec, anchor.inputs[0], roles.prologue)
+        b_loads = _tile_loads(graph, spec, anchor.inputs[1], roles.prologue)
+        a_piped = b_piped = True
+        a_direct, b_direct = (t not in spec.nodes for t in anchor.inputs)
+    looped = sum(a_loads) * a * a_piped + sum(b_loads) * b * b_piped
+    steps = math.ceil(k / bk)
+    piped = stages >= 2 and steps > 1 and looped > 0
+    tensor_cores = dtype == "float16" or c.precision == "tf32"
+    result = min(bm, 128) * bn * it
+    tiles = (a + b) * it
+    if tensor_cores and bm >= 64:  # wgmma: both operand tiles in shared memory
+        smem = max(result, tiles + (stages - 1) * looped if piped else tiles)
+    elif not piped:
+        smem = tiles + result if steps == 1 else max(tiles, result)
+    else:
+        computed = a * it * (not a_direct or not a_piped) + b * it * (not b_direct or not b_piped)
+        smem = max(result, (stages - 1) * looped + computed)
+    per_thread = 32 * warps
+    if tensor_cores:
+        spills = bm * bn / per_thread >= 128
+    else:
+        spills = (bm * bn + (bm + bn) * bk) / per_thread >= 128
+    return WorkingSet(smem, spills)
 
 
 def _attention(graph: Graph, spec: KernelSpec) -> WorkingSet:
-    """The query tile once and ``num_stages`` copies of the K and V tiles in
-    shared memory; the output accumulator, the query tile and one score
-    tile in registers."""
-    c = spec.config
-    roles = spec.roles
+    c, roles = spec.config, spec.roles
     assert isinstance(roles, AttentionRoles)
-    item = _itemsize(graph.producer[roles.m1].dtype)
+    m1, m2 = graph.producer[roles.m1], graph.producer[roles.m2]
+    half = m1.dtype == "float16"
+    it = 2 if half else 4
     bm, bn, bd, bdv = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_D"], c["BLOCK_DV"]
-    smem = (bm * bd + c.num_stages * bn * (bd + bdv)) * item
-    regs = math.ceil(bm * (bdv + bn + bd) / _threads(spec))
-    return WorkingSet(smem, BASE_REGISTERS + regs)
+    stages, warps = c.num_stages, c.num_warps
+    prologue = [n for n, _ in roles.prologue]
+    k_loads = _tile_loads(graph, spec, m1.inputs[1], prologue)
+    v_loads = _tile_loads(graph, spec, m2.inputs[1], prologue)
+    side = [n for n, op in roles.prologue if op is Operand.SCORES] + list(roles.scores)
+    s_loads = [_itemsize(graph, i) for n in side for i in graph.producer[n].inputs
+               if i not in spec.nodes and not inlined(graph, i)]  # fmt: skip
+    with_prologue = len(k_loads) > 1 or len(v_loads) > 1
+    looped = (sum(k_loads) * bd * bn + sum(v_loads) * bn * bdv
+              + (sum(s_loads) * bm * bn if with_prologue else 0))  # fmt: skip
+    base = (bm * bd + bn * bd + bm * bn) * it + (0 if half else 4 * bm)
+    if stages >= 2 and m1.shape[-1] > bn:  # the key loop is pipelined
+        smem = base + (stages - 1) * looped
+    else:
+        # without pipelining Triton's allocator reuses fp16 buffers unevenly
+        # (0.5x to 2x of the tiles between 4 and 8 warps): the safe bound
+        smem = base if not half else 2 * base
+    per_thread = 32 * warps
+    if half:
+        spills = bm * (bn + bdv) / per_thread >= 128
+    else:
+        spills = bm * bn * bd >= 1024 * per_thread  # fp32 dot products held per thread
+    return WorkingSet(smem, spills)
 
 
-def _row_reduce(graph: Graph, spec: KernelSpec) -> WorkingSet:
-    """Cross-warp reductions exchange one partial value per row and warp."""
-    roles = spec.roles
-    assert isinstance(roles, Rows)
-    c = spec.config
-    smem = 4 * c["BLOCK_ROWS"] * c.num_warps * len(roles.reductions)
-    return WorkingSet(smem, BASE_REGISTERS)
+def _row_reduce(graph: Graph, spec: KernelSpec) -> int:
+    c, rows = spec.config, spec.roles
+    assert isinstance(rows, Rows)
+    br, bc, warps = c["BLOCK_ROWS"], c["BLOCK_COLS"], c.num_warps
+    if bc == 1:
+        return 0
+    warps_along = min(warps, math.ceil(bc / 128))
+    partial = 4 * br * warps_along if warps_along >= 2 else 0
+    stored_row = br * warps if any(t in rows.row_space for t in spec.outputs + spec.optional) else 0
+    convert = 0
+    for item in _per_row_loads(graph, spec, rows):
+        convert = max(
+            convert, br * bc * 8 if item == 8 else min(4 * br * bc, 128 * warps * max(br, 4))
+        )
+    return max(partial, stored_row, convert)
+
+
+def _per_row_loads(graph: Graph, spec: KernelSpec, rows: Rows) -> list[int]:
+    """Item sizes of the inputs a full-space node reads once per row (a
+    keepdims bias, a gather's index): loaded under the whole tile's mask."""
+    if rows.rows == 1:
+        return []
+    out = []
+    for n in spec.nodes:
+        node = graph.producer[n]
+        if n in rows.row_space:
+            continue
+        for j, t in enumerate(node.inputs):
+            if t in spec.nodes or inlined(graph, t) or graph.types[t].size != rows.rows:
+                continue
+            if _per_row(graph, node, j, rows):
+                out.append(_itemsize(graph, t))
+    return out
+
+
+def _per_row(graph: Graph, node: Node, j: int, rows: Rows) -> bool:
+    """Whether input ``j`` of full-space ``node`` varies along kept axes only."""
+    shape = graph.types[node.inputs[j]].shape
+    if node.op is Op.GATHER:
+        if j != 1:
+            return False
+        ax = node.attrs["axis"]
+        return all(a not in rows.axes for a in range(ax, ax + len(shape)))
+    if node.op not in _BROADCASTING:
+        return False
+    lead = len(node.shape) - len(shape)
+    return all(shape[a - lead] == 1 for a in rows.axes if a >= lead)
+
+
+_BROADCASTING = ir.BINARY | ir.TERNARY

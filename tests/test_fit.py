@@ -1,0 +1,147 @@
+"""The on-chip fit model against the compiler, and the fit check through the planner.
+
+Every template x launch configuration the examples use is compiled for sm_90
+with the real Triton compiler (no GPU needed); the model's shared-memory
+figure (``kernels/fit.py``) must be at least the compiled kernel's
+``metadata.shared`` (or the kernel could fail to launch where the model
+said it fits) and at most twice it (or good kernels would be refused).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrate import pipeline
+from orchestrate.emit import kernel_source
+from orchestrate.emit.source import Launch, module, pointers
+from orchestrate.kernels.fit import working_set
+from orchestrate.kernels.spec import ATTENTION, VIEW
+from orchestrate.planner import PlanOptions, plan
+from tests import graphs
+from tests.emit_util import spec_of
+from tests.test_attention import attention_fn
+from tests.util import has_nvidia_backend
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_COMPILE = """
+import importlib.util, json, sys
+from orchestrate.emit.compile_check import compile_module
+out = []
+for path, dtypes in json.load(open(sys.argv[1])):
+    spec = importlib.util.spec_from_file_location("m" + str(len(out)), path)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    (c,) = compile_module(m, dtypes)
+    out.append(c.shared)
+print(json.dumps(out))
+"""
+
+
+def _graphs(tmp_path: Path):
+    """The example models, plus graph-built kernels at base sizes (full tiles)."""
+    from examples import export_example
+
+    yield "tiny_bert", pipeline.fission_file(ROOT / "examples/models/tiny_bert.onnx")
+    for name in ("resnet", "llama"):
+        src = tmp_path / f"{name}.onnx"
+        export_example(name, src, dynamo=False, opset=17, size="tiny")
+        yield name, pipeline.fission_file(src)
+    for dtype in ("float32", "float16"):
+        yield f"mlp_{dtype}", graphs.build(graphs.mlp, [(128, 768), (768, 3072), (3072,),
+                                                        (3072, 768)], dtype=dtype)  # fmt: skip
+        yield f"attention_{dtype}", graphs.build(attention_fn(scale=0.125), [(1, 4, 128, 64)] * 3,
+                                                 dtype=dtype)  # fmt: skip
+        yield f"layernorm_{dtype}", graphs.build(graphs.layernorm, [(128, 768), (768,), (768,)],
+                                                 dtype=dtype)  # fmt: skip
+
+
+def _kernels(tmp_path: Path):
+    """One planned kernel per (template, operand dtype, launch configuration)."""
+    seen = {}
+    for label, g in _graphs(tmp_path):
+        planned = plan(g, PlanOptions(device="h100", reproducible=True))
+        for entry, spec in zip(planned.plan.kernels, planned.specs):
+            if spec.template == VIEW:
+                continue
+            dtype = g.types[spec.inputs[0]].dtype
+            key = (spec.template, dtype, spec.config)
+            if key not in seen:
+                seen[key] = (label, g, spec, entry.outputs)
+    return list(seen.values())
+
+
+@pytest.mark.skipif(not has_nvidia_backend(), reason="triton has no NVIDIA backend")
+def test_the_shared_memory_model_brackets_the_compiled_kernels(tmp_path):
+    kernels = _kernels(tmp_path)
+    jobs = []
+    for i, (label, g, spec, writes) in enumerate(kernels):
+        ks = kernel_source(g, spec, writes, f"{spec.template}_{i}")
+        path = tmp_path / f"k{i}.py"
+        slots = {v: k for k, v in pointers(g, spec, writes).slots.items()}
+        launch = Launch("k", ks.name, tuple(slots[p] for p in ks.params))
+        path.write_text(module([ks], [launch], label))
+        jobs.append((str(path), {t: g.types[t].dtype for t in (*spec.inputs, *writes)}))
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _COMPILE, str(tmp_path / "jobs.json")], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    if run.returncode and "ptxas" in run.stderr and "not found" in run.stderr:
+        pytest.skip("no ptxas to compile with")
+    assert run.returncode == 0, run.stderr[-4000:]
+    compiled = json.loads(run.stdout.strip().splitlines()[-1])
+    templates = {spec.template for _, _, spec, _ in kernels}
+    assert templates == {"pointwise", "row_reduce", "matmul", "conv", "window", ATTENTION}
+    bad = []
+    for (label, g, spec, _), shared in zip(kernels, compiled):
+        model = working_set(g, spec).shared_bytes
+        if not (shared <= model <= 2 * shared):
+            bad.append(
+                f"{label} {spec.template} {spec.config}: model {model} B, compiled {shared} B"
+            )
+    assert not bad, f"{len(bad)} of {len(kernels)} outside [1x, 2x]:\n" + "\n".join(bad)
+
+
+# -- the fit check is the rules' own: it decides what the planner may pick ------------------
+
+
+def test_a_head_dim_that_fits_no_tile_gets_no_attention_kernel(tmp_path):
+    """Head dim 1024 in fp16 on a GPU with 99 KB of shared memory per block:
+    even 16 x 16 tiles do not fit, so the plan has no attention kernel, and
+    `explain --rejected` says why; an H100's 227 KB hold them."""
+    from click.testing import CliRunner
+
+    import cli
+
+    fn = attention_fn(scale=0.03)
+    g = graphs.build(fn, [(1, 1, 64, 1024)] * 3, dtype="float16")
+    p = plan(g, PlanOptions(device="l4", reproducible=True)).plan
+    assert ATTENTION not in {k.template for k in p.kernels}
+    assert any(d.rule == ATTENTION and "shared memory" in d.reason for d in p.declined)
+    big = plan(g, PlanOptions(device="h100", reproducible=True)).plan  # 227 KB: it fits
+    assert ATTENTION in {k.template for k in big.kernels}
+    path = tmp_path / "plan.json"
+    pipeline.write_plan(p, path)
+    r = CliRunner().invoke(cli.main, ["explain", str(path), "--rejected"])
+    assert r.exit_code == 0, r.output
+    assert "rules that matched but declined" in r.output and "shared memory" in r.output
+
+
+def test_smaller_shared_memory_gets_smaller_attention_tiles():
+    """Head dim 256 in fp16 fits an H100 block with the default tiles and a
+    99 KB block only with fewer stages or keys per step."""
+    g = graphs.build(attention_fn(), [(1, 2, 128, 256)] * 3, dtype="float16")
+    names = [n.name for n in g.nodes]
+    big, small = spec_of(g, names, "h100"), spec_of(g, names, "l4")
+
+    def area(s):
+        return s.config["BLOCK_M"] * s.config["BLOCK_N"] * s.config.num_stages
+
+    assert area(small) < area(big)
+    assert working_set(g, small).shared_bytes <= 99 * 1024 < working_set(g, big).shared_bytes
