@@ -85,9 +85,6 @@ class LaunchConfig:
     def __getitem__(self, name: str) -> int:
         return dict(self.blocks)[name]
 
-    def interpreted(self, name: str) -> int:
-        return dict(self.interpret).get(name, self[name])
-
     def to_json(self) -> dict:
         out: dict[str, Any] = dict(self.blocks)
         out["num_warps"] = self.num_warps
@@ -214,10 +211,6 @@ class KernelSpec(_NoTruth):
     roles: Roles
     config: LaunchConfig
     hash: str = ""
-
-    @property
-    def size(self) -> int:
-        return len(self.nodes)
 
     @property
     def anchor(self) -> str | None:
