@@ -11,18 +11,14 @@ every candidate of the example models.)
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrate import reference
 from orchestrate.decompose.builder import Value
 from tests import graphs
-from tests.emit_util import one_kernel, run_plan
-from tests.test_every_candidate import _close, candidates, standalone
+from tests.test_every_candidate import candidate_failures
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 
@@ -116,23 +112,7 @@ def random_graphs(draw):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
 @given(g=random_graphs())
 def test_every_accepted_candidate_emits_and_computes_the_reference(g):
-    feeds = graphs.random_inputs(g, 1)
-    everything = dataclasses.replace(g, outputs=tuple(n.name for n in g.nodes))
-    values = {**reference.run(everything, feeds), **feeds}
-    failures = []
-    for k in candidates(g):
-        sub = standalone(g, k)
-        inputs = {i.name: values[i.name] for i in sub.inputs}
-        ops = " ".join(g.producer[n].op.value for n in k.nodes)
-        try:
-            got, _ = run_plan(sub, one_kernel(sub), inputs)
-        except Exception as e:  # noqa: BLE001 - any exception is a refusal emission may not make
-            failures.append(f"{k.template} [{ops}]: {type(e).__name__}: {str(e)[:300]}")
-            continue
-        want = reference.run(sub, inputs, float64=True)
-        bad = [o for o in sub.outputs if not _close(got[o], want[o], inputs.values())]
-        if bad:
-            failures.append(f"{k.template} [{ops}]: wrong {', '.join(bad)}")
+    _, failures = candidate_failures(g, graphs.random_inputs(g, 1))
     assert not failures, f"{g}\n" + "\n".join(failures)
 
 
