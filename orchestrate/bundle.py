@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrate.errors import InputError
+from orchestrate.errors import InputError, check_format
 from orchestrate.plan import Plan
 
 BUNDLE_FORMAT = "orchestrate-bundle/2"
@@ -104,14 +104,8 @@ def read(folder: str | os.PathLike) -> tuple[Plan, Path, dict[str, np.ndarray], 
         manifest = json.loads(mpath.read_text())
     except ValueError as e:
         raise InputError(f"{folder}: manifest.json is not valid JSON ({e})") from None
-    fmt = manifest.get("format")
-    if fmt in _OLDER:
-        raise InputError(
-            f"{folder}: written by an older orchestrate (format {fmt!r}, without "
-            f"{_OLDER[fmt]}); run `orchestrate optimize` on the model again"
-        )
-    if fmt != BUNDLE_FORMAT:
-        raise InputError(f"{folder}: unknown bundle format {fmt!r}")
+    check_format(manifest.get("format"), BUNDLE_FORMAT, _OLDER, str(folder), "bundle",
+                 "run `orchestrate optimize` on the model again")  # fmt: skip
     for name in FILES:
         path = folder / name
         want = manifest.get("files", {}).get(name)

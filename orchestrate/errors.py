@@ -29,3 +29,16 @@ class UnsupportedError(OrchestrateError):
 
 class GraphError(OrchestrateError):
     """A primitive graph that breaks an IR rule (shapes, dtypes, ordering)."""
+
+
+def check_format(found, current: str, older: dict[str, str], source: str, what: str,
+                 redo: str) -> None:  # fmt: skip
+    """Refuse a file of another format than ``current``: an older one names
+    what it lacks (``older``) and what to ``redo``; anything else is not ``what``."""
+    if found in older:
+        raise InputError(
+            f"{source}: written by an older orchestrate (format {found!r}, without "
+            f"{older[found]}); {redo}"
+        )
+    if found != current:
+        raise InputError(f"{source}: not an orchestrate {what} (expected format {current!r})")

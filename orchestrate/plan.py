@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from orchestrate.errors import InputError
+from orchestrate.errors import InputError, check_format
 from orchestrate.ir import Graph, Node
 from orchestrate.kernels.spec import VIEW, KernelSpec, LaunchConfig
 
@@ -171,13 +171,7 @@ class Plan:
     @staticmethod
     def from_json(data: Mapping[str, Any], source: str = "plan") -> Plan:
         fmt = data.get("format") if isinstance(data, Mapping) else None
-        if fmt in _OLDER:
-            raise InputError(
-                f"{source}: written by an older orchestrate (format {fmt!r}, without "
-                f"{_OLDER[fmt]}); plan or optimize the model again"
-            )
-        if fmt != PLAN_FORMAT:
-            raise InputError(f"{source}: not an orchestrate plan (expected format {PLAN_FORMAT!r})")
+        check_format(fmt, PLAN_FORMAT, _OLDER, source, "plan", "plan or optimize the model again")
         try:
             return _plan(data)
         except (KeyError, TypeError, ValueError) as e:

@@ -65,7 +65,7 @@ class Body:
             name = self._bind(text, stem)
             lo, hi = bounds(expr)
             return Sym(name, lo, hi, lane=not is_lane_invariant(expr))
-        if expr.isidentifier() or _is_number(expr):
+        if expr.isidentifier() or is_number(expr):
             return expr
         return self._bind(expr, stem)
 
@@ -138,7 +138,8 @@ class Body:
                 if not isinstance(x, Lazy) or x.used]  # fmt: skip
 
 
-def _is_number(text: str) -> bool:
+def is_number(text: str) -> bool:
+    """Whether ``text`` is a numeric literal."""
     try:
         float(text)
         return True

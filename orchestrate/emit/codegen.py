@@ -32,7 +32,7 @@ import numpy as np
 
 from orchestrate import ir
 from orchestrate.emit import helpers
-from orchestrate.emit.body import Body
+from orchestrate.emit.body import Body, is_number
 from orchestrate.emit.expr import (
     Const,
     Expr,
@@ -356,14 +356,6 @@ def _is_int(text: str) -> bool:
         return False
 
 
-def _is_number(expr: str) -> bool:
-    try:
-        float(expr)
-        return True
-    except ValueError:
-        return False
-
-
 # ---------------------------------------------------------------------------
 # elementwise ops in Triton
 
@@ -411,10 +403,10 @@ def elementwise(n: Node, args: list[str], arg_dtypes: list[str],
     if op in (Op.MAX, Op.MIN) and not is_int:
         # NaN propagates, as in numpy and onnxruntime (a literal is never NaN)
         pick = "tl.maximum" if op is Op.MAX else "tl.minimum"
-        if _is_number(x) and _is_number(y):
+        if is_number(x) and is_number(y):
             return f"{pick}({x}, {y})"
-        if _is_number(x) or _is_number(y):
-            v = y if _is_number(x) else x
+        if is_number(x) or is_number(y):
+            v = y if is_number(x) else x
             return f"tl.where({v} != {v}, {v}, {pick}({x}, {y}))"
         return f"tl.where(({x} != {x}) | ({y} != {y}), {x} + {y}, {pick}({x}, {y}))"
     if op in binary:
