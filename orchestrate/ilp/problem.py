@@ -27,8 +27,8 @@ class Problem:
     kernels: list[KernelSpec]
     costs: list[Cost]
     edges: list[tuple[str, str]]
+    found: Enumeration  # what enumeration examined, rejected and pruned
     warm: list[program.Choice] = field(default_factory=list)
-    found: Enumeration | None = None
 
     def include(self, prices: Prices, plan: Sequence[Priced]) -> list[program.Choice]:
         """Add the kernels of ``plan`` to the candidates; return them as choices."""
@@ -62,7 +62,7 @@ class Problem:
 def problem(graph: Graph, part: Partition, found: Enumeration, prices: Prices) -> Problem:
     kernels = list(found.kernels)
     return Problem(part, kernels, [prices.cost(k) for k in kernels],
-                   primitive_edges(graph, part.nodes), found=found)  # fmt: skip
+                   primitive_edges(graph, part.nodes), found)  # fmt: skip
 
 
 def primitive_edges(graph: Graph, nodes) -> list[tuple[str, str]]:

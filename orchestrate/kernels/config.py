@@ -17,7 +17,7 @@ with fewer stages (less shared memory for the software pipeline) come after.
 
 from __future__ import annotations
 
-from orchestrate.kernels.spec import LaunchConfig, config
+from orchestrate.kernels.spec import LaunchConfig, launch_config
 
 NUM_WARPS, NUM_STAGES = 4, 3
 MIN_DOT = 16
@@ -76,7 +76,7 @@ def _fewer_stages(first: LaunchConfig) -> list[LaunchConfig]:
 
 
 def pointwise(numel: int) -> list[LaunchConfig]:
-    return [config({"BLOCK": min(POINTWISE_BLOCK, next_pow2(numel))},
+    return [launch_config({"BLOCK": min(POINTWISE_BLOCK, next_pow2(numel))},
                    {"BLOCK": min(INTERPRET_POINTWISE_BLOCK, next_pow2(numel))})]  # fmt: skip
 
 
@@ -91,7 +91,7 @@ def row_reduce(rows: int, length: int, looped: bool) -> list[LaunchConfig]:
         fast_cols = cols
     fast = {"BLOCK_ROWS": min(next_pow2(rows), max(1, INTERPRET_TILE // fast_cols)),
             "BLOCK_COLS": fast_cols}  # fmt: skip
-    return [config(gpu, fast)]
+    return [launch_config(gpu, fast)]
 
 
 def matmul(m: int, n: int, k: int, dtype: str, tf32: bool) -> list[LaunchConfig]:
@@ -110,7 +110,7 @@ def matmul(m: int, n: int, k: int, dtype: str, tf32: bool) -> list[LaunchConfig]
         bm, bn = clamp_pow2(m, 1, half), clamp_pow2(n, 1, half)
         fast = {"BLOCK_M": bm, "BLOCK_N": bn,
                 "BLOCK_K": clamp_pow2(k, 1, max(1, INTERPRET_SLOW_VOLUME // (bm * bn)))}  # fmt: skip
-    first = config({**gpu, "GROUP_M": GROUP_M}, fast, num_warps=NUM_WARPS,
+    first = launch_config({**gpu, "GROUP_M": GROUP_M}, fast, num_warps=NUM_WARPS,
                    num_stages=NUM_STAGES, precision=_precision(dtype, tf32))  # fmt: skip
     return _fewer_stages(first)
 
@@ -123,14 +123,14 @@ def conv(gemm_m: int, gemm_n: int, gemm_k: int, dtype: str, tf32: bool) -> list[
     fast = {"BLOCK_M": clamp_pow2(gemm_m, MIN_DOT, CONV_INTERPRET_BLOCK_M),
             "BLOCK_N": clamp_pow2(gemm_n, MIN_DOT, CONV_INTERPRET_BLOCK),
             "BLOCK_K": clamp_pow2(gemm_k, MIN_DOT, CONV_INTERPRET_BLOCK)}  # fmt: skip
-    first = config(gpu, fast, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    first = launch_config(gpu, fast, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
                    precision=_precision(dtype, tf32))  # fmt: skip
     return _fewer_stages(first)
 
 
 def window(numel: int) -> list[LaunchConfig]:
     block = min(WINDOW_BLOCK, next_pow2(numel))
-    return [config({"BLOCK": block},
+    return [launch_config({"BLOCK": block},
                    {"BLOCK": min(INTERPRET_WINDOW_BLOCK, max(block, next_pow2(numel)))})]  # fmt: skip
 
 
@@ -150,7 +150,7 @@ def attention(lq: int, lk: int, d: int, dv: int) -> list[LaunchConfig]:
             for stages in range(NUM_STAGES, 0, -1):
                 gpu = {"BLOCK_M": clamp_pow2(lq, MIN_DOT, m), "BLOCK_N": clamp_pow2(lk, MIN_DOT, n),
                        **heads}  # fmt: skip
-                c = config(gpu, fast, num_warps=warps, num_stages=stages)
+                c = launch_config(gpu, fast, num_warps=warps, num_stages=stages)
                 if c not in out:
                     out.append(c)
     return out

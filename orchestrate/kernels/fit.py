@@ -75,18 +75,20 @@ def working_set(graph: Graph, spec: KernelSpec) -> WorkingSet:
 def fits(graph: Graph, spec: KernelSpec, device) -> KernelSpec | Rejection:
     """``spec`` when its working set fits one thread block of ``device``."""
     ws = working_set(graph, spec)
-    limit = device.smem_per_block_kb * 1024
-    c = spec.config
-    what = (", ".join(f"{k}={v}" for k, v in c.blocks)
-            + f", {c.num_warps} warps, {c.num_stages} stages")  # fmt: skip
-    if ws.shared_bytes > limit:
+    if ws.shared_bytes > device.smem_per_block_kb * 1024:
         return Rejection(
-            f"{spec.template} tiles ({what}) need {ws.shared_bytes // 1024} KB of shared "
+            f"{_tiles(spec)} need {ws.shared_bytes // 1024} KB of shared "
             f"memory > {device.smem_per_block_kb} KB per block on {device.name}"
         )
     if ws.spills:
-        return Rejection(f"{spec.template} tiles ({what}) spill registers to local memory")
+        return Rejection(f"{_tiles(spec)} spill registers to local memory")
     return spec
+
+
+def _tiles(spec: KernelSpec) -> str:
+    c = spec.config
+    blocks = ", ".join(f"{k}={v}" for k, v in c.blocks)
+    return f"{spec.template} tiles ({blocks}, {c.num_warps} warps, {c.num_stages} stages)"
 
 
 def _itemsize(graph: Graph, tensor: str) -> int:

@@ -107,8 +107,8 @@ class LaunchConfig:
         )
 
 
-def config(blocks: Mapping[str, int], interpret: Mapping[str, int] | None = None,
-           **options) -> LaunchConfig:  # fmt: skip
+def launch_config(blocks: Mapping[str, int], interpret: Mapping[str, int] | None = None,
+                  **options) -> LaunchConfig:  # fmt: skip
     """A LaunchConfig from dicts (interpreter block sizes equal to the GPU's
     are left out)."""
     fast = {k: v for k, v in (interpret or {}).items() if blocks.get(k) != v}
