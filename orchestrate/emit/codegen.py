@@ -87,8 +87,8 @@ def literal(value, dtype: str) -> str:
 
 class Pointers:
     """Pointer arguments of one kernel: each tensor it reads or writes has a
-    slot name (``in0``, ``out1``; see ``source.pointers``); ``params`` lists
-    the slots used, inputs first, each in order."""
+    slot name (``in0``, ``out1``; see ``source.pointers``, which lists the
+    inputs first, each in order); ``params`` are the slots used, in that order."""
 
     def __init__(self, slots: dict[str, str]):
         self.slots = dict(slots)
@@ -102,8 +102,7 @@ class Pointers:
         return self.slots[tensor]
 
     def params(self) -> list[str]:
-        names = [self.slots[t] for t in self.used]
-        return sorted(names, key=lambda s: (not s.startswith("in"), int(s.lstrip("inout"))))
+        return [slot for tensor, slot in self.slots.items() if tensor in self.used]
 
 
 @dataclass(frozen=True)
