@@ -7,7 +7,9 @@ line naming the file, node or option, and the exit code is 2.
 from __future__ import annotations
 
 import functools
+import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -26,17 +28,48 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised wherever the program is, like SIGINT's
+    KeyboardInterrupt, so the code that removes temporary files runs."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+_TERMINATING = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+def _interrupt(signum, frame):
+    # once: a second signal must not cut the cleanup of the first short
+    for s in _TERMINATING:
+        signal.signal(s, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+def _handle_signals():
+    """Install the SIGTERM/SIGHUP handlers; return what puts the old ones back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    old = {s: signal.signal(s, _interrupt) for s in _TERMINATING}
+    return lambda: [signal.signal(s, h) for s, h in old.items()]
+
+
 def reports_errors(fn):
-    """Turn OrchestrateError into one line and exit code 2; never a traceback."""
+    """Turn OrchestrateError into one line and exit code 2; never a traceback.
+    SIGINT, SIGTERM and SIGHUP clean up and exit with 128 + the signal number."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        restore = _handle_signals()
         try:
             return fn(*args, **kwargs)
         except OrchestrateError as e:
             _fail(str(e), EXIT_USER_ERROR)
+        except Interrupted as e:
+            _fail(f"interrupted by {signal.Signals(e.signum).name}", 128 + e.signum)
         except KeyboardInterrupt:
-            _fail("interrupted", 130)
+            _fail("interrupted", 128 + signal.SIGINT)
         except Exception as e:  # noqa: BLE001 - a bug: say so in one line
             if click.get_current_context().find_root().params.get("debug"):
                 traceback.print_exc()
@@ -44,6 +77,8 @@ def reports_errors(fn):
                 f"internal error: {type(e).__name__}: {e} (rerun with --debug for a traceback)",
                 EXIT_INTERNAL_ERROR,
             )
+        finally:
+            restore()
 
     return wrapper
 
@@ -112,7 +147,7 @@ def decompose(model: Path, output: Path, shapes) -> None:
     """Split every ONNX operator of MODEL into primitives; write them as ONNX."""
     from orchestrate import pipeline
 
-    pipeline.check_output_path(output)
+    pipeline.check_output_path(output, model)
     graph = pipeline.fission_file(model, _shapes(shapes))
     pipeline.write_primitive_onnx(graph, output, name=model.stem)
     click.echo(
@@ -206,7 +241,7 @@ def plan(model: Path, output: Path, shapes, **opts) -> None:
     from orchestrate.explain import summary_lines
 
     options = _plan_options(**opts)
-    pipeline.check_output_path(output)
+    pipeline.check_output_path(output, model)
     graph = pipeline.fission_file(model, _shapes(shapes))
     result = pipeline.plan_graph(graph, options, progress=StageProgress()).plan
     pipeline.write_plan(result, output)
@@ -228,6 +263,8 @@ def explain(plan_file: Path, picture: Path | None, rejected: bool, limit: int) -
     from orchestrate import explain as ex
     from orchestrate import pipeline
 
+    if picture is not None:
+        pipeline.check_output_path(picture, plan_file, "the input plan")
     result = pipeline.read_plan(plan_file)
     click.echo(ex.kernel_table(result, limit=limit))
     click.echo("")
@@ -237,8 +274,7 @@ def explain(plan_file: Path, picture: Path | None, rejected: bool, limit: int) -
         click.echo("")
         click.echo(ex.rejected_table(result))
     if picture is not None:
-        pipeline.check_output_path(picture)
-        pipeline.write_atomic(picture, ex.svg(result).encode())
+        pipeline.write_atomic(picture, ex.svg(result).encode(), plan_file, "the input plan")
         click.echo(f"wrote {picture}")
 
 
@@ -290,13 +326,19 @@ def optimize(model: Path, out_dir: Path, shapes, trials, rtol, atol, **opts) -> 
     click.echo(f"wrote {result.path}/")
 
 
-def _parse_input(text: str) -> tuple[str, Path]:
+def _parse_inputs(texts) -> dict[str, Path]:
+    """--input NAME=FILE options as {NAME: FILE}; each NAME at most once."""
     from orchestrate.errors import InputError
 
-    name, sep, file = text.partition("=")
-    if not sep or not name or not file:
-        raise InputError(f"--input {text!r}: expected NAME=FILE.npy")
-    return name, Path(file)
+    out: dict[str, Path] = {}
+    for text in texts:
+        name, sep, file = text.partition("=")
+        if not sep or not name or not file:
+            raise InputError(f"--input {text!r}: expected NAME=FILE.npy")
+        if name in out:
+            raise InputError(f"--input {name}: given twice ({out[name]} and {file})")
+        out[name] = Path(file)
+    return out
 
 
 @main.command()
@@ -310,12 +352,16 @@ def run(bundle_dir: Path, inputs, output_dir: Path | None) -> None:
     """Run the bundle OUT on .npy inputs."""
     from orchestrate import api, iofiles
 
-    model = api.load(bundle_dir)
-    feeds = iofiles.read_inputs(dict(_parse_input(t) for t in inputs))
-    model.check_inputs(feeds)
+    files = _parse_inputs(inputs)
     if output_dir is not None:
         iofiles.check_output_dir(output_dir)
+    model = api.load(bundle_dir)
+    if output_dir is not None:
+        iofiles.check_destinations(model.outputs, output_dir, files)
+    feeds = iofiles.read_inputs(files)
+    model.check_inputs(feeds)
     outputs = model.run(feeds)
+    written = iofiles.write_outputs(outputs, output_dir, files) if output_dir else []
     for name, arr in outputs.items():
         finite = arr[np.isfinite(arr)] if arr.dtype.kind == "f" else arr
         stats = (
@@ -323,7 +369,6 @@ def run(bundle_dir: Path, inputs, output_dir: Path | None) -> None:
         )
         click.echo(f"{name}: {arr.dtype}{list(arr.shape)} {stats}")
     if output_dir is not None:
-        written = iofiles.write_outputs(outputs, output_dir)
         click.echo(f"wrote {len(written)} outputs to {output_dir}/")
 
 

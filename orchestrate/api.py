@@ -101,7 +101,7 @@ def optimize(
     ``memory_budget``, ``time_limit``, ...).  Nothing is left at ``out_dir``
     unless the bundle verified (``trials=0`` skips verification)."""
     out = Path(out_dir)
-    bundle.check_destination(out)
+    bundle.check_destination(out, model_path)
     options = options or PlanOptions(**plan_options)
     if options.tf32 and rtol is None:
         rtol = TF32_RTOL  # TF32 keeps 10 mantissa bits
@@ -114,7 +114,7 @@ def optimize(
     source = emit(graph, planned, title=f"Triton kernels for {Path(model_path).name}")
     used = {t for k in plan.kernels for t in k.inputs}
     constants = {k: v for k, v in graph.constants.items() if k in used}
-    staging = bundle.Staging(out)
+    staging = bundle.Staging(out, model_path)
     try:
         info = {
             "orchestrate": __version__,

@@ -8,7 +8,9 @@
       manifest.json  format, versions, constant names, sha256 of every file
 
 The folder is written under a temporary name next to OUT and renamed into
-place only when complete, so a failure leaves nothing at OUT.  ``load``
+place only when complete, so a failure leaves nothing at OUT.  An existing OUT
+is replaced only when it is a bundle exactly as orchestrate wrote it (format,
+file set and every hash), and never when it holds the input model.  ``load``
 checks every hash in the manifest and refuses a bundle that was changed.
 """
 
@@ -25,6 +27,13 @@ from pathlib import Path
 import numpy as np
 
 from orchestrate.errors import InputError, check_format
+from orchestrate.files import (
+    check_folder_writable,
+    check_not_input,
+    folder_mode,
+    is_plain_file,
+    signals_held,
+)
 from orchestrate.plan import Plan
 
 BUNDLE_FORMAT = "orchestrate-bundle/2"
@@ -41,29 +50,106 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def check_destination(out: Path) -> None:
-    """OUT may be new, or an earlier bundle (replaced); never another folder."""
-    if out.exists():
-        if not out.is_dir():
+_NAMES = frozenset((*FILES, "manifest.json"))
+
+
+def _show(name: str) -> str:
+    return name if name.isprintable() else ascii(name)
+
+
+def replace_problem(folder: Path) -> str | None:
+    """Why the existing ``folder`` is not a bundle this tool wrote and nobody
+    changed since (so not safe to replace), or None when it is, or is empty."""
+    names = sorted(os.listdir(folder))
+    if not names:
+        return None
+    foreign = [_show(n) for n in names if n not in _NAMES]
+    if foreign:
+        more = f", ... ({len(foreign)} in all)" if len(foreign) > 5 else ""
+        return f"holds files an orchestrate bundle does not: {', '.join(foreign[:5])}{more}"
+    odd = [n for n in names if not is_plain_file(folder / n)]
+    if odd:
+        return f"its {odd[0]} is not a plain file"
+    if "manifest.json" not in names:
+        return "manifest.json is missing"
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (ValueError, UnicodeDecodeError):
+        return "manifest.json is not valid JSON"
+    if not isinstance(manifest, dict):
+        return "manifest.json is not a JSON object"
+    found = manifest.get("format")
+    if not isinstance(found, str) or (found != BUNDLE_FORMAT and found not in _OLDER):
+        return "manifest.json does not name an orchestrate bundle format"
+    hashes = manifest.get("files")
+    if not isinstance(hashes, dict) or set(hashes) != set(FILES):
+        return "manifest.json does not list the bundle's files"
+    for name in FILES:
+        if name not in names:
+            return f"{name} is missing"
+        if sha256(folder / name) != hashes[name]:
+            return f"{name} was changed since orchestrate wrote it"
+    return None
+
+
+def check_destination(out: Path, model: str | os.PathLike | None = None) -> Path:
+    """Where the bundle for ``out`` goes: OUT may be new, empty, or an earlier
+    bundle left as orchestrate wrote it (replaced); never another folder, never
+    one that holds ``model``.  A symbolic link OUT stays: the bundle it points
+    to is replaced.  Returns that real folder."""
+    out = Path(out)
+    if out.is_symlink() and not out.exists():
+        raise InputError(f"{out}: is a symbolic link to {out.resolve()}, which does not exist")
+    target = out.resolve()
+    check_not_input(out, model)
+    cwd = Path.cwd().resolve()
+    if target == cwd or target in cwd.parents:
+        raise InputError(f"{out}: holds the current folder; refusing to replace it")
+    if target.exists():
+        if not target.is_dir():
             raise InputError(f"{out}: exists and is not a folder")
-        if any(out.iterdir()) and not (out / "manifest.json").is_file():
+        problem = replace_problem(target)
+        if problem:
             raise InputError(
-                f"{out}: folder exists and is not an orchestrate bundle; refusing to replace it"
+                f"{out}: not an orchestrate bundle ({problem}); refusing to replace it"
             )
-    if not out.parent.is_dir():
-        raise InputError(f"{out}: folder {out.parent} does not exist")
+    check_folder_writable(target.parent, str(out))
+    return target
 
 
 class Staging:
-    """A temporary folder next to OUT that becomes OUT on ``commit``."""
+    """A temporary folder next to OUT that becomes OUT on ``commit``.
 
-    def __init__(self, out: Path):
-        check_destination(out)
-        self.out = out
-        self.path = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    Folder and files get the user's umask; ``commit`` and ``discard`` leave no
+    temporary folder behind on any path, and the old bundle is either replaced
+    whole or left in place."""
+
+    def __init__(self, out: Path, model: str | os.PathLike | None = None):
+        self.out, self.model = Path(out), model
+        self.target = check_destination(self.out, model)
+        self.path = None
+        try:
+            with signals_held():  # a signal held here is raised as the block ends
+                self.path = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.",
+                                                  dir=self.target.parent))  # fmt: skip
+                os.chmod(self.path, folder_mode())
+        except BaseException as e:
+            if self.path is not None:
+                self.discard()
+            if isinstance(e, OSError):
+                raise InputError(
+                    f"{out}: cannot create a folder beside it ({e.strerror})"
+                ) from None
+            raise
 
     def write(self, plan: Plan, kernels_py: str, constants: Mapping[str, np.ndarray],
               report: str, info: dict) -> None:  # fmt: skip
+        try:
+            self._write(plan, kernels_py, constants, report, info)
+        except OSError as e:
+            raise InputError(f"{self.out}: cannot write the bundle ({e.strerror})") from None
+
+    def _write(self, plan, kernels_py, constants, report, info) -> None:
         keys = {name: f"c{i}" for i, name in enumerate(sorted(constants))}
         (self.path / "plan.json").write_text(json.dumps(plan.to_json(), indent=1) + "\n")
         (self.path / "kernels.py").write_text(kernels_py)
@@ -79,17 +165,33 @@ class Staging:
         (self.path / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
     def commit(self) -> Path:
-        old = None
-        if self.out.exists():
-            old = self.out.parent / f".{self.out.name}.old-{os.getpid()}"
-            os.rename(self.out, old)
-        os.rename(self.path, self.out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        """Put the bundle at OUT, replacing the earlier one (checked again:
+        it may have changed while this one was built)."""
+        target = self.target
+        if os.path.lexists(target):
+            check_destination(self.out, self.model)
+        with signals_held():
+            aside = None
+            try:
+                if os.path.lexists(target):
+                    aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.",
+                                                  dir=target.parent))  # fmt: skip
+                    os.rename(target, aside / "old")
+                os.rename(self.path, target)
+            except OSError as e:
+                if aside is not None and os.path.lexists(aside / "old"):
+                    os.rename(aside / "old", target)
+                raise InputError(
+                    f"{self.out}: cannot put the bundle there ({e.strerror})"
+                ) from None
+            finally:
+                if aside is not None:
+                    shutil.rmtree(aside, ignore_errors=True)
         return self.out
 
     def discard(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+        with signals_held():
+            shutil.rmtree(self.path, ignore_errors=True)
 
 
 def read(folder: str | os.PathLike) -> tuple[Plan, Path, dict[str, np.ndarray], dict]:

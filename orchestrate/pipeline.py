@@ -18,6 +18,7 @@ from orchestrate import frontend, ir
 from orchestrate.decompose import fission
 from orchestrate.errors import InputError
 from orchestrate.export import to_onnx
+from orchestrate.files import check_not_input, check_output_file, file_mode, signals_held
 
 
 def load(path: str | os.PathLike) -> onnx.ModelProto:
@@ -73,24 +74,34 @@ def write_primitive_onnx(graph: ir.Graph, output: str | os.PathLike, name: str =
     write_atomic(Path(output), data)
 
 
-def check_output_path(path: str | os.PathLike) -> None:
-    """Fail early, before any long work, when ``path`` cannot be written."""
+def check_output_path(path: str | os.PathLike, source: str | os.PathLike | None = None,
+                      what: str = "the input model") -> None:  # fmt: skip
+    """Fail early, before any long work, when ``path`` cannot be written, or
+    would overwrite ``source``, the file the command reads (symlinks resolved)."""
     path = Path(path)
-    if not path.parent.is_dir():
-        raise InputError(f"{path}: folder {path.parent} does not exist")
-    if path.is_dir():
-        raise InputError(f"{path}: is a folder, expected a file name")
+    check_output_file(path)
+    check_not_input(path, source, what)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a failure leaves nothing behind."""
-    check_output_path(path)
-    parent = path.parent
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
+def write_atomic(path: Path, data: bytes, source: str | os.PathLike | None = None,
+                 what: str = "the input model") -> None:  # fmt: skip
+    """Write ``data`` to ``path`` so that a failure or a signal leaves nothing
+    behind; the file gets the user's umask."""
+    check_output_path(path, source, what)
+    tmp = None
     try:
+        with signals_held():  # a signal held here is raised as the block ends
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+            os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        with signals_held():
+            os.replace(tmp, path)
+            tmp = None
+    except BaseException as e:
+        if tmp is not None:
+            with signals_held():
+                Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise InputError(f"{path}: cannot write it ({e.strerror or e})") from None
         raise

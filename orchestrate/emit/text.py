@@ -1,22 +1,34 @@
 """The one way text reaches generated source: escaped, never pasted.
 
 Tensor and node names come from the model, and a model is hostile until
-proven otherwise: a name may hold a line break, quotes or a comment marker.
-Generated code names things by position (``in0``, ``out1``); where a name
-must appear it goes through one of these functions:
+proven otherwise: a name may hold a line break of any kind (``\\n``, ``\\r``,
+``\\x0b``, ``\\x0c``, ``\\x1c``-``\\x1e``, ``\\x85``, ``\\u2028``, ``\\u2029``), quotes, a
+comment marker or a backslash.  Generated code names everything by position
+(``in0``, ``out1``, ``k003_matmul``), so no identifier is ever made from a
+name.  Where a name must appear, it goes through one of these functions, and
+what they return is printable ASCII on one line:
 
 * ``string(text)``: a Python string literal (the launch table's keys);
-* ``comment(text)``: one comment line, control characters escaped;
-* ``docstring(text)``: the inside of a triple-quoted docstring;
-* ``identifier(text, fallback)``: a Python identifier made of the name's
-  letters, digits and underscores.
+* ``comment(text)``: one ``#`` comment line;
+* ``docstring(text)``: one line for the inside of a triple-quoted docstring.
 """
 
 from __future__ import annotations
 
 import json
-import keyword
-import re
+
+
+def _escape(c: str) -> str:
+    o = ord(c)
+    if o < 0x100:
+        return f"\\x{o:02x}"
+    return f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
+
+
+def _ascii(text: str, special: str = "") -> str:
+    """``text`` with every character outside printable ASCII, and those in
+    ``special``, written as a backslash escape."""
+    return "".join(c if " " <= c <= "~" and c not in special else _escape(c) for c in text)
 
 
 def string(text: str) -> str:
@@ -26,19 +38,10 @@ def string(text: str) -> str:
 
 def comment(text: str) -> str:
     """``text`` as one ``#`` comment line."""
-    safe = "".join(c if c.isprintable() and c not in "\r\n" else repr(c)[1:-1] for c in text)
-    return f"# {safe}"
+    return f"# {_ascii(text)}"
 
 
 def docstring(text: str) -> str:
-    """``text`` for the inside of a \"\"\"docstring\"\"\": quotes and backslashes escaped,
-    control characters other than line breaks escaped."""
-    out = text.replace("\\", "\\\\").replace('"', '\\"')
-    return "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in out)
-
-
-def identifier(text: str, fallback: str = "t") -> str:
-    stem = re.sub(r"[^0-9a-zA-Z_]+", "_", text).strip("_") or fallback
-    if stem[0].isdigit() or keyword.iskeyword(stem):
-        stem = f"{fallback}_{stem}"
-    return stem
+    """``text`` as one line inside a \"\"\"docstring\"\"\": backslashes and quotes
+    escaped, so it can neither end the string nor start an escape."""
+    return _ascii(text, special='\\"')
