@@ -16,15 +16,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from orchestrate.errors import InputError, check_format
-from orchestrate.ir import Graph, Node
+from orchestrate.ir import Attrs, Graph, Node
 from orchestrate.kernels.spec import VIEW, KernelSpec, LaunchConfig
 
-PLAN_FORMAT = "orchestrate-plan/2"
+PLAN_FORMAT = "orchestrate-plan/3"
 # what each earlier format lacks, for the message that refuses it
-_OLDER = {"orchestrate-plan/1": "launch configurations per kernel"}
+_OLDER = {
+    "orchestrate-plan/1": "launch configurations per kernel",
+    "orchestrate-plan/2": "the primitives' attributes, from which a bundle's kernels are regenerated",
+}
 
 
 def kernel_name(index: int, template: str) -> str:
@@ -120,6 +124,7 @@ class Primitive:
     shape: tuple[int, ...]
     dtype: str
     origin: str
+    attrs: Attrs
 
 
 @dataclass(frozen=True)
@@ -174,8 +179,8 @@ class Plan:
         check_format(fmt, PLAN_FORMAT, _OLDER, source, "plan", "plan or optimize the model again")
         try:
             return _plan(data)
-        except (KeyError, TypeError, ValueError) as e:
-            raise InputError(f"{source}: malformed plan ({type(e).__name__}: {e})") from None
+        except _Malformed as e:
+            raise InputError(f"{source}: malformed plan: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -196,7 +201,7 @@ def graph_info(graph: Graph) -> GraphInfo:
 
 
 def primitive(n: Node) -> Primitive:
-    return Primitive(n.name, n.op.value, n.inputs, n.shape, n.dtype, n.origin)
+    return Primitive(n.name, n.op.value, n.inputs, n.shape, n.dtype, n.origin, n.attrs)
 
 
 def materialized(graph: Graph, written: Sequence[tuple[str, Sequence[str]]]) -> int:
@@ -221,45 +226,106 @@ def _plain(value) -> Any:
     return value
 
 
+class _Malformed(Exception):
+    """A field of a plan file that is missing or of the wrong type."""
+
+
 def _plan(d: Mapping[str, Any]) -> Plan:
-    g = d["graph"]
-    kernels = tuple(
-        PlannedKernel(
-            k["name"],
-            k["template"],
-            tuple(k["primitives"]),
-            tuple(k["inputs"]),
-            tuple(k["outputs"]),
-            k["anchor"],
-            int(k["bytes"]),
-            int(k["flops"]),
-            float(k["predicted_us"]),
-            k["bound"],
-            int(k["partition"]),
-            k["hash"],
-            LaunchConfig.from_json(k["config"]),
-        )  # fmt: skip
-        for k in d["kernels"]
-    )
-    return Plan(
-        device=d["device"],
-        options=Options(**d["options"]),
-        graph=GraphInfo(
-            g["name"],
-            tuple(TensorInfo(i["name"], tuple(i["shape"]), i["dtype"]) for i in g["input_types"]),
-            tuple(g["outputs"]),
-            tuple(g["constants"]),
-        ),  # fmt: skip
-        kernels=kernels,
-        summary=Summary(**d["summary"]),
-        baselines={k: Totals(**v) for k, v in d["baselines"].items()},
-        solver=Solver(**d["solver"]),
-        rejected=tuple(Unfused(**r) for r in d["rejected"]),
-        declined=tuple(Declined(**r) for r in d["declined"]),
-        primitives=tuple(
-            Primitive(
-                p["name"], p["op"], tuple(p["inputs"]), tuple(p["shape"]), p["dtype"], p["origin"]
-            )  # fmt: skip
-            for p in d["primitives"]
-        ),
-    )
+    """The Plan in a JSON object, every field checked against the type the
+    dataclasses declare (so a file cannot put a list where a number goes)."""
+    d = dict(_expect(d, Mapping, "the plan"))
+    g = dict(_expect(d.get("graph"), Mapping, "graph"))
+    g["inputs"] = g.pop("input_types", None)  # the JSON lists names under "inputs"
+    d["graph"] = g
+    return _read(Plan, d, "plan")
+
+
+def _read(cls, data, where: str):
+    hints = get_type_hints(cls)
+    data = _expect(data, Mapping, where)
+    unknown = sorted(set(data) - set(hints) - ({"format"} if cls is Plan else set()))
+    if unknown:
+        raise _Malformed(f"{where}: unknown field {unknown[0]!r}")
+    values = {}
+    for name, tp in hints.items():
+        if name not in data:
+            raise _Malformed(f"{where}: missing field {name!r}")
+        at = f"{where}.{name}"
+        if tp is LaunchConfig:
+            values[name] = _config(data[name], at)
+        else:
+            values[name] = _value(tp, data[name], at)
+    return cls(**values)
+
+
+def _value(tp, v, where: str):
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, UnionType):
+        if v is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _value(inner, v, where)
+    if hasattr(tp, "__dataclass_fields__"):
+        return _read(tp, v, where)
+    if tp is Attrs:
+        return Attrs({k: _attr(x, f"{where}.{k}") for k, x in _object(v, where).items()})
+    if tp is bool:
+        return _expect(v, bool, where)
+    if tp is int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise _Malformed(f"{where}: expected an integer, found {_kind(v)}")
+        return v
+    if tp is float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise _Malformed(f"{where}: expected a number, found {_kind(v)}")
+        return float(v)
+    if tp is str:
+        return _expect(v, str, where)
+    if origin is tuple:
+        return tuple(_value(args[0], x, f"{where}[{i}]") for i, x in enumerate(_list(v, where)))
+    if origin in (Mapping, dict):
+        return {k: _value(args[1], x, f"{where}.{k}") for k, x in _object(v, where).items()}
+    raise TypeError(f"no JSON reader for {tp!r}")  # a bug here, not in the file
+
+
+def _attr(v, where: str):
+    """An attribute value: a number, string, bool or (nested) list of them."""
+    if isinstance(v, list):
+        return tuple(_attr(x, f"{where}[{i}]") for i, x in enumerate(v))
+    if v is None or not isinstance(v, (bool, int, float, str)):
+        raise _Malformed(f"{where}: expected an attribute value, found {_kind(v)}")
+    return v
+
+
+def _config(v, where: str) -> LaunchConfig:
+    data = _object(v, where)
+    interpret = data.get("interpret", {})
+    for k, x in {**{k: x for k, x in data.items() if k != "interpret"},
+                 **_object(interpret, f"{where}.interpret")}.items():  # fmt: skip
+        if k != "precision" and (isinstance(x, bool) or not isinstance(x, int) or x <= 0):
+            raise _Malformed(f"{where}.{k}: expected a positive integer, found {x!r}")
+    if data.get("precision", "ieee") not in ("ieee", "tf32"):
+        raise _Malformed(f"{where}.precision: expected 'ieee' or 'tf32'")
+    return LaunchConfig.from_json(data)
+
+
+def _object(v, where: str) -> dict[str, Any]:
+    return dict(_expect(v, Mapping, where))
+
+
+def _list(v, where: str) -> list:
+    return _expect(v, list, where)
+
+
+def _expect(v, kind, where: str):
+    if isinstance(v, bool) and kind is not bool or not isinstance(v, kind):
+        raise _Malformed(f"{where}: expected {_KINDS[kind]}, found {_kind(v)}")
+    return v
+
+
+_KINDS = {Mapping: "an object", list: "a list", str: "a string", bool: "true or false"}
+
+
+def _kind(v) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: v, type(None): "null"}
+    return str(names.get(type(v), repr(v)[:40]))

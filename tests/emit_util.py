@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -34,10 +32,8 @@ def one_kernel(graph: ir.Graph, options: PlanOptions | None = None) -> Planned:
 def run_plan(graph: ir.Graph, planned: Planned, inputs: dict[str, np.ndarray]) -> tuple[dict, str]:
     """Emit, import under the interpreter and run ``planned``; (outputs, source)."""
     src = emit(graph, planned)
-    folder = Path(tempfile.mkdtemp(prefix="orchestrate-emit-"))
-    (folder / "kernels.py").write_text(src)
-    program = Program(planned.plan, load_kernels(folder / "kernels.py", interpret=True),
-                      graph.constants, interpret=True)  # fmt: skip
+    program = Program(planned.plan, load_kernels(src, interpret=True), graph.constants,
+                      interpret=True)  # fmt: skip
     return program.run(inputs), src
 
 

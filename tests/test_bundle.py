@@ -221,7 +221,7 @@ def test_planned_kernels_with_equal_specs_share_one_jitted_function(tmp_path):
     assert len(planned) > functions >= len({k.hash for k in planned})
     program = orchestrate.load(result.path).program
     assert len({launch.__name__ for launch, _ in program.launches.values()}) == functions
-    _, _, constants, _ = bundle.read(result.path)
+    constants = bundle.read(result.path).constants
     literals = {name for name, value in constants.items() if value.size == 1}
     for k in planned:
         _, tensors = program.launches[k.name]

@@ -18,15 +18,10 @@ pytestmark = pytest.mark.gpu
 
 
 def _run_compiled(graph, plan, inputs):
-    import tempfile
-    from pathlib import Path
-
     from orchestrate.emit import emit
     from orchestrate.runtime import Program, load_kernels
 
-    folder = Path(tempfile.mkdtemp())
-    (folder / "kernels.py").write_text(emit(graph, plan))
-    program = Program(plan.plan, load_kernels(folder / "kernels.py", False), graph.constants,
+    program = Program(plan.plan, load_kernels(emit(graph, plan), False), graph.constants,
                       interpret=False, cuda_graph=False)  # fmt: skip
     return program.run(inputs)
 

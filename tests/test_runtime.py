@@ -33,19 +33,13 @@ def test_liveness_schedule():
     """Five same-sized tensors written in a chain, each read only by the next
     kernel: two buffers serve them all, and the last (whose view is the
     output) is never handed back to the pool."""
-    import tempfile
-    from pathlib import Path
-
     from orchestrate.emit import emit
     from orchestrate.runtime import Program, load_kernels
 
     g = graphs.build(_chain, [(6, 10)])
     names = [n.name for n in g.nodes]
     plan = plan_from_sets(g, [names[i : i + 2] for i in range(0, 10, 2)] + [names[10:]])
-    folder = Path(tempfile.mkdtemp())
-    (folder / "kernels.py").write_text(emit(g, plan))
-    program = Program(plan.plan, load_kernels(folder / "kernels.py", True), g.constants,
-                      interpret=True)  # fmt: skip
+    program = Program(plan.plan, load_kernels(emit(g, plan), True), g.constants, interpret=True)
     free = {i: sorted(v) for i, v in program.free_after.items()}
     written = [k.outputs[0] for k in plan.plan.kernels[:5]]
     # each intermediate goes back to the pool right after the kernel that reads it
@@ -68,11 +62,10 @@ def test_triton_imported_too_early_is_a_clear_error(tmp_path):
         "from orchestrate.errors import OrchestrateError\n"
         "from orchestrate.runtime import load_kernels\n"
         "try:\n"
-        f"    load_kernels(__import__('pathlib').Path({str(tmp_path / 'k.py')!r}), True)\n"
+        "    load_kernels('KERNELS = {}', True)\n"
         "except OrchestrateError as e:\n"
         "    print('refused:', e)\n"
     )
-    (tmp_path / "k.py").write_text("KERNELS = {}\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,

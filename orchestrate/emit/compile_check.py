@@ -8,15 +8,18 @@ each distinct launcher against stand-in tensors to learn its arguments, then
 hands its jitted function to ``triton.compile`` for ``cuda:<arch>`` with the
 launch's ``num_warps`` and ``num_stages`` and 16-byte aligned pointers (as
 the JIT specialises torch's allocations), all the way to a cubin (Triton
-wheels ship ptxas).  ``metadata.shared`` is the shared memory per block.  Needs only triton and numpy, so it can check the
-generated source against another Triton version in a separate environment.
+wheels ship ptxas).  ``metadata.shared`` is the shared memory per block.
+
+``compile_module`` needs only triton and numpy, so it can check generated
+source against another Triton version in a separate environment.
+``compile_bundle``, like ``orchestrate.load``, compiles the source generated
+again from the bundle's plan, never the bundle's own kernels.py.
 Must run in a process where TRITON_INTERPRET is not set.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -105,12 +108,20 @@ def compile_module(module, dtypes: dict[str, str], arch: int = 90) -> list[Compi
 
 
 def compile_bundle(folder: Path, arch: int = 90) -> list[Compiled]:
-    """Compile each function of a bundle.  Raises on the first failure."""
-    spec = importlib.util.spec_from_file_location(f"compile_check_{abs(hash(folder))}",
-                                                  folder / "kernels.py")  # fmt: skip
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return compile_module(module, tensor_dtypes(folder), arch)
+    """Compile each function of a bundle.  Raises on the first failure.
+
+    Like ``orchestrate.load``, it compiles the source generated again from
+    the bundle's plan, and refuses a bundle whose kernels.py is not that
+    source: a bundle's own Python is never run."""
+    from orchestrate import bundle, regenerate
+    from orchestrate.runtime import load_kernels
+
+    contents = bundle.read(folder)
+    source = regenerate.kernels_source(contents.plan, contents.constants,
+                                       contents.manifest["model"]["file"], str(folder))  # fmt: skip
+    if source != contents.kernels_py:
+        raise ValueError(f"{folder}: kernels.py is not the source generated from plan.json")
+    return compile_module(load_kernels(source, interpret=False), tensor_dtypes(folder), arch)
 
 
 def main(argv: list[str] | None = None) -> int:

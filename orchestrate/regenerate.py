@@ -1,0 +1,135 @@
+"""A bundle is data: the kernels it runs are printed again from its plan.
+
+``load`` never imports the ``kernels.py`` a bundle ships.  It rebuilds the
+primitive graph from plan.json and weights.npz, checks it with the IR's type
+rules, matches every planned kernel again with the rule table (the spec's
+structural hash must be the one recorded), and emits the source, which is
+deterministic.  That source is what runs; the shipped ``kernels.py`` is for
+people to read, and a bundle whose copy differs from it is refused as edited.
+
+So what a bundle can make orchestrate do is bounded by what a plan can
+describe: primitives with attributes, constants, and kernels the rules
+accept.  Its text reaches the generated source only through
+``orchestrate.emit.text``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from orchestrate import ir, type_rules
+from orchestrate.devices import get_device
+from orchestrate.emit import emit
+from orchestrate.errors import GraphError, InputError, OrchestrateError, UnsupportedError
+from orchestrate.kernels.rules import match
+from orchestrate.kernels.spec import VIEW, Rejection, Target
+from orchestrate.plan import Plan, Planned
+
+# Generated kernels index tensors with 32-bit offsets.
+MAX_ELEMENTS = 2**31 - 1
+
+
+def title(model_file: str) -> str:
+    """The first line of ``kernels.py``'s docstring."""
+    return f"Triton kernels for {model_file}"
+
+
+def primitive_graph(plan: Plan, constants: Mapping[str, np.ndarray], source: str) -> ir.Graph:
+    """The primitive graph a plan was made from, type-checked; InputError
+    names what does not hold together."""
+    dtypes = set(ir.ALL_DTYPES)
+    for name, arr in constants.items():
+        if arr.dtype.name not in dtypes:
+            raise InputError(f"{source}: constant {name!r} has unsupported dtype {arr.dtype}")
+    ops = {op.value: op for op in ir.Op}
+    nodes = []
+    for p in plan.primitives:
+        if p.op not in ops:
+            raise InputError(f"{source}: primitive {p.name!r} has unknown op {p.op!r}")
+        nodes.append(ir.Node(ops[p.op], p.name, p.inputs, _type(p.shape, p.dtype, p.name, source),
+                             p.attrs, p.origin))  # fmt: skip
+    inputs = tuple(ir.Input(i.name, _type(i.shape, i.dtype, i.name, source))
+                   for i in plan.graph.inputs)  # fmt: skip
+    extra = sorted(set(constants) - set(plan.graph.constants))
+    if extra:
+        raise InputError(f"{source}: weights hold constant {extra[0]!r}, which the plan lacks")
+    graph = ir.Graph(tuple(nodes), inputs, plan.graph.outputs, dict(constants), plan.graph.name)
+    try:
+        return type_rules.validate(graph)
+    except (GraphError, UnsupportedError) as e:
+        raise InputError(f"{source}: {e}") from None
+    except (KeyError, TypeError, ValueError, IndexError) as e:  # an attribute of the wrong kind
+        raise InputError(f"{source}: a primitive's attributes do not type-check ({e!r})") from None
+
+
+def _type(shape: tuple[int, ...], dtype: str, name: str, source: str) -> ir.TensorType:
+    if dtype not in ir.ALL_DTYPES:
+        raise InputError(f"{source}: tensor {name!r} has unsupported dtype {dtype!r}")
+    if any(d < 0 for d in shape):
+        raise InputError(f"{source}: tensor {name!r} has a negative dimension {list(shape)}")
+    if int(np.prod(shape, dtype=object)) > MAX_ELEMENTS:
+        raise InputError(f"{source}: tensor {name!r} of shape {list(shape)} has more than "
+                         f"{MAX_ELEMENTS} elements")  # fmt: skip
+    return ir.TensorType(tuple(shape), dtype)
+
+
+def planned(plan: Plan, graph: ir.Graph, source: str) -> Planned:
+    """The plan with the spec of every kernel, matched again by the rules and
+    checked against the structural hash and launch configuration recorded."""
+    try:
+        target = Target(get_device(plan.device), plan.options.tf32)
+    except OrchestrateError as e:
+        raise InputError(f"{source}: {e}") from None
+    specs = []
+    covered: list[str] = []
+    for i, k in enumerate(plan.kernels):
+        where = f"{source}: kernel {i} ({k.name!r})"
+        if k.name != f"k{i:03d}_{k.template}":
+            raise InputError(f"{where}: expected the name k{i:03d}_{k.template}")
+        spec = match(graph, k.primitives, target)
+        if isinstance(spec, Rejection):
+            raise InputError(f"{where}: its primitives are not one kernel ({spec.reason})")
+        if spec.template != k.template or (k.template != VIEW and spec.hash != k.hash):
+            raise InputError(f"{where}: does not match the kernel its primitives make "
+                             f"({spec.template}, hash {spec.hash})")  # fmt: skip
+        if k.template != VIEW and spec.config != k.config:
+            raise InputError(f"{where}: launch configuration differs from the rules' choice")
+        if not set(spec.outputs) <= set(k.outputs) <= set(spec.outputs) | set(spec.optional):
+            raise InputError(f"{where}: writes {list(k.outputs)}, which its primitives do not")
+        if tuple(spec.inputs) != tuple(k.inputs):
+            raise InputError(f"{where}: reads {list(k.inputs)}, expected {list(spec.inputs)}")
+        specs.append(spec)
+        covered += k.primitives
+    _check_schedule(plan, graph, covered, source)
+    return Planned(plan, tuple(specs))
+
+
+def _check_schedule(plan: Plan, graph: ir.Graph, covered: list[str], source: str) -> None:
+    """Every primitive in some kernel (a recomputed one in several); every
+    tensor written once; every kernel reads only what is written before it;
+    every graph output written."""
+    if set(covered) != {n.name for n in graph.nodes}:
+        raise InputError(f"{source}: the kernels do not run every primitive")
+    ready = {i.name for i in graph.inputs} | set(graph.constants)
+    for k in plan.kernels:
+        missing = [t for t in k.inputs if t not in ready]
+        if missing:
+            raise InputError(
+                f"{source}: kernel {k.name!r} reads {missing[0]!r} before it is written"
+            )
+        twice = [t for t in k.outputs if t in ready]
+        if twice:
+            raise InputError(f"{source}: kernel {k.name!r} writes {twice[0]!r} a second time")
+        ready.update(k.outputs)
+    lost = [o for o in graph.outputs if o not in ready]
+    if lost:
+        raise InputError(f"{source}: no kernel writes output {lost[0]!r}")
+
+
+def kernels_source(plan: Plan, constants: Mapping[str, np.ndarray], model_file: str,
+                   source: str) -> str:  # fmt: skip
+    """The ``kernels.py`` orchestrate generates for this plan."""
+    graph = primitive_graph(plan, constants, source)
+    return emit(graph, planned(plan, graph, source), title=title(model_file))
