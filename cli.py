@@ -83,34 +83,24 @@ def reports_errors(fn):
     return wrapper
 
 
-class ShapeParam(click.ParamType):
-    name = "NAME=DIMS"
-
-    def convert(self, value, param, ctx):
-        from orchestrate.errors import InputError
-        from orchestrate.frontend import parse_shape
-
-        try:
-            return parse_shape(value)
-        except InputError as e:
-            self.fail(str(e), param, ctx)
-
-
 def shape_option(fn):
     return click.option(
         "--shape",
         "shapes",
-        type=ShapeParam(),
+        metavar="NAME=DIMS",
         multiple=True,
         help="Bind a dynamic input shape, e.g. --shape input_ids=1x128 (repeatable).",
     )(fn)
 
 
-def _shapes(pairs) -> dict[str, tuple[int, ...]]:
+def _shapes(texts) -> dict[str, tuple[int, ...]]:
+    """--shape options as {NAME: dims}; parsed here, not by click, so that a
+    bad one is a one-line error like any other."""
     from orchestrate.errors import InputError
+    from orchestrate.frontend import parse_shape
 
     out: dict[str, tuple[int, ...]] = {}
-    for name, dims in pairs:
+    for name, dims in map(parse_shape, texts):
         if name in out and out[name] != dims:
             raise InputError(f"--shape {name}: given twice with different dimensions")
         out[name] = dims
@@ -201,14 +191,23 @@ def plan_options(fn):
 def _plan_options(
     device, memory_budget, time_limit, tf32, max_kernel_nodes, reproducible, no_recompute
 ):
+    from orchestrate.errors import InputError
     from orchestrate.kernels.enumerate import Limits
-    from orchestrate.planner import PlanOptions
+    from orchestrate.planner import PlanOptionError, PlanOptions
 
-    return PlanOptions(
-        device=device, memory_budget=memory_budget, time_limit=time_limit, tf32=tf32,
-        limits=Limits(max_nodes=max_kernel_nodes), reproducible=reproducible,
-        recompute=not no_recompute,
-    )  # fmt: skip
+    try:
+        return PlanOptions(
+            device=device, memory_budget=memory_budget, time_limit=time_limit, tf32=tf32,
+            limits=Limits(max_nodes=max_kernel_nodes), reproducible=reproducible,
+            recompute=not no_recompute,
+        )  # fmt: skip
+    except PlanOptionError as e:  # name the flag, not the field
+        flag = _PLAN_FLAGS.get(e.field, e.field)
+        raise InputError(f"{flag} {e.value}: {e.problem}") from None
+
+
+_PLAN_FLAGS = {"device": "--device", "memory_budget": "--memory-budget",
+               "time_limit": "--time-limit", "limits.max_nodes": "--max-kernel-nodes"}  # fmt: skip
 
 
 class StageProgress:
@@ -288,6 +287,13 @@ def rules() -> None:
         click.echo(line)
 
 
+def _tolerances(rtol, atol):
+    """--rtol and --atol, refused (naming the flag) unless finite and >= 0."""
+    from orchestrate.verify import check_tolerance
+
+    return check_tolerance(rtol, "--rtol"), check_tolerance(atol, "--atol")
+
+
 def tolerance_options(fn):
     fn = click.option("--atol", type=float, default=None,
                       help="Absolute tolerance (default: rtol x the output's largest magnitude).")(fn)  # fmt: skip
@@ -310,9 +316,10 @@ def optimize(model: Path, out_dir: Path, shapes, trials, rtol, atol, **opts) -> 
     """Optimize MODEL into a bundle of Triton kernels, verified against onnxruntime."""
     from orchestrate import api, explain
 
+    rtol, atol = _tolerances(rtol, atol)
     result = api.optimize(
         model, out_dir, shapes=_shapes(shapes), options=_plan_options(**opts), trials=trials,
-        rtol=rtol, atol=atol, progress=StageProgress(),
+        rtol=rtol, atol=atol, progress=StageProgress(), _shape_option="--shape",
     )  # fmt: skip
     click.echo(explain.kernel_table(result.plan, limit=25))
     click.echo("")
@@ -384,8 +391,9 @@ def verify(bundle_dir: Path, model: Path, shapes, trials, rtol, atol) -> None:
     """Check that bundle OUT computes what MODEL computes (exit 1 if not)."""
     from orchestrate import api
 
+    rtol, atol = _tolerances(rtol, atol)
     report = api.verify_bundle(bundle_dir, model, shapes=_shapes(shapes) or None, trials=trials,
-                               rtol=rtol, atol=atol)  # fmt: skip
+                               rtol=rtol, atol=atol, _shape_option="--shape")  # fmt: skip
     for line in report.lines():
         click.echo(line)
     bad = report.first_failure()
@@ -408,7 +416,8 @@ def bench(bundle_dir: Path, model: Path, shapes, runs: int, warmup: int) -> None
     from orchestrate import api
     from orchestrate import bench as benchmark
 
-    loaded, onnx_model, graph = api.bundle_and_model(bundle_dir, model, _shapes(shapes) or None)
+    loaded, onnx_model, graph = api.bundle_and_model(bundle_dir, model, _shapes(shapes) or None,
+                                                     _shape_option="--shape")  # fmt: skip
     timings = benchmark.bench(loaded, onnx_model, graph, runs=runs, warmup=warmup)
     for line in benchmark.table(timings, loaded.interpret):
         click.echo(line)

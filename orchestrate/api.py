@@ -8,6 +8,7 @@ outputs = model.run({"ids": ids})
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,11 +18,12 @@ import numpy as np
 
 from orchestrate import bundle, explain, pipeline
 from orchestrate.emit import emit
-from orchestrate.errors import OrchestrateError
+from orchestrate.errors import InputError, OrchestrateError
+from orchestrate.frontend import check_shapes
 from orchestrate.plan import Plan
 from orchestrate.planner import PlanOptions
 from orchestrate.runtime import Program, check_inputs, gpu_available, load_kernels
-from orchestrate.verify import Report, verify
+from orchestrate.verify import Report, check_tolerance, verify
 from orchestrate.version import __version__
 
 TF32_RTOL = 5e-3
@@ -72,6 +74,9 @@ class Bundle:
 
 def load(out_dir: str | os.PathLike, *, interpret: bool | None = None) -> Bundle:
     """Load a bundle, checking every file against the manifest."""
+    out_dir = _path(out_dir, "out_dir")
+    if interpret is not None and not isinstance(interpret, bool):
+        raise InputError(f"interpret={interpret!r}: expected True, False or None")
     plan, kernels_py, constants, manifest = bundle.read(out_dir)
     return Bundle(Path(out_dir), plan, manifest, kernels_py, constants, interpret)
 
@@ -93,21 +98,32 @@ def optimize(
     rtol: float | None = None,
     atol: float | None = None,
     progress=None,
+    _shape_option: str = "shapes",
     **plan_options,
 ) -> Optimized:
     """Fission, plan, emit and verify ``model_path``; write the bundle to ``out_dir``.
 
     Keyword options not listed are PlanOptions fields (``device``,
-    ``memory_budget``, ``time_limit``, ...).  Nothing is left at ``out_dir``
-    unless the bundle verified (``trials=0`` skips verification)."""
+    ``memory_budget``, ``time_limit``, ...), or give ``options``, not both.
+    Nothing is left at ``out_dir`` unless the bundle verified (``trials=0``
+    skips verification).  A bad argument is an InputError that names it
+    (``_shape_option`` is the name shape errors give ``shapes``)."""
+    model_path = _path(model_path, "model_path")
+    out_dir = _path(out_dir, "out_dir")
+    shapes = check_shapes(shapes, _shape_option)
+    trials = _count(trials, "trials", 0)
+    rtol, atol = check_tolerance(rtol, "rtol"), check_tolerance(atol, "atol")
+    if progress is not None and not callable(progress):
+        raise InputError(f"progress: expected a function (stage, done, total), got "
+                         f"{type(progress).__name__}")  # fmt: skip
+    options = _plan_options(options, plan_options)
     out = Path(out_dir)
     bundle.check_destination(out, model_path)
-    options = options or PlanOptions(**plan_options)
     if options.tf32 and rtol is None:
         rtol = TF32_RTOL  # TF32 keeps 10 mantissa bits
     report_step = progress or (lambda stage, i, n: None)
     model = pipeline.load(model_path)
-    graph = pipeline.fission_model(model, shapes, str(model_path))
+    graph = pipeline.fission_model(model, shapes, str(model_path), option=_shape_option)
     planned = pipeline.plan_graph(graph, options, progress=progress)
     plan = planned.plan
     report_step("emit", 1, 1)
@@ -150,9 +166,16 @@ def verify_bundle(
     trials: int = 3,
     rtol: float | None = None,
     atol: float | None = None,
+    _shape_option: str = "shapes",
 ) -> Report:
-    """Compare a bundle with onnxruntime running ``model_path``."""
-    loaded, model, graph = bundle_and_model(out_dir, model_path, shapes)
+    """Compare a bundle with onnxruntime running ``model_path`` over ``trials``
+    (>= 1) random inputs.  A bad argument is an InputError that names it
+    (``_shape_option`` is the name shape errors give ``shapes``)."""
+    trials = _count(trials, "trials", 1)
+    rtol, atol = check_tolerance(rtol, "rtol"), check_tolerance(atol, "atol")
+    loaded, model, graph = bundle_and_model(
+        out_dir, model_path, shapes, _shape_option=_shape_option
+    )
     return verify(model, graph, loaded.run, trials=trials, rtol=rtol, atol=atol)
 
 
@@ -160,24 +183,95 @@ def bundle_and_model(
     out_dir: str | os.PathLike,
     model_path: str | os.PathLike,
     shapes: Mapping[str, tuple[int, ...]] | None = None,
+    *,
+    _shape_option: str = "shapes",
 ):
     """(bundle, ONNX model, its primitive graph) for comparing the two; the
     shapes default to those the bundle was built with.  InputError when the
-    model's inputs and outputs are not the bundle's."""
-    from orchestrate.errors import InputError
-
+    model's inputs and outputs are not the bundle's, naming the first that
+    differs."""
+    out_dir = _path(out_dir, "out_dir")
+    model_path = _path(model_path, "model_path")
+    shapes = check_shapes(shapes, _shape_option) if shapes is not None else None
     loaded = load(out_dir)
     model = pipeline.load(model_path)
     if shapes is None:
         shapes = {k: tuple(v) for k, v in loaded.manifest.get("shapes", {}).items()}
-    graph = pipeline.fission_model(model, shapes, str(model_path))
-    want = {i.name: (i.type.shape, i.type.dtype) for i in graph.inputs}
-    if want != loaded.inputs or list(graph.outputs) != loaded.outputs:
-        raise InputError(
-            f"{model_path}: its inputs/outputs do not match the bundle's "
-            f"({sorted(want)} -> {list(graph.outputs)} vs {sorted(loaded.inputs)} -> {loaded.outputs})"
-        )
+    graph = pipeline.fission_model(model, shapes, str(model_path), option=_shape_option)
+    _check_same_interface(graph, loaded, model_path, out_dir)
     return loaded, model, graph
+
+
+def _check_same_interface(graph, loaded: Bundle, model_path: Path, out_dir: Path) -> None:
+    """InputError naming the first input or output in which the model (with
+    the shapes given) and the bundle differ."""
+    mine = {i.name: (tuple(i.type.shape), i.type.dtype) for i in graph.inputs}
+    theirs = {k: (tuple(s), d) for k, (s, d) in loaded.inputs.items()}
+
+    def typed(io: tuple) -> str:
+        return f"{io[1]}[{'x'.join(map(str, io[0]))}]"
+
+    problem = None
+    if set(mine) != set(theirs):
+        only_model = sorted(set(mine) - set(theirs))
+        only_bundle = sorted(set(theirs) - set(mine))
+        problem = "inputs differ: " + "; ".join(
+            [f"only the model has {n!r}" for n in only_model]
+            + [f"only the bundle has {n!r}" for n in only_bundle]
+        )
+    else:
+        for name, io in mine.items():
+            if io != theirs[name]:
+                problem = (f"input {name!r} is {typed(io)} in the model but {typed(theirs[name])} "
+                           "in the bundle")  # fmt: skip
+                if io[1] == theirs[name][1]:
+                    problem += " (pass the shapes the bundle was built with)"
+                break
+    if problem is None and list(graph.outputs) != list(loaded.outputs):
+        problem = f"outputs differ: {list(graph.outputs)} in the model, {list(loaded.outputs)} in the bundle"
+    if problem is not None:
+        raise InputError(f"{model_path} does not match the bundle {out_dir}: {problem}")
+
+
+def _path(value, name: str) -> Path:
+    """``value`` as a Path; InputError naming the argument ``name`` otherwise."""
+    if isinstance(value, str) and not value:
+        raise InputError(f"{name}: an empty path")
+    try:
+        return Path(value)
+    except TypeError:
+        raise InputError(f"{name}: expected a path (str or os.PathLike), got "
+                         f"{type(value).__name__}") from None  # fmt: skip
+
+
+def _count(value, name: str, least: int) -> int:
+    """``value`` as an int >= ``least`` (a bool is not a count)."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)):
+        raise InputError(f"{name}={value!r}: expected an integer >= {least}")
+    if value < least:
+        raise InputError(f"{name}={value!r}: must be an integer >= {least}")
+    return int(value)
+
+
+def _plan_options(options, keywords: dict) -> PlanOptions:
+    """The PlanOptions of ``optimize``: ``options``, or made from the keywords."""
+    if options is not None:
+        if not isinstance(options, PlanOptions):
+            raise InputError(f"options: expected an orchestrate.planner.PlanOptions, got "
+                             f"{type(options).__name__}")  # fmt: skip
+        if keywords:
+            raise InputError(f"options and {', '.join(sorted(keywords))}: give the plan options "
+                             "as a PlanOptions or as keywords, not both")  # fmt: skip
+        return options
+    known = PlanOptions.names()
+    unknown = sorted(set(keywords) - set(known))
+    if unknown:
+        raise InputError(
+            f"{unknown[0]}: no such argument of optimize (it takes model_path, out_dir, shapes, "
+            f"options, trials, rtol, atol, progress and the plan options "
+            f"{', '.join(known)})"
+        )
+    return PlanOptions(**keywords)
 
 
 def _report_md(plan: Plan, result: Report | None) -> str:

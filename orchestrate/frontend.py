@@ -10,8 +10,10 @@ disappears here, so fission only ever sees tensors of known shape.
 
 from __future__ import annotations
 
+import math
+import operator
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,7 @@ from onnx import numpy_helper
 from onnx.external_data_helper import load_external_data_for_model, uses_external_data
 
 from orchestrate.errors import InputError, UnsupportedError
+from orchestrate.ir import MAX_ELEMENTS
 
 # Folding a constant computation is skipped when its result is larger than
 # this many elements and larger than its inputs (it stays a node to fuse).
@@ -82,10 +85,35 @@ def _all_tensors(graph: onnx.GraphProto):
 
 
 def check(model: onnx.ModelProto, source: str = "<model>") -> None:
+    check_opset(model, source)
     try:
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError) as e:
         raise InputError(f"{source}: invalid ONNX model ({_short(e)})") from None
+
+
+def check_opset(model: onnx.ModelProto, source: str = "<model>") -> None:
+    """Refuse, before any work, a model whose ai.onnx opset is newer than the
+    installed onnx (shape inference, folding) or onnxruntime (verification)
+    supports."""
+    from orchestrate import onnxrt
+
+    version = next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), None)
+    if version is None:
+        return
+    newest = onnx.defs.onnx_opset_version()
+    if version > newest:
+        raise InputError(
+            f"{source}: opset {version} is newer than the installed onnx {onnx.__version__} "
+            f"supports (opset {newest})"
+        )
+    if not onnxrt.supports_opset(version):
+        import onnxruntime
+
+        raise InputError(
+            f"{source}: opset {version} is newer than the installed onnxruntime "
+            f"{onnxruntime.__version__} supports (opset {onnxrt.max_opset()})"
+        )
 
 
 def _short(e: BaseException) -> str:
@@ -100,11 +128,68 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
         if not sep or not name:
             raise ValueError
         shape = tuple(int(d) for d in dims.replace(",", "x").split("x")) if dims else ()
-        if any(d < 0 for d in shape):
-            raise ValueError
     except ValueError:
         raise InputError(f"--shape {text!r}: expected NAME=DIMS such as x=1x128") from None
-    return name, shape
+    return name, check_shapes({name: shape}, "--shape")[name]
+
+
+def check_shapes(shapes, option: str = "shapes") -> dict[str, tuple[int, ...]]:
+    """``shapes`` as ``{input name: tuple of int}``.  InputError naming
+    ``option`` (``--shape``, or the API's ``shapes``) for anything else: no
+    mapping, a name that is no string, a dimension that is no integer (numpy
+    integers are integers) or below 1, more than MAX_ELEMENTS elements."""
+    if shapes is None:
+        return {}
+    if not isinstance(shapes, Mapping):
+        raise InputError(
+            f"{option}: expected a mapping of input names to dimensions such as "
+            f"{{'x': (1, 128)}}, got {type(shapes).__name__}"
+        )
+    out: dict[str, tuple[int, ...]] = {}
+    for name, dims in shapes.items():
+        if not isinstance(name, str):
+            raise InputError(f"{option}: input names must be strings, got {name!r}")
+        where = f"{option}[{name!r}]"
+        if isinstance(dims, np.ndarray) and dims.ndim == 1:
+            dims = list(dims)
+        if isinstance(dims, (str, bytes)) or not isinstance(dims, Sequence):
+            raise InputError(
+                f"{where}: expected a tuple of dimensions such as (1, 128), "
+                f"got {type(dims).__name__}"
+            )
+        if option.startswith("--"):
+            where = f"{option} {name}={_dims(dims)}"
+        shape = []
+        for k, d in enumerate(dims):
+            try:
+                if isinstance(d, (bool, np.bool_)):
+                    raise TypeError
+                d = operator.index(d)
+            except TypeError:
+                raise InputError(f"{where}: dimension {k} is {d!r}, not an integer") from None
+            if d < 1:
+                raise InputError(f"{where}: dimension {k} is {d}; dimensions must be >= 1")
+            shape.append(d)
+        out[name] = tuple(shape)
+        _check_size(shape, where if option.startswith("--") else f"{where}: shape {_dims(shape)}")
+    return out
+
+
+def _check_size(shape: Sequence[int], what: str) -> None:
+    size = math.prod(shape)
+    if size > MAX_ELEMENTS:
+        raise InputError(
+            f"{what}: {size:,} elements, more than the {MAX_ELEMENTS:,} (2**36) one tensor may have"
+        )
+
+
+def _shown(name: str) -> str:
+    """A name as it is, or as a Python literal if it has unprintable characters."""
+    return name if name.isprintable() else repr(name)
+
+
+def _dims(shape) -> str:
+    return "x".join(map(str, shape)) if shape else "()"
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -117,26 +202,49 @@ def prepare(
     model: onnx.ModelProto,
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     source: str = "<model>",
+    *,
+    option: str = "--shape",
 ) -> onnx.ModelProto:
     """A static-shaped, shape-inferred, constant-folded copy of ``model``.
+
+    ``shapes`` is checked first (errors name ``option``: ``--shape``, or the
+    API's ``shapes``); a tensor of more than MAX_ELEMENTS elements is refused,
+    naming the input or the node that makes it.
 
     The work happens on a skeleton of the model whose large initializers
     (weights) are stand-in graph inputs of the same type, so shape inference
     and folding never copy the weights; they are put back once, at the end."""
+    shapes = check_shapes(shapes, option)
     m, weights = _skeleton(model)
     if m.functions:
         try:
             m = onnx.inliner.inline_local_functions(m)
         except Exception as e:  # noqa: BLE001
             raise InputError(f"{source}: cannot inline local functions ({_short(e)})") from None
-    _bind_shapes(m, dict(shapes or {}), source, exempt=set(weights))
+    _bind_shapes(m, shapes, source, exempt=set(weights), option=option)
     for _ in range(8):
         m = _infer(m, source)
+        _check_sizes(m, source)
         folded, changed = fold_constants(m, weights)
         m = folded
         if not changed:
             break
     return _prune(m, weights)
+
+
+def _check_sizes(m: onnx.ModelProto, source: str) -> None:
+    """Refuse any tensor of known shape with more than MAX_ELEMENTS elements."""
+    made_by = {o: n for n in m.graph.node for o in n.output if o}
+    index = {id(n): k for k, n in enumerate(m.graph.node)}
+    for name, (shape, _) in static_shapes(m).items():
+        if math.prod(shape) <= MAX_ELEMENTS:
+            continue
+        node = made_by.get(name)
+        if node is None:
+            _check_size(shape, f"{source}: input {name!r} of shape {_dims(shape)}")
+        label = node.name or f"{node.op_type}_{index[id(node)]}"
+        _check_size(shape, f"{source}: node {label!r} ({node.op_type}) makes {name!r} of shape "
+                           f"{_dims(shape)}")  # fmt: skip
 
 
 # initializers larger than this stay out of the skeleton
@@ -169,15 +277,16 @@ def _numel(t: onnx.TensorProto) -> int:
 
 
 def _bind_shapes(
-    m: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], source: str, exempt: set[str]
-) -> None:
+    m: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], source: str, exempt: set[str],
+    option: str = "--shape",
+) -> None:  # fmt: skip
     inputs = {i.name: i for i in graph_inputs(m) if i.name not in exempt}
+    cli = option.startswith("--")
     for name in shapes:
         if name not in inputs:
-            known = ", ".join(inputs) or "none"
-            raise InputError(
-                f"--shape {name}=...: the model has no input {name!r} (inputs: {known})"
-            )
+            known = ", ".join(map(_shown, inputs)) or "none"
+            where = f"{option} {name}=..." if cli else f"{option}[{name!r}]"
+            raise InputError(f"{where}: the model has no input {name!r} (inputs: {known})")
     for name, vi in inputs.items():
         tt = vi.type.tensor_type
         if not vi.type.HasField("tensor_type"):
@@ -185,33 +294,32 @@ def _bind_shapes(
             raise UnsupportedError(f"{source}: input {name!r} is a {kind}, not a tensor", {kind: 1})
         if name in shapes:
             want = shapes[name]
+            where = f"{option} {name}={_dims(want)}" if cli else f"{option}[{name!r}]"
             if tt.HasField("shape") and len(tt.shape.dim) != len(want):
                 raise InputError(
-                    f"--shape {name}={'x'.join(map(str, want))}: input {name!r} has rank "
-                    f"{len(tt.shape.dim)}, not {len(want)}"
+                    f"{where}: input {name!r} has rank {len(tt.shape.dim)}, not {len(want)}"
                 )
             for k, d in enumerate(tt.shape.dim):
                 if d.HasField("dim_value") and d.dim_value != want[k]:
                     raise InputError(
-                        f"--shape {name}=...: axis {k} of input {name!r} is fixed at {d.dim_value}"
+                        f"{where}: axis {k} of input {name!r} is fixed at {d.dim_value}"
                     )
             tt.ClearField("shape")
             tt.shape.SetInParent()  # a scalar has a shape with no dims
             for d in want:
                 tt.shape.dim.add().dim_value = d
             continue
+        shown = _shown(name)
         if not tt.HasField("shape"):
-            raise InputError(f"{source}: input {name!r} has unknown rank; pass --shape {name}=...")
+            hint = f"--shape {shown}=..." if cli else f"{option}={{{name!r}: (...)}}"
+            raise InputError(f"{source}: input {name!r} has unknown rank; pass {hint}")
         for k, d in enumerate(tt.shape.dim):
             if not d.HasField("dim_value"):
                 what = f"dimension {d.dim_param!r}" if d.dim_param else "a dynamic dimension"
-                raise InputError(
-                    f"{source}: input {name!r} has {what} at axis {k}; "
-                    f"pass --shape {name}="
-                    + "x".join(
-                        str(x.dim_value) if x.HasField("dim_value") else "N" for x in tt.shape.dim
-                    )
-                )
+                dims = [str(x.dim_value) if x.HasField("dim_value") else "N" for x in tt.shape.dim]
+                hint = (f"--shape {shown}={'x'.join(dims)}" if cli
+                        else f"{option}={{{name!r}: ({', '.join(dims)}{',' * (len(dims) == 1)})}}")  # fmt: skip
+                raise InputError(f"{source}: input {name!r} has {what} at axis {k}; pass {hint}")
 
 
 def _infer(m: onnx.ModelProto, source: str) -> onnx.ModelProto:
@@ -346,11 +454,14 @@ def _fold_one(node, consts, known, opsets, evaluator_cls):
     ins = [i for i in node.input if i]
     if not ins or any(i not in consts for i in ins):
         return None
+    biggest = max([consts[i].size for i in ins] + [0])
+    # a result known to be too large is not computed at all (it may not fit in memory)
+    if any(o in known and math.prod(known[o][0]) > max(FOLD_LIMIT, biggest) for o in node.output):
+        return None
     try:
         results = _run_node(node, consts, opsets, evaluator_cls)
     except Exception:  # noqa: BLE001 - an op the evaluator cannot fold stays a node
         return None
-    biggest = max([consts[i].size for i in ins] + [0])
     if any(r.size > FOLD_LIMIT and r.size > biggest for r in results):
         return None
     return results

@@ -165,6 +165,11 @@ DTYPES: Mapping[Op, frozenset[str]] = {
 # ---------------------------------------------------------------------------
 # value types
 
+# The most elements one tensor may have: 2**36 (256 GiB of float32), more than
+# any GPU in the device table holds.  Kernels switch to 64-bit offsets from
+# 2**31 elements, so this bounds shapes that are mistakes, not the indexing.
+MAX_ELEMENTS = 2**36
+
 
 @dataclass(frozen=True)
 class TensorType:

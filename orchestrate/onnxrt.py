@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import numpy as np
@@ -25,6 +26,35 @@ def session(model: onnx.ModelProto, providers: list[str] | None = None):
     return ort.InferenceSession(
         model.SerializeToString(), opts, providers=providers or ["CPUExecutionProvider"]
     )
+
+
+@functools.cache
+def supports_opset(version: int) -> bool:
+    """Whether the installed onnxruntime loads models of ai.onnx opset
+    ``version``.  It exposes no such number, so a one-node model says."""
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "probe",
+                                   [x], [y])  # fmt: skip
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", version)])
+    model.ir_version = MAX_IR_VERSION
+    try:
+        session(model)
+    except Exception:  # noqa: BLE001 - onnxruntime raises its own Fail for this
+        return False
+    return True
+
+
+def max_opset() -> int:
+    """The newest ai.onnx opset, up to the installed onnx's newest, that the
+    installed onnxruntime loads."""
+    lo, hi = 1, onnx.defs.onnx_opset_version()
+    if supports_opset(hi):
+        return hi
+    while hi - lo > 1:  # lo is supported, hi is not
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if supports_opset(mid) else (lo, mid)
+    return lo
 
 
 def run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

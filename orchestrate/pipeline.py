@@ -26,9 +26,11 @@ def load(path: str | os.PathLike) -> onnx.ModelProto:
 
 
 def fission_model(
-    model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None, source: str
-) -> ir.Graph:
-    return fission(frontend.prepare(model, shapes, source), source, consume=True)
+    model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None, source: str,
+    *, option: str = "--shape",
+) -> ir.Graph:  # fmt: skip
+    """``option`` names ``shapes`` in errors: ``--shape``, or the API's ``shapes``."""
+    return fission(frontend.prepare(model, shapes, source, option=option), source, consume=True)
 
 
 def fission_file(path: str | os.PathLike, shapes=None) -> ir.Graph:

@@ -12,13 +12,17 @@ Prices are computed once per structural hash (``cost.roofline.Prices``).
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+
+import numpy as np
 
 from orchestrate import ir
 from orchestrate.cost.roofline import Prices
-from orchestrate.devices import get_device
+from orchestrate.devices import DEVICES, get_device
 from orchestrate.errors import InputError
 from orchestrate.ilp import budget, program
 from orchestrate.ilp.baselines import Priced, greedy, unfused
@@ -45,24 +49,71 @@ from orchestrate.plan import (
 )
 
 Progress = Callable[[str, int, int], None]
+MAX_KERNEL_NODES = 64  # the most primitives in one candidate kernel (--max-kernel-nodes)
 Chosen = list[tuple[KernelSpec, tuple[str, ...]]]
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+class PlanOptionError(InputError):
+    """A bad PlanOptions field.  The message names the field as the Python API
+    spells it; ``field``, ``value`` and ``problem`` let the CLI name its flag."""
+
+    def __init__(self, name: str, value, problem: str):
+        super().__init__(f"{name}={value!r}: {problem}")
+        self.field, self.value, self.problem = name, value, problem
 
 
 @dataclass(frozen=True)
 class PlanOptions:
+    """How to plan.  Every field is checked here, so the CLI and the Python
+    API refuse the same values (PlanOptionError, an InputError)."""
+
     device: str | None = None
     memory_budget: int | None = None
-    time_limit: float | None = 60.0  # seconds per linear program
+    time_limit: float | None = 60.0  # seconds per linear program; None: no limit
     tf32: bool = False
     recompute: bool = True  # a primitive may be computed by several kernels
     limits: Limits = field(default_factory=Limits)
     reproducible: bool = False  # write 0 for wall-clock fields
 
     def __post_init__(self):
-        if self.memory_budget is not None and self.memory_budget < 0:
-            raise InputError(f"--memory-budget {self.memory_budget}: must be >= 0")
-        if self.time_limit is not None and self.time_limit <= 0:
-            raise InputError(f"--time-limit {self.time_limit}: must be > 0")
+        d = self.device
+        if d is not None and (not isinstance(d, str) or d.lower() not in DEVICES):
+            problem = "unknown device" if isinstance(d, str) else "expected a device name"
+            raise PlanOptionError("device", d, f"{problem} (known: {', '.join(DEVICES)})")
+        b = self.memory_budget
+        if b is not None:
+            if not _is_int(b) or b < 0:
+                raise PlanOptionError("memory_budget", b, "must be an integer >= 0 (bytes)")
+            object.__setattr__(self, "memory_budget", int(b))
+        t = self.time_limit
+        if t is not None:
+            if not isinstance(t, numbers.Real) or isinstance(t, bool) or not (
+                    math.isfinite(t) and t > 0):  # fmt: skip
+                raise PlanOptionError("time_limit", t, "must be a finite number of seconds > 0")
+            object.__setattr__(self, "time_limit", float(t))
+        for name in ("tf32", "recompute", "reproducible"):
+            v = getattr(self, name)
+            if not isinstance(v, (bool, np.bool_)):
+                raise PlanOptionError(name, v, "must be True or False")
+            object.__setattr__(self, name, bool(v))
+        if not isinstance(self.limits, Limits):
+            raise PlanOptionError(
+                "limits", self.limits, "expected an orchestrate.kernels.enumerate.Limits"
+            )
+        for f in fields(Limits):
+            v = getattr(self.limits, f.name)
+            if not _is_int(v) or v < 1 or (f.name == "max_nodes" and v > MAX_KERNEL_NODES):
+                top = f" and <= {MAX_KERNEL_NODES}" if f.name == "max_nodes" else ""
+                raise PlanOptionError(f"limits.{f.name}", v, f"must be an integer >= 1{top}")
+
+    @classmethod
+    def names(cls) -> list[str]:
+        """The keyword arguments PlanOptions takes."""
+        return [f.name for f in fields(cls)]
 
     def target(self) -> Target:
         return Target(get_device(self.device), self.tf32)

@@ -12,7 +12,18 @@ from orchestrate import ir
 
 
 def _mb(nbytes: int) -> str:
-    return f"{nbytes / 1e6:.2f} MB" if nbytes >= 1e5 else f"{nbytes / 1e3:.1f} KB"
+    if nbytes < 1e5:
+        return f"{nbytes / 1e3:.1f} KB"
+    for unit, scale in (("MB", 1e6), ("GB", 1e9), ("TB", 1e12)):
+        if nbytes < 1e4 * scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes / 1e15:,.2f} PB"
+
+
+def _row(*cells: tuple[object, str]) -> str:
+    """Cells formatted to their widths, two spaces apart, so that a value
+    wider than its column never runs into the next one."""
+    return "  ".join(f"{v:{w}}" for v, w in cells).rstrip()
 
 
 def inspection(model: onnx.ModelProto, graph: ir.Graph, source: str) -> dict:
@@ -54,16 +65,18 @@ def format_inspection(info: dict) -> str:
         *(f"input     {k}: {v}" for k, v in info["inputs"].items()),
         *(f"output    {k}: {v}" for k, v in info["outputs"].items()),
         "",
-        f"{'ONNX op':<24}{'count':>7}",
-        *(f"{op:<24}{k:>7}" for op, k in info["onnx_ops"].items()),
-        f"{'total':<24}{info['onnx_nodes']:>7}",
+        _row(("ONNX op", "<24"), ("count", ">5")),
+        *(_row((op, "<24"), (k, ">5")) for op, k in info["onnx_ops"].items()),
+        _row(("total", "<24"), (info["onnx_nodes"], ">5")),
         "",
-        f"{'primitive':<24}{'count':>7}{'bytes written':>16}",
+        _row(("primitive", "<24"), ("count", ">5"), ("bytes written", ">14")),
         *(
-            f"{op:<24}{k:>7}{_mb(info['primitive_bytes'][op]):>16}"
+            _row((op, "<24"), (k, ">5"), (_mb(info["primitive_bytes"][op]), ">14"))
             for op, k in info["primitive_ops"].items()
         ),
-        f"{'total':<24}{info['primitives']:>7}{_mb(info['intermediate_bytes']):>16}",
+        _row(
+            ("total", "<24"), (info["primitives"], ">5"), (_mb(info["intermediate_bytes"]), ">14")
+        ),
     ]
     if info["largest"]:
         big = info["largest"]

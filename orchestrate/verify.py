@@ -3,8 +3,10 @@
 Random inputs over several seeds, every output compared with onnxruntime on
 the original model.  Floating-point inputs are standard normal; an integer
 input that (through casts and layout ops) indexes a Gather is drawn in the
-valid range of the axis it indexes; other integer inputs are 0 or 1 (masks);
-booleans are random.
+valid range of the axis it indexes; one that reaches the divisor of an
+integer Div or Mod is 1 or 2 (integer division by zero is an error, not a
+value to compare); other integer inputs are 0 or 1 (masks); booleans are
+random.
 
 An output passes when, elementwise, ``|got - want| <= atol + rtol * |want|``
 with NaN matching NaN.  By default ``atol = rtol * max|want|``: errors are
@@ -15,6 +17,8 @@ impossible relative bound.  The reported "relative error" is
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -22,6 +26,7 @@ import numpy as np
 import onnx
 
 from orchestrate import ir, onnxrt
+from orchestrate.errors import InputError
 from orchestrate.ir import Op
 
 RTOL = {"float16": 1e-2, "float32": 1e-4, "float64": 1e-7}
@@ -83,9 +88,30 @@ def index_ranges(graph: ir.Graph) -> dict[str, int]:
     return out
 
 
+def divisors(graph: ir.Graph) -> set[str]:
+    """Integer inputs that (through casts and layout ops) reach the divisor of
+    an integer DIV or MOD."""
+    out: set[str] = set()
+    for inp in graph.inputs:
+        if inp.type.dtype not in ir.INTS:
+            continue
+        frontier, seen = [inp.name], set()
+        while frontier and inp.name not in out:
+            t = frontier.pop()
+            for c in graph.consumers.get(t, ()):
+                if (c.op in (Op.DIV, Op.MOD) and c.inputs[1] == t
+                        and graph.types[c.inputs[0]].dtype in ir.INTS):  # fmt: skip
+                    out.add(inp.name)
+                elif c.op in _PASS_THROUGH and c.name not in seen:
+                    seen.add(c.name)
+                    frontier.append(c.name)
+    return out
+
+
 def random_inputs(graph: ir.Graph, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     ranges = index_ranges(graph)
+    nonzero = divisors(graph)
     feeds = {}
     for i in graph.inputs:
         shape, dtype = i.type.shape, i.type.dtype
@@ -94,8 +120,23 @@ def random_inputs(graph: ir.Graph, seed: int) -> dict[str, np.ndarray]:
         elif dtype == "bool":
             feeds[i.name] = rng.random(shape) < 0.5
         else:
-            feeds[i.name] = rng.integers(0, ranges.get(i.name, 2), size=shape).astype(dtype)
+            high = ranges.get(i.name, 3 if i.name in nonzero else 2)
+            low = 1 if i.name in nonzero and high > 1 else 0
+            feeds[i.name] = rng.integers(low, high, size=shape).astype(dtype)
     return feeds
+
+
+def check_tolerance(value, name: str) -> float | None:
+    """``value`` as a tolerance: None (the default), or a finite number >= 0.
+    InputError naming ``name`` (``rtol``, or the CLI's ``--rtol``) otherwise."""
+    if value is None:
+        return None
+    where = f"{name} {value!r}" if name.startswith("--") else f"{name}={value!r}"
+    if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
+        raise InputError(f"{where}: expected a number >= 0")
+    if not (math.isfinite(value) and value >= 0):
+        raise InputError(f"{where}: must be a finite number >= 0")
+    return float(value)
 
 
 def compare(name: str, got: np.ndarray, want: np.ndarray, trial: int, rtol: float | None,

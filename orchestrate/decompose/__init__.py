@@ -6,11 +6,17 @@ modules of this package and collected in :data:`TABLE`.  A function takes the
 :class:`Value` handles (``None`` for an omitted optional input) and the
 node's attributes as keyword arguments whose defaults are the spec's.  It
 returns the output Value, or a tuple of them for several outputs.
+
+The package is also callable: ``orchestrate.decompose(model, shapes)`` is
+:func:`decompose`, whether the name is the function ``orchestrate/__init__.py``
+defines or this package (importing it rebinds the attribute).
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
+import types
 from collections import Counter
 from collections.abc import Callable, Mapping
 
@@ -29,7 +35,7 @@ from orchestrate.decompose import (
     resize,
 )
 from orchestrate.decompose.builder import Builder, Value, onnx_dtype_name
-from orchestrate.errors import GraphError, UnsupportedError
+from orchestrate.errors import GraphError, InputError, UnsupportedError
 
 Decomposition = Callable[..., Value | tuple[Value | None, ...]]
 
@@ -96,7 +102,22 @@ def fission(model: onnx.ModelProto, source: str = "<model>", *, consume: bool = 
         tuple(nodes), tuple(inputs), tuple(o.name for o in g.output), constants,
         name=g.name or "graph",
     )  # fmt: skip
-    return type_rules.validate(eliminate_dead_code(graph))
+    graph = type_rules.validate(eliminate_dead_code(graph))
+    _check_sizes(graph, source)
+    return graph
+
+
+def _check_sizes(graph: ir.Graph, source: str) -> None:
+    """Refuse a primitive tensor of more than ir.MAX_ELEMENTS elements, naming
+    the ONNX node it comes from (the frontend refuses ONNX tensors that large;
+    a decomposition can still make a larger intermediate)."""
+    for n in graph.nodes:
+        if n.type.size > ir.MAX_ELEMENTS:
+            raise InputError(
+                f"{source}: node {n.origin!r} makes a {n.op.value} of shape "
+                f"{'x'.join(map(str, n.type.shape))}: {n.type.size:,} elements, more than the "
+                f"{ir.MAX_ELEMENTS:,} (2**36) one tensor may have"
+            )
 
 
 def _check_supported(g: onnx.GraphProto, source: str) -> None:
@@ -228,12 +249,42 @@ def eliminate_dead_code(graph: ir.Graph) -> ir.Graph:
 
 
 def decompose(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None = None):
-    """The primitive-level ONNX model of ``model`` (same input and output names)."""
-    from orchestrate.export import to_onnx
-    from orchestrate.frontend import prepare
+    """The primitive-level ONNX model of ``model``: every composite operator
+    split into primitives, graph input and output names kept.
 
-    prepared = prepare(model, shapes)
-    return to_onnx(fission(prepared), name=model.graph.name or "graph")
+    ``shapes`` binds dynamic input dimensions: ``{"input_ids": (1, 128)}``.
+    Raises :class:`InputError` naming a bad argument or model and
+    :class:`UnsupportedError` naming any op type, attribute or dtype without a
+    decomposition.
+    """
+    from orchestrate.export import to_onnx
+    from orchestrate.frontend import check, prepare
+
+    if not isinstance(model, onnx.ModelProto):
+        raise InputError(
+            f"model: expected an onnx.ModelProto, got {type(model).__name__} "
+            "(read a file with onnx.load)"
+        )
+    check(model, "model")
+    prepared = prepare(model, shapes, "model", option="shapes")
+    return to_onnx(fission(prepared, "model"), name=model.graph.name or "graph")
+
+
+class _CallablePackage(types.ModuleType):
+    """This package, callable as :func:`decompose`.
+
+    Importing ``orchestrate.decompose`` binds the package as an attribute of
+    ``orchestrate``, over the function of the same name; so the package must
+    be that function too, or ``orchestrate.decompose(model)`` would work only
+    until the first import."""
+
+    def __call__(self, model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None = None):
+        return decompose(model, shapes)
+
+    __call__.__doc__ = decompose.__doc__
+
+
+sys.modules[__name__].__class__ = _CallablePackage
 
 
 __all__ = ["TABLE", "SUPPORTED_OPS", "fission", "decompose", "Builder", "Value"]
