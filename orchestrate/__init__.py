@@ -17,8 +17,10 @@ def decompose(model, shapes=None):
     split into primitives, graph input and output names kept.
 
     ``shapes`` binds dynamic input dimensions: ``{"input_ids": (1, 128)}``.
-    Raises :class:`UnsupportedError` naming any op type, attribute or dtype
-    without a decomposition.
+    Raises :class:`InputError` naming a bad argument or model and
+    :class:`UnsupportedError` naming any op type, attribute or dtype without a
+    decomposition.  (Importing the subpackage ``orchestrate.decompose`` puts it
+    in this function's place; it is callable the same way.)
     """
     from orchestrate.decompose import decompose as _decompose
 
