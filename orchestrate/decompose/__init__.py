@@ -24,6 +24,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from orchestrate import ir, type_rules
+from orchestrate.bounds import INDEX_ERROR, check_constants
 from orchestrate.decompose import (
     conv,
     elementwise,
@@ -73,6 +74,8 @@ def fission(model: onnx.ModelProto, source: str = "<model>", *, consume: bool = 
     _check_supported(g, source)
     reserved = {i.name for i in g.input} | {t.name for t in g.initializer}
     reserved |= {o for n in g.node for o in n.output} | {o.name for o in g.output}
+    if INDEX_ERROR in reserved:
+        raise InputError(f"{source}: the tensor name {INDEX_ERROR!r} is reserved")
     b = Builder(reserved, opset)
     env: dict[str, Value] = {}
     inits = {t.name for t in g.initializer}
@@ -104,6 +107,7 @@ def fission(model: onnx.ModelProto, source: str = "<model>", *, consume: bool = 
     )  # fmt: skip
     graph = type_rules.validate(eliminate_dead_code(graph))
     _check_sizes(graph, source)
+    check_constants(graph, source)
     return graph
 
 
@@ -196,6 +200,8 @@ def _decompose_node(
         ) from None
     except GraphError as e:
         raise GraphError(f"{where}: {_strip(e, label)}") from None
+    except InputError as e:
+        raise InputError(f"{where}: {_strip(e, label)}") from None
     results = result if isinstance(result, tuple) else (result,)
     renamed: dict[str, Value] = {}
     for k, out in enumerate(node.output):

@@ -18,7 +18,8 @@ import numpy as np
 from onnx import helper
 
 from orchestrate import ir, type_rules
-from orchestrate.errors import GraphError, UnsupportedError
+from orchestrate.bounds import out_of_range
+from orchestrate.errors import GraphError, InputError, UnsupportedError
 from orchestrate.ir import Attrs, Node, Op, TensorType
 from orchestrate.reference import evaluate
 
@@ -334,7 +335,15 @@ class Builder:
         return self.emit(Op.EXPAND, [x], shape=shape)
 
     def gather(self, x: Value, indices: Value, axis: int) -> Value:
-        return self.emit(Op.GATHER, [x, indices], axis=normalize_axis(axis, x.rank))
+        """``take(x, indices, axis)``.  A constant index outside ``[-n, n)``
+        is refused here, naming the node (``orchestrate.bounds``)."""
+        axis = normalize_axis(axis, x.rank)
+        if indices.is_const and x.rank:
+            n = x.shape[axis]
+            bad = out_of_range(indices.const, n)
+            if bad is not None:
+                raise InputError(f"{self.origin}: constant index {bad} out of range [{-n}, {n})")
+        return self.emit(Op.GATHER, [x, indices], axis=axis)
 
     def identity(self, x: Value) -> Value:
         return self.emit(Op.IDENTITY, [x])

@@ -1,9 +1,12 @@
 """Gathers: Gather, GatherElements, GatherND and OneHot.
 
 Each becomes one GATHER primitive on a (flattened) tensor, with the flat
-indices computed by elementwise arithmetic on the index tensor (negative
-indices wrapped as ONNX says), or for OneHot an EQ against a constant iota and
-a WHERE.  Index arithmetic and the gather fuse into whatever reads the result.
+indices computed by elementwise arithmetic on the index tensor, or for OneHot
+an EQ against a constant iota and a WHERE.  Index arithmetic and the gather
+fuse into whatever reads the result.  The ONNX index itself is always the
+index of a GATHER (GatherElements and GatherND take each coordinate from a
+constant ``arange(n)``), so it is checked against ``[-n, n)`` as onnxruntime
+checks it; see ``orchestrate.bounds``.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from orchestrate.decompose.builder import Builder, Value
 from orchestrate.decompose.layout import _axis, _invalid, _scalar_of
 
 
-def _wrap_negative(b: Builder, idx: Value, dims) -> Value:
-    """``idx + dims`` where ``idx < 0`` (ONNX's negative indices), in int64."""
-    idx = b.cast(idx, "int64")
-    dims = b.constant(np.asarray(dims, dtype=np.int64))
-    return b.where(b.lt(idx, 0), b.add(idx, dims), idx)
+def _coordinate(b: Builder, idx: Value, n: int) -> Value:
+    """``idx`` as an int64 coordinate in ``[0, n)``: gathered from a constant
+    ``arange(n)``, which wraps negative indices as ONNX says and makes ``idx``
+    the index of a GATHER, checked against ``[-n, n)`` like any
+    (``orchestrate.bounds``)."""
+    return b.gather(b.constant(np.arange(n, dtype=np.int64)), idx, 0)
 
 
 def Gather(b: Builder, x: Value, indices: Value, *, axis: int = 0) -> Value:
@@ -34,7 +38,7 @@ def GatherElements(b: Builder, x: Value, indices: Value, *, axis: int = 0) -> Va
     if indices.rank != x.rank:
         raise _invalid("GatherElements", f"indices rank {indices.rank} != data rank {x.rank}")
     strides = _strides(x.shape)
-    idx = _wrap_negative(b, indices, x.shape[ax])
+    idx = _coordinate(b, indices, x.shape[ax])
     if strides[ax] != 1:
         idx = b.mul(idx, strides[ax])
     # the flat offset of every other coordinate (constant along the gathered axis)
@@ -54,11 +58,22 @@ def GatherND(b: Builder, x: Value, indices: Value, *, batch_dims: int = 0) -> Va
     if indices.rank < 1 or not 1 <= k <= x.rank - bd or indices.shape[:bd] != x.shape[:bd]:
         raise _invalid("GatherND", f"indices {indices.shape} do not fit data {x.shape}")
     dims = x.shape[bd : bd + k]
-    idx = _wrap_negative(b, indices, dims)
-    if k == 1:
-        flat = b.reshape(idx, indices.shape[:-1])
-    else:
-        flat = b.sum(b.mul(idx, b.constant(np.array(_strides(dims), np.int64))), [-1], False)
+    if bd == 0 and k == 1:  # rows of x: a Gather
+        return b.gather(x, b.reshape(indices, indices.shape[:-1]), 0)
+    lead_shape = indices.shape[:-1]
+    if len(set(dims)) == 1:  # one arange checks every coordinate
+        idx = _coordinate(b, indices, dims[0])
+        if k == 1:
+            flat = b.reshape(idx, lead_shape)
+        else:
+            flat = b.sum(b.mul(idx, b.constant(np.array(_strides(dims), np.int64))), [-1], False)
+    else:  # each coordinate against its own axis
+        flat = None
+        for j, (d, s) in enumerate(zip(dims, _strides(dims))):
+            col = b.reshape(b.slice_axis(indices, -1, j, j + 1), lead_shape)
+            term = _coordinate(b, col, d)
+            term = term if s == 1 else b.mul(term, s)
+            flat = term if flat is None else b.add(flat, term)
     inner = math.prod(dims)
     if bd:
         batch = np.arange(math.prod(x.shape[:bd]), dtype=np.int64) * inner
@@ -87,7 +102,10 @@ def OneHot(b: Builder, indices: Value, depth: Value, values: Value, *, axis: int
     if not -r - 1 <= axis <= r:
         raise _invalid("OneHot", f"axis {axis} is out of range for rank {r + 1}")
     ax = axis + r + 1 if axis < 0 else axis
-    idx = _wrap_negative(b, indices, depth_)
+    # an index outside [-depth, depth) matches no iota: a row of off values, as
+    # ONNX says (no error, nothing read out of range)
+    idx = b.cast(indices, "int64")
+    idx = b.where(b.lt(idx, 0), b.add(idx, depth_), idx)
     idx = b.reshape(idx, indices.shape[:ax] + (1,) + indices.shape[ax:])
     iota = np.arange(depth_, dtype=np.int64).reshape((depth_,) + (1,) * (r - ax))
     hot = b.eq(idx, b.constant(iota))
