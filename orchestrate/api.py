@@ -22,7 +22,7 @@ from orchestrate.errors import InputError, OrchestrateError
 from orchestrate.frontend import check_shapes
 from orchestrate.plan import Plan
 from orchestrate.planner import PlanOptions
-from orchestrate.runtime import Program, check_inputs, gpu_available, load_kernels
+from orchestrate.runtime import IndexChecks, Program, check_inputs, gpu_available, load_kernels
 from orchestrate.verify import Report, check_tolerance, verify
 from orchestrate.version import __version__
 
@@ -48,6 +48,7 @@ class Bundle:
         self._kernels_py, self._constants = kernels_py, constants
         self.interpret = (not gpu_available()) if interpret is None else interpret
         self._program: Program | None = None
+        self._indices: IndexChecks | None = None
 
     @property
     def program(self) -> Program:
@@ -57,7 +58,12 @@ class Bundle:
         return self._program
 
     def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
-        check_inputs(self.inputs, inputs)
+        """InputError for a missing, misshapen or unknown input, or an index
+        out of range (before anything is compiled or run)."""
+        feeds = check_inputs(self.inputs, inputs)
+        if self._indices is None:
+            self._indices = IndexChecks(self.plan, self._constants)
+        self._indices.check_inputs(feeds)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.check_inputs(inputs)

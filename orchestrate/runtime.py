@@ -23,6 +23,16 @@ from pathlib import Path
 
 import numpy as np
 
+from orchestrate import ir
+from orchestrate.bounds import (
+    INDEX_ERROR,
+    IndexBound,
+    check_values,
+    device_checked,
+    device_error,
+    host_checked_inputs,
+    index_bounds,
+)
 from orchestrate.errors import InputError, OrchestrateError
 from orchestrate.plan import Plan
 
@@ -82,6 +92,62 @@ def check_inputs(
     return out
 
 
+class IndexChecks:
+    """Where a plan's gather indices are checked (``orchestrate.bounds``).
+    Made, it has checked the constants; ``check_inputs`` checks the inputs
+    before a run (one min and one max per input that indexes); ``kernels``
+    lists, per kernel that checks on the device, its gathers in flag-code
+    order, and ``device_error`` says what a flag it set means."""
+
+    def __init__(self, plan: Plan, constants: Mapping[str, np.ndarray]):
+        types = plan.types
+        if INDEX_ERROR in types or INDEX_ERROR in constants:
+            raise InputError(f"the tensor name {INDEX_ERROR!r} is reserved")
+        graph = _index_graph(plan, constants)
+        found = index_bounds(graph)
+        for b in found:
+            if b.source in constants:
+                check_values(b, f"constant {b.source!r}", constants[b.source])
+        self.inputs = host_checked_inputs(found, [i.name for i in plan.graph.inputs])
+        by_name = {b.gather: b for b in found}
+        self.kernels: dict[str, tuple[IndexBound, ...]] = {}
+        for k in plan.kernels:
+            checked = () if k.is_view else device_checked(graph, k.primitives)
+            if checked:
+                self.kernels[k.name] = tuple(by_name[g] for g in checked)
+
+    def check_inputs(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """InputError naming the first input with an index out of range for
+        a gather it feeds."""
+        for name, found in self.inputs.items():
+            arr = np.asarray(feeds[name])
+            if arr.size == 0:
+                continue
+            lo, hi = int(arr.min()), int(arr.max())
+            for b in found:
+                if lo < -b.size or hi >= b.size:
+                    check_values(b, f"input {name!r}", arr)
+
+    def device_error(self, kernel: str, code: int) -> InputError:
+        checked = self.kernels.get(kernel, ())
+        if 1 <= code <= len(checked):
+            return device_error(checked[code - 1])
+        return InputError(f"kernel {kernel!r}: a computed gather index is out of range")
+
+
+def _index_graph(plan: Plan, constants: Mapping[str, np.ndarray]) -> ir.Graph:
+    """The plan's primitive graph, for ``orchestrate.bounds`` (the constants
+    are views: the graph marks its arrays read-only)."""
+    ops = {op.value: op for op in ir.Op}
+    nodes = tuple(
+        ir.Node(ops[p.op], p.name, p.inputs, ir.TensorType(p.shape, p.dtype), p.attrs, p.origin)
+        for p in plan.primitives
+    )
+    inputs = tuple(ir.Input(i.name, ir.TensorType(i.shape, i.dtype)) for i in plan.graph.inputs)
+    views = {k: np.asarray(v).view() for k, v in constants.items()}
+    return ir.Graph(nodes, inputs, plan.graph.outputs, views, plan.graph.name)
+
+
 class Program:
     """An executable plan."""
 
@@ -97,7 +163,12 @@ class Program:
         self.types = plan.types
         self.input_types = {i.name: (i.shape, i.dtype) for i in plan.graph.inputs}
         self.outputs = list(plan.graph.outputs)
+        self.indices = IndexChecks(plan, constants)
         self.constants = {k: self._tensor(v) for k, v in constants.items()}
+        # the index error flags: one int32 slot per kernel that checks on the device
+        checked = list(self.indices.kernels)
+        self._flags = torch.zeros(max(1, len(checked)), dtype=torch.int32, device=self.device)
+        self._flag_of = {k: self._flags[i : i + 1] for i, k in enumerate(checked)}
         self._lifetimes()
         self.use_cuda_graph = cuda_graph and not self.interpret
         self._graph = None
@@ -141,15 +212,32 @@ class Program:
         return check_inputs(self.input_types, inputs)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Outputs of the plan on ``inputs`` (numpy arrays by input name)."""
+        """Outputs of the plan on ``inputs`` (numpy arrays by input name).
+        InputError when an index is out of range: an input's before anything
+        runs, one computed in the model after the run."""
         feeds = self.check_inputs(inputs)
+        self.indices.check_inputs(feeds)
         self._runs += 1
+        if self._flag_of:
+            self._flags.zero_()
         if self.use_cuda_graph and self._runs >= 2:
-            return self._replay(feeds)
-        env = self._execute({k: self._tensor(v) for k, v in feeds.items()})
-        if self.device == "cuda":
-            self.torch.cuda.synchronize()
-        return {o: env[o].cpu().numpy() for o in self.outputs}
+            out = self._replay(feeds)
+        else:
+            env = self._execute({k: self._tensor(v) for k, v in feeds.items()})
+            if self.device == "cuda":
+                self.torch.cuda.synchronize()
+            out = {o: env[o].cpu().numpy() for o in self.outputs}
+        self._check_flags()
+        return out
+
+    def _check_flags(self) -> None:
+        if self._flag_of:
+            for kernel, code in zip(self._flag_of, self._flags.cpu().numpy()):
+                if code:
+                    raise self.indices.device_error(kernel, int(code))
+
+    def _args(self, kernel: str, tensors, env: dict) -> list:
+        return [self._flag_of[kernel] if t == INDEX_ERROR else env[t] for t in tensors]
 
     def _execute(self, feeds: dict) -> dict:
         self.stats = {"allocated": 0, "reused": 0}
@@ -165,7 +253,7 @@ class Program:
                     shape, dtype = self.types[t]
                     env[t] = self._allocate(pool, shape, dtype, keep=t in self.outputs)
                 launch, tensors = self.launches[k.name]
-                launch(*(env[t] for t in tensors), interpret=self.interpret)
+                launch(*self._args(k.name, tensors, env), interpret=self.interpret)
             for r in self.free_after.get(i, ()):
                 buf = env.get(r)
                 if buf is not None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from orchestrate import ir
+from orchestrate.bounds import INDEX_ERROR
 from orchestrate.emit import helpers
 from orchestrate.emit.body import Body, is_number
 from orchestrate.emit.expr import (
@@ -88,11 +89,15 @@ def literal(value, dtype: str) -> str:
 class Pointers:
     """Pointer arguments of one kernel: each tensor it reads or writes has a
     slot name (``in0``, ``out1``; see ``source.pointers``, which lists the
-    inputs first, each in order); ``params`` are the slots used, in that order."""
+    inputs first, each in order); ``params`` are the slots used, in that order.
+    ``checks`` numbers the gathers the kernel checks on the device (the
+    spec's ``checks``, from 1): the code each stores into the index error
+    flag (the slot of ``bounds.INDEX_ERROR``)."""
 
-    def __init__(self, slots: dict[str, str]):
+    def __init__(self, slots: dict[str, str], checks: Sequence[str] = ()):
         self.slots = dict(slots)
         self.used: set[str] = set()
+        self.checks = {g: k + 1 for k, g in enumerate(checks)}
 
     def get(self, tensor: str) -> str:
         self.used.add(tensor)
@@ -337,12 +342,23 @@ class Evaluator:
         dim = self.graph.types[data].shape[ax]
         which = Index(index.dims[ax : ax + idx_rank], index.mask)
         raw = self.value(idx, which)
-        if _is_int(raw):  # a constant index
+        if _is_int(raw):  # a constant index: fission refused one out of range
             k = int(raw)
-            pos: Expr = Const(k + dim if k < 0 else k)
+            pos: Expr = Const(min(max(k + dim if k < 0 else k, 0), dim - 1))
         else:
-            name = self.body.let(f"tl.where({raw} < 0, {raw} + {dim}, {raw})", "g")
-            pos = Sym(name, 0, dim)
+            b = self.body
+            wrapped = b.let(f"tl.where({raw} < 0, {raw} + {dim}, {raw})", "g")
+            code = self.pointers.checks.get(n.name)
+            if code is not None:  # computed: flag an index out of range on a valid lane
+                bad = f"({wrapped} < 0) | ({wrapped} >= {dim})"
+                lanes = and_(self.mask, index.mask)
+                if lanes is not None:
+                    bad = f"({bad}) & {b.text(lanes)}"
+                bad = b.let(bad, "e")
+                flag = self.pointers.get(INDEX_ERROR)
+                b.raw(f"tl.store({flag} + {bad}.to(tl.int32) * 0, {code}, mask={bad})")
+            # clamped, whoever checked it: no index reads outside the tensor
+            pos = Sym(b.let(f"tl.minimum(tl.maximum({wrapped}, 0), {dim - 1})", "g"), 0, dim)
         dims = index.dims[:ax] + (pos,) + index.dims[ax + idx_rank :]
         return self.value(data, Index(dims, index.mask))
 

@@ -60,6 +60,9 @@ def tensor_dtypes(folder: Path) -> dict[str, str]:
     with np.load(folder / "weights.npz", allow_pickle=False) as z:
         for name, key in manifest.get("constants", {}).items():
             dtypes[name] = z[key].dtype.name
+    from orchestrate.bounds import INDEX_ERROR  # numpy only
+
+    dtypes[INDEX_ERROR] = "int32"  # the index error flag the runner binds
     return dtypes
 
 

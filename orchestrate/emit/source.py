@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from orchestrate.bounds import INDEX_ERROR
 from orchestrate.emit.body import Body
 from orchestrate.emit.codegen import TL_DTYPE, Pointers
 from orchestrate.emit.helpers import HELPERS, Helper
@@ -72,10 +73,15 @@ class KernelSource:
 
 def pointers(graph: Graph, spec: KernelSpec, writes: Sequence[str]) -> Pointers:
     """The pointer names of a kernel: ``in<j>`` for the inputs read from
-    memory (scalar constants are literals), ``out<j>`` for what it writes."""
+    memory (scalar constants are literals), ``out<j>`` for what it writes,
+    ``err`` for the index error flag of a kernel that checks gathers on the
+    device (bound to ``bounds.INDEX_ERROR`` in the KERNELS table)."""
     reads = [t for t in spec.inputs if not inlined(graph, t)]
-    return Pointers({t: f"in{j}" for j, t in enumerate(reads)}
-                    | {t: f"out{j}" for j, t in enumerate(writes)})  # fmt: skip
+    slots = {t: f"in{j}" for j, t in enumerate(reads)}
+    slots |= {t: f"out{j}" for j, t in enumerate(writes)}
+    if spec.checks:  # the index error flag, last
+        slots[INDEX_ERROR] = "err"
+    return Pointers(slots, spec.checks)
 
 
 def describe(graph: Graph, spec: KernelSpec, writes: Sequence[str], ptrs: Pointers) -> list[str]:
@@ -91,6 +97,10 @@ def describe(graph: Graph, spec: KernelSpec, writes: Sequence[str], ptrs: Pointe
     lines = [f"{spec.template} over {list(spec.space)}: {listing}"]
     lines += [f"  reads  {ptrs.name(t)}: {graph.types[t]}" for t in reads]
     lines += [f"  writes {ptrs.name(t)}: {graph.types[t]}" for t in writes]
+    if spec.checks:
+        k = len(spec.checks)
+        lines.append(f"  flags  err: int32, set to j when computed gather index j (1..{k}) "
+                     "is out of range")  # fmt: skip
     lines.append(f"  memory: read {_kb(read_b)}, write {_kb(write_b)}")
     return lines
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from orchestrate.bounds import device_checked
 from orchestrate.ir import Graph
 from orchestrate.kernels.fit import fits
 from orchestrate.kernels.region import Region
@@ -45,8 +46,10 @@ def accept(
     """The spec with the first configuration that fits the device, or the
     reason the last (smallest) one does not."""
     refused: KernelSpec | Rejection = Rejection(f"no {template} configuration")
+    checks = device_checked(graph, r.names)
     for c in configs:
-        spec = KernelSpec(template, r.names, r.inputs, r.sinks, optional, space, roles, c)
+        spec = KernelSpec(template, r.names, r.inputs, r.sinks, optional, space, roles, c,
+                          checks)  # fmt: skip
         refused = fits(graph, spec, target.device)
         if isinstance(refused, KernelSpec):
             return with_hash(graph, refused)

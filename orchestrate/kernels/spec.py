@@ -210,6 +210,10 @@ class KernelSpec(_NoTruth):
     space: tuple[int, ...]  # iteration space: output shape, reduced input, scores
     roles: Roles
     config: LaunchConfig
+    # gathers whose index is computed in the graph, so the kernel checks it on
+    # the device: it stores k + 1 into its index error flag where the k-th of
+    # them is out of range (orchestrate.bounds)
+    checks: tuple[str, ...] = ()
     hash: str = ""
 
     @property
@@ -229,6 +233,7 @@ class KernelSpec(_NoTruth):
             outputs=_rename(self.outputs, mapping),
             optional=_rename(self.optional, mapping),
             roles=_rename(self.roles, mapping),
+            checks=_rename(self.checks, mapping),
         )
 
 
@@ -253,8 +258,8 @@ def inlined(graph: Graph, tensor: str) -> bool:
 
 def structural_hash(graph: Graph, spec: KernelSpec) -> str:
     """Equal for kernels that generate the same source: same template, ops,
-    attributes, shapes, dtypes, wiring, outputs, inlined constants and
-    launch configuration, whatever the tensors are called."""
+    attributes, shapes, dtypes, wiring, outputs, inlined constants, launch
+    configuration and device-checked gathers, whatever the tensors are called."""
     local = {n: i for i, n in enumerate(spec.nodes)}
     ext = {t: i for i, t in enumerate(spec.inputs)}
     parts = [spec.template, repr(spec.config)]
@@ -269,6 +274,7 @@ def structural_hash(graph: Graph, spec: KernelSpec) -> str:
         parts.append(f"{node.op.value}({refs}){node.type}{sorted(node.attrs.items())}")
     parts.append("out" + ",".join(str(local[o]) for o in spec.outputs))
     parts.append("opt" + ",".join(str(local[o]) for o in spec.optional))
+    parts.append("chk" + ",".join(str(local[o]) for o in spec.checks))
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
 
 
