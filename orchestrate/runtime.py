@@ -4,7 +4,10 @@
 kernels module and the constants.  ``run(inputs)`` checks the inputs, allocates every
 intermediate from a pool (a buffer is returned to the pool after its last
 reader and reused by the next tensor of the same size), launches the
-kernels in order and returns the outputs as numpy arrays.
+kernels in order and returns the outputs as numpy arrays.  Gather indices
+are checked as onnxruntime checks them (:class:`IndexChecks`): the inputs
+that are indices before launch, and after the run the int32 flags that the
+kernels checking computed indices set (``orchestrate.bounds``).
 
 With no GPU the same kernels run in Triton's interpreter (``TRITON_INTERPRET``
 is set before the kernels module is imported), and the runner says so once.

@@ -139,6 +139,27 @@ def test_computed_index_sets_the_device_flag(tmp_path_factory):
     np.testing.assert_array_equal(b.run({"ids": ids})["y"], _ort(model, {"ids": ids}))
 
 
+@pytest.mark.gpu
+def test_the_flag_is_read_after_every_cuda_graph_replay(tmp_path_factory):
+    """Runs 2 and later replay a CUDA graph: the flag is cleared and read
+    around each replay, and an input check still precedes it."""
+    model = shifted_embedding()
+    b = _optimize(tmp_path_factory, model, "replayed")
+    good = np.array([[0, 1, 2], [3, 4, -N - 1]], np.int64)
+    bad = np.array([[0, 1, 2], [3, N - 1, 4]], np.int64)
+    for _ in range(2):
+        np.testing.assert_array_equal(b.run({"ids": good})["y"], _ort(model, {"ids": good}))
+        with pytest.raises(InputError, match="gather node 'emb'"):
+            b.run({"ids": bad})
+    e = _optimize(tmp_path_factory, embedding(), "replayed_input")
+    ids = np.zeros((2, 3), np.int64)
+    for _ in range(3):
+        e.run({"ids": ids})
+    ids[1, 1] = 10**12  # segfaulted before the check and the clamp
+    with pytest.raises(InputError, match="input 'ids'"):
+        e.run({"ids": ids})
+
+
 def test_argmax_feeding_a_gather_is_checked_on_the_device(tmp_path_factory):
     model = argmax_lookup()
     b = _optimize(tmp_path_factory, model, "argmax")
