@@ -27,9 +27,6 @@ from orchestrate.kernels.rules import match
 from orchestrate.kernels.spec import VIEW, Rejection, Target
 from orchestrate.plan import Plan, Planned
 
-# Generated kernels index tensors with 32-bit offsets.
-MAX_ELEMENTS = 2**31 - 1
-
 
 def title(model_file: str) -> str:
     """The first line of ``kernels.py``'s docstring."""
@@ -69,9 +66,9 @@ def _type(shape: tuple[int, ...], dtype: str, name: str, source: str) -> ir.Tens
         raise InputError(f"{source}: tensor {name!r} has unsupported dtype {dtype!r}")
     if any(d < 0 for d in shape):
         raise InputError(f"{source}: tensor {name!r} has a negative dimension {list(shape)}")
-    if int(np.prod(shape, dtype=object)) > MAX_ELEMENTS:
+    if int(np.prod(shape, dtype=object)) > ir.MAX_ELEMENTS:
         raise InputError(f"{source}: tensor {name!r} of shape {list(shape)} has more than "
-                         f"{MAX_ELEMENTS} elements")  # fmt: skip
+                         f"{ir.MAX_ELEMENTS:,} elements")  # fmt: skip
     return ir.TensorType(tuple(shape), dtype)
 
 
