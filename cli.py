@@ -7,6 +7,7 @@ line naming the file, node or option, and the exit code is 2.
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import sys
 import threading
@@ -29,30 +30,52 @@ def _fail(message: str, code: int) -> None:
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised wherever the program is, like SIGINT's
-    KeyboardInterrupt, so the code that removes temporary files runs."""
+    """SIGINT, SIGTERM or SIGHUP, raised wherever the program is (as Python
+    raises KeyboardInterrupt for SIGINT), so that the code which removes
+    temporary files runs on the way out."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
 
 
-_TERMINATING = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+_RESEND_S = 0.25
 
 
-def _interrupt(signum, frame):
-    # once: a second signal must not cut the cleanup of the first short
-    for s in _TERMINATING:
-        signal.signal(s, signal.SIG_IGN)
-    raise Interrupted(signum)
+class _Signals:
+    """Turns those signals into Interrupted while a command runs.
 
+    An exception raised at an arbitrary point can be lost: an extension module
+    being imported turns it into ImportError, which its importer may catch,
+    and one raised in a ``__del__`` is only printed.  So the first signal is
+    remembered, whatever exception then ends the command reports it, and until
+    the command has ended the signal is sent again every ``_RESEND_S``."""
 
-def _handle_signals():
-    """Install the SIGTERM/SIGHUP handlers; return what puts the old ones back."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    old = {s: signal.signal(s, _interrupt) for s in _TERMINATING}
-    return lambda: [signal.signal(s, h) for s, h in old.items()]
+    def __init__(self):
+        self.received: int | None = None
+        self.done = threading.Event()
+        self.old: dict = {}
+        if threading.current_thread() is threading.main_thread():
+            self.old = {s: signal.signal(s, self._raise) for s in _SIGNALS}
+
+    def _raise(self, signum, frame):
+        if self.received is None:
+            self.received = signum
+            threading.Thread(target=self._again, args=(signum,), daemon=True).start()
+        raise Interrupted(self.received)
+
+    def _again(self, signum: int) -> None:
+        while not self.done.wait(_RESEND_S):
+            os.kill(os.getpid(), signum)
+
+    def uninstall(self) -> None:
+        """Put the old handlers back; after a signal, ignore any more (the
+        process is on its way out)."""
+        for s, h in self.old.items():
+            signal.signal(s, signal.SIG_IGN if self.received is not None else h)
+        self.old = {}
+        self.done.set()
 
 
 def reports_errors(fn):
@@ -61,16 +84,17 @@ def reports_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        restore = _handle_signals()
+        signals = _Signals()
         try:
             return fn(*args, **kwargs)
-        except OrchestrateError as e:
-            _fail(str(e), EXIT_USER_ERROR)
-        except Interrupted as e:
-            _fail(f"interrupted by {signal.Signals(e.signum).name}", 128 + e.signum)
-        except KeyboardInterrupt:
-            _fail("interrupted", 128 + signal.SIGINT)
-        except Exception as e:  # noqa: BLE001 - a bug: say so in one line
+        except (Exception, KeyboardInterrupt) as e:
+            signals.uninstall()
+            if signals.received is not None or isinstance(e, KeyboardInterrupt):
+                signum = signals.received or getattr(e, "signum", signal.SIGINT)
+                _fail(f"interrupted by {signal.Signals(signum).name}", 128 + signum)
+            if isinstance(e, OrchestrateError):
+                _fail(str(e), EXIT_USER_ERROR)
+            # anything else is a bug: say so in one line
             if click.get_current_context().find_root().params.get("debug"):
                 traceback.print_exc()
             _fail(
@@ -78,7 +102,7 @@ def reports_errors(fn):
                 EXIT_INTERNAL_ERROR,
             )
         finally:
-            restore()
+            signals.uninstall()
 
     return wrapper
 

@@ -310,6 +310,49 @@ def test_a_signal_during_optimize_leaves_nothing(tmp_path, signum):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
 
 
+_STUBBORN = """
+import sys, time
+import cli
+from orchestrate import api
+
+MARK = sys.argv[1]
+
+
+def stubborn(*args, **kwargs):
+    open(MARK, "w").close()
+    try:
+        time.sleep(60)
+    except BaseException:
+        pass  # lost, as an extension module being imported may lose it
+    time.sleep(60)
+
+api.verify = stubborn
+sys.argv[1:] = sys.argv[2:]
+cli.main()
+"""
+
+
+def test_a_signal_that_some_code_swallows_still_ends_the_command(tmp_path):
+    model, mark = tmp_path / "m.onnx", tmp_path / "verifying"
+    onnx.save(_model(), model)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STUBBORN, str(mark), "optimize", str(model), "-o",
+         str(tmp_path / "out")],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert mark.exists(), proc.communicate()
+    mark.unlink()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "orchestrate: error: interrupted by SIGTERM"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
 # 4. run --output-dir: all outputs or none
 
 
