@@ -353,6 +353,33 @@ def test_a_signal_that_some_code_swallows_still_ends_the_command(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
 
 
+def test_an_interrupt_while_solving_leaves_no_solver_files(tmp_path, monkeypatch):
+    """PuLP removes its model and solution files only when CBC returns."""
+    import tempfile
+
+    model = tmp_path / "m.onnx"
+    onnx.save(_model(), model)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    real_wait, solves = subprocess.Popen.wait, []
+
+    def wait(self, *args, **kwargs):
+        real_wait(self, *args, **kwargs)  # CBC done, its files written: now the signal
+        solves.append(sorted(p.name for p in scratch.rglob("*")))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(subprocess.Popen, "wait", wait)
+    r = invoke("plan", model, "-o", tmp_path / "p.json")
+    monkeypatch.undo()
+    assert r.exit_code == 130 and "interrupted by SIGINT" in r.output, r.output
+    assert solves and any(n.endswith("-pulp.mps") for n in solves[0]), solves
+    left = [p.name for p in scratch.rglob("*") if "pulp" in p.name or "orchestrate" in p.name]
+    assert left == []
+    assert not (tmp_path / "p.json").exists()
+
+
 # 4. run --output-dir: all outputs or none
 
 

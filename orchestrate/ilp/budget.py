@@ -83,7 +83,7 @@ def choose(frontiers: Sequence[Sequence[Point]], budget: int) -> list[int] | Non
     prob += (
         pulp.lpSum(pt.bytes * v for f, zs in zip(frontiers, z) for pt, v in zip(f, zs)) <= budget
     )
-    prob.solve(pulp.PULP_CBC_CMD(msg=False, threads=1, gapRel=0))
+    program.solve_cbc(prob)
     if prob.status != pulp.LpStatusOptimal:
         raise AssertionError("the budget knapsack failed although its least fits")
     return [max(range(len(zs)), key=lambda i: zs[i].value() or 0) for zs in z]

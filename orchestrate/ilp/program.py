@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import Sequence
@@ -43,6 +44,7 @@ import pulp
 
 from orchestrate.cost.roofline import Cost
 from orchestrate.errors import InputError
+from orchestrate.files import signals_held
 from orchestrate.ilp.checker import schedule
 from orchestrate.kernels.spec import VIEW, KernelSpec
 
@@ -247,17 +249,28 @@ def _set_warm_start(x, w, kernels, warm: Sequence[Choice]) -> None:
         var.setInitialValue(1 if t in chosen.get(k, ()) else 0)
 
 
-def _run_cbc(prob, time_limit, warm: bool) -> tuple[str | None, float]:
-    fd, log = tempfile.mkstemp(prefix="orchestrate-cbc-", suffix=".log")
-    os.close(fd)
+def solve_cbc(prob, **options) -> str:
+    """Solve ``prob`` with CBC; return CBC's log.  PuLP's files (model,
+    solution, log) go to a private temporary folder that is removed however
+    the solve ends, an interrupt included (PuLP itself removes them only when
+    CBC returns)."""
+    tmp = tempfile.mkdtemp(prefix="orchestrate-cbc-")
     try:
-        solver = pulp.PULP_CBC_CMD(
-            msg=False, timeLimit=time_limit, warmStart=warm, logPath=log, threads=1, gapRel=0
-        )
+        log = os.path.join(tmp, "cbc.log")
+        solver = pulp.PULP_CBC_CMD(msg=False, logPath=log, threads=1, gapRel=0, **options)
+        solver.tmpDir = tmp
         prob.solve(solver)
-        text = open(log, errors="replace").read()
+        if not os.path.exists(log):
+            return ""
+        with open(log, errors="replace") as f:
+            return f.read()
     finally:
-        os.unlink(log)
+        with signals_held():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_cbc(prob, time_limit, warm: bool) -> tuple[str | None, float]:
+    text = solve_cbc(prob, timeLimit=time_limit, warmStart=warm)
     if prob.status != pulp.LpStatusOptimal:
         return None, math.inf
     if prob.sol_status == pulp.LpSolutionOptimal and "Stopped on time" not in text:
