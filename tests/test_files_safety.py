@@ -242,6 +242,19 @@ def test_optimize_into_the_folder_that_holds_the_model_is_refused(built, tmp_pat
     assert snapshot(tmp_path) == before
 
 
+def test_the_current_folder_is_never_replaced(built, tmp_path, monkeypatch):
+    _, out = _copy(built, tmp_path)
+    model = tmp_path / "elsewhere" / "m.onnx"
+    model.parent.mkdir()
+    shutil.copy(built[0], model)
+    before = snapshot(tmp_path)
+    monkeypatch.chdir(out)  # a bundle, so only its being the current folder stops it
+    for target in (".", out):
+        r = invoke("optimize", model, "-o", target, "--trials", "0")
+        assert_user_error(r, "holds the current folder")
+    assert snapshot(tmp_path) == before
+
+
 @pytest.mark.parametrize("command", ["plan", "decompose"])
 def test_plan_and_decompose_refuse_to_overwrite_the_model(tmp_path, command):
     model = tmp_path / "m.onnx"
