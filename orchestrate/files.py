@@ -73,9 +73,9 @@ def _inside(path: Path, folder: Path) -> bool:
 def check_not_input(out: str | os.PathLike, source: str | os.PathLike | None,
                     what: str = "the input model") -> None:  # fmt: skip
     """Refuse an output that would overwrite or delete ``source`` (symlinks
-    resolved): the same file, or a folder that holds it.  For an ONNX model,
-    an existing output inside the model's folder is also checked against the
-    model's external data files."""
+    resolved): the same file, or a folder that holds it.  For the input model,
+    an existing file in the model's folder is also checked against the
+    model's external data files (whatever the model file is called)."""
     if source is None:
         return
     out_r, src_r = Path(out).resolve(), Path(source).resolve()
@@ -83,7 +83,7 @@ def check_not_input(out: str | os.PathLike, source: str | os.PathLike | None,
         raise InputError(f"{out}: is {what} ({source}); refusing to overwrite it")
     if out_r in src_r.parents:
         raise InputError(f"{out}: holds {what} ({source}); refusing to replace it")
-    if out_r.is_file() and _inside(out_r, src_r.parent) and src_r.suffix == ".onnx":
+    if what == "the input model" and out_r.is_file() and _inside(out_r, src_r.parent):
         for data in _external_data(src_r):
             if data == out_r:
                 raise InputError(
