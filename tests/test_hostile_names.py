@@ -16,6 +16,8 @@ import tokenize
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import helper, numpy_helper
 
 import orchestrate
@@ -123,3 +125,18 @@ def test_generated_source_holds_names_only_in_strings_and_comments(bundle):
     names = {i.name for i in model.graph.input} | {o.name for o in model.graph.output}
     assert names <= tensors  # the names round-trip through the escaping exactly
     assert all(k.startswith("k") and k.isidentifier() for k in keys)
+
+
+@given(st.text(alphabet=st.characters(exclude_categories=()), max_size=40))
+@settings(max_examples=300, deadline=None, derandomize=True)
+def test_escaped_text_is_one_ascii_line_that_reads_back_exactly(text):
+    """Any text, line terminators, surrogates and characters beyond U+FFFF
+    included, comes out as one line of printable ASCII that Python reads back
+    as exactly that text (a comment: as nothing)."""
+    from orchestrate.emit.text import comment, docstring, string
+
+    for made in (string(text), comment(text), docstring(text)):
+        assert all(" " <= c <= "~" for c in made), made
+    assert ast.literal_eval(string(text)) == text
+    assert ast.literal_eval(f'"""{docstring(text)}"""') == text
+    assert ast.parse(f"x = 1 {comment(text)}\ny = 2").body[1].lineno == 2

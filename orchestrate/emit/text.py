@@ -15,7 +15,7 @@ what they return is printable ASCII on one line:
 
 from __future__ import annotations
 
-import json
+_QUOTES = "\\\"'"  # backslash and both quotes: escaped in literals and docstrings
 
 
 def _escape(c: str) -> str:
@@ -32,8 +32,9 @@ def _ascii(text: str, special: str = "") -> str:
 
 
 def string(text: str) -> str:
-    """A Python string literal of ``text`` (JSON's escaping is valid Python)."""
-    return json.dumps(text, ensure_ascii=True)
+    """A Python string literal of ``text``.  (Not JSON's escaping: it writes
+    a character beyond U+FFFF as a surrogate pair, two characters to Python.)"""
+    return f'"{_ascii(text, special=_QUOTES)}"'
 
 
 def comment(text: str) -> str:
@@ -44,4 +45,4 @@ def comment(text: str) -> str:
 def docstring(text: str) -> str:
     """``text`` as one line inside a \"\"\"docstring\"\"\": backslashes and quotes
     escaped, so it can neither end the string nor start an escape."""
-    return _ascii(text, special='\\"')
+    return _ascii(text, special=_QUOTES)
