@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrate import bundle, explain, pipeline
+from orchestrate import bundle, explain, pipeline, regenerate
 from orchestrate.emit import emit
 from orchestrate.errors import InputError, OrchestrateError
 from orchestrate.frontend import check_shapes
@@ -40,12 +40,13 @@ class VerificationError(OrchestrateError):
 class Bundle:
     """A loaded bundle: ``run(inputs) -> outputs`` (numpy arrays by name).
 
-    The kernels module is imported (and, on a GPU, compiled) on the first run."""
+    Its kernels are the source orchestrate generates from its plan (see
+    ``orchestrate.regenerate``); they are compiled (on a GPU) on the first run."""
 
-    def __init__(self, path: Path, plan: Plan, manifest: dict, kernels_py: Path,
+    def __init__(self, path: Path, plan: Plan, manifest: dict, source: str,
                  constants: dict[str, np.ndarray], interpret: bool | None):  # fmt: skip
         self.path, self.plan, self.manifest = path, plan, manifest
-        self._kernels_py, self._constants = kernels_py, constants
+        self._source, self._constants = source, constants
         self.interpret = (not gpu_available()) if interpret is None else interpret
         self._program: Program | None = None
         self._indices: IndexChecks | None = None
@@ -53,7 +54,7 @@ class Bundle:
     @property
     def program(self) -> Program:
         if self._program is None:
-            module = load_kernels(self._kernels_py, self.interpret)
+            module = load_kernels(self._source, self.interpret)
             self._program = Program(self.plan, module, self._constants, interpret=self.interpret)
         return self._program
 
@@ -79,12 +80,25 @@ class Bundle:
 
 
 def load(out_dir: str | os.PathLike, *, interpret: bool | None = None) -> Bundle:
-    """Load a bundle, checking every file against the manifest."""
+    """Load a bundle: every file checked against the manifest and parsed, the
+    kernels generated again from the plan, and the bundle refused if its
+    ``kernels.py`` is not that source.  Nothing the bundle ships is imported."""
     out_dir = _path(out_dir, "out_dir")
     if interpret is not None and not isinstance(interpret, bool):
         raise InputError(f"interpret={interpret!r}: expected True, False or None")
-    plan, kernels_py, constants, manifest = bundle.read(out_dir)
-    return Bundle(Path(out_dir), plan, manifest, kernels_py, constants, interpret)
+    contents = bundle.read(out_dir)
+    source = regenerate.kernels_source(contents.plan, contents.constants,
+                                       contents.manifest["model"]["file"], str(out_dir))  # fmt: skip
+    if source != contents.kernels_py:
+        made_by = contents.manifest["orchestrate"]
+        why = (f"it was written by orchestrate {made_by}, this is {__version__}"
+               if made_by != __version__ else "the bundle was edited")  # fmt: skip
+        raise InputError(
+            f"{out_dir}: kernels.py is not the source orchestrate generates from plan.json ({why});"
+            " kernels.py is there to read, not to run: optimize the model again"
+        )
+    return Bundle(Path(out_dir), contents.plan, contents.manifest, source, contents.constants,
+                  interpret)  # fmt: skip
 
 
 @dataclass
@@ -133,7 +147,7 @@ def optimize(
     planned = pipeline.plan_graph(graph, options, progress=progress)
     plan = planned.plan
     report_step("emit", 1, 1)
-    source = emit(graph, planned, title=f"Triton kernels for {Path(model_path).name}")
+    source = emit(graph, planned, title=regenerate.title(Path(model_path).name))
     used = {t for k in plan.kernels for t in k.inputs}
     constants = {k: v for k, v in graph.constants.items() if k in used}
     staging = bundle.Staging(out, model_path)

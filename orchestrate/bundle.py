@@ -17,12 +17,17 @@ checks every hash in the manifest and refuses a bundle that was changed.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import re
 import shutil
 import tempfile
+import zipfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -34,11 +39,15 @@ from orchestrate.files import (
     is_plain_file,
     signals_held,
 )
+from orchestrate.ir import ALL_DTYPES
 from orchestrate.plan import Plan
 
-BUNDLE_FORMAT = "orchestrate-bundle/2"
+BUNDLE_FORMAT = "orchestrate-bundle/3"
 # what each earlier format lacks, for the message that refuses it
-_OLDER = {"orchestrate-bundle/1": "one jitted function per distinct kernel spec"}
+_OLDER = {
+    "orchestrate-bundle/1": "one jitted function per distinct kernel spec",
+    "orchestrate-bundle/2": "the plan from which load regenerates kernels.py instead of importing it",
+}
 FILES = ("plan.json", "kernels.py", "weights.npz", "report.md")
 
 
@@ -154,7 +163,7 @@ class Staging:
         (self.path / "plan.json").write_text(json.dumps(plan.to_json(), indent=1) + "\n")
         (self.path / "kernels.py").write_text(kernels_py)
         with open(self.path / "weights.npz", "wb") as f:
-            np.savez(f, **{keys[k]: np.ascontiguousarray(v) for k, v in constants.items()})
+            np.savez(f, **{keys[k]: _c_order(v) for k, v in constants.items()})
         (self.path / "report.md").write_text(report)
         manifest = {
             "format": BUNDLE_FORMAT,
@@ -194,31 +203,119 @@ class Staging:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
-def read(folder: str | os.PathLike) -> tuple[Plan, Path, dict[str, np.ndarray], dict]:
-    """(plan, kernels.py path, constants, manifest) of a checked bundle."""
+def _c_order(arr: np.ndarray) -> np.ndarray:
+    """``arr`` C-ordered, its shape kept (``np.ascontiguousarray`` makes a
+    0-d array 1-d, which changes the constant's type in the plan)."""
+    return np.ascontiguousarray(arr).reshape(arr.shape)
+
+
+@dataclass(frozen=True)
+class Contents:
+    """A bundle's files, each checked against the manifest and parsed."""
+
+    plan: Plan
+    constants: dict[str, np.ndarray]
+    manifest: dict[str, Any]
+    kernels_py: str  # the shipped source: compared with what orchestrate generates, never run
+
+
+def read(folder: str | os.PathLike) -> Contents:
+    """The contents of a bundle.  Every file is read once, its bytes checked
+    against the manifest's sha256 and then parsed (so what is checked is what
+    is used); anything malformed is an InputError naming the file."""
     folder = Path(folder)
     if not folder.is_dir():
         raise InputError(f"{folder}: no such bundle folder")
-    mpath = folder / "manifest.json"
-    if not mpath.is_file():
+    raw = _bytes(folder, "manifest.json")
+    if raw is None:
         raise InputError(f"{folder}: not an orchestrate bundle (manifest.json is missing)")
-    try:
-        manifest = json.loads(mpath.read_text())
-    except ValueError as e:
-        raise InputError(f"{folder}: manifest.json is not valid JSON ({e})") from None
+    manifest = _json(raw, folder, "manifest.json")
+    if not isinstance(manifest, dict):
+        raise InputError(f"{folder}: manifest.json is not a JSON object")
     check_format(manifest.get("format"), BUNDLE_FORMAT, _OLDER, str(folder), "bundle",
                  "run `orchestrate optimize` on the model again")  # fmt: skip
+    _check_manifest(manifest, folder)
+    data = {}
     for name in FILES:
-        path = folder / name
-        want = manifest.get("files", {}).get(name)
-        if want is None:
-            raise InputError(f"{folder}: manifest.json does not list {name}")
-        if not path.is_file():
+        data[name] = _bytes(folder, name)
+        if data[name] is None:
             raise InputError(f"{folder}: {name} is missing")
-        if sha256(path) != want:
+        if hashlib.sha256(data[name]).hexdigest() != manifest["files"][name]:
             raise InputError(f"{folder}: {name} was modified (sha256 does not match the manifest)")
-    plan = Plan.from_json(json.loads((folder / "plan.json").read_text()), f"{folder}/plan.json")
-    keys = manifest.get("constants", {})
-    with np.load(folder / "weights.npz", allow_pickle=False) as z:
-        constants = {name: z[key] for name, key in keys.items()}
-    return plan, folder / "kernels.py", constants, manifest
+    plan = Plan.from_json(_json(data["plan.json"], folder, "plan.json"), f"{folder}/plan.json")
+    constants = _weights(data["weights.npz"], manifest["constants"], folder)
+    try:
+        kernels_py = data["kernels.py"].decode("ascii")
+    except UnicodeDecodeError:
+        raise InputError(
+            f"{folder}: kernels.py is not the ASCII source orchestrate writes"
+        ) from None
+    return Contents(plan, constants, manifest, kernels_py)
+
+
+# what each manifest field must hold: (check, what to say when it does not)
+_MANIFEST = {
+    "format": (lambda v: isinstance(v, str), "a string"),
+    "orchestrate": (lambda v: isinstance(v, str), "a string"),
+    "model": (lambda v: isinstance(v, dict) and set(v) == {"file", "sha256"}
+              and all(isinstance(x, str) for x in v.values()),
+              'an object {"file": ..., "sha256": ...}'),
+    "shapes": (lambda v: isinstance(v, dict) and all(
+        isinstance(d, list) and all(type(x) is int and x >= 0 for x in d) for d in v.values()),
+        "an object of input name -> list of dimensions"),
+    "constants": (lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
+                  and len(set(v.values())) == len(v),
+                  "an object of constant name -> distinct archive key"),
+    "files": (lambda v: isinstance(v, dict) and set(v) == set(FILES) and all(
+        isinstance(x, str) and re.fullmatch("[0-9a-f]{64}", x) for x in v.values()),
+        f"an object of sha256 digests for {', '.join(FILES)}"),
+}  # fmt: skip
+
+
+def _check_manifest(manifest: dict, folder: Path) -> None:
+    for key in manifest:
+        if key not in _MANIFEST:
+            raise InputError(f"{folder}: manifest.json has an unknown field {_show(key)!r}")
+    for key, (ok, want) in _MANIFEST.items():
+        if key not in manifest:
+            raise InputError(f"{folder}: manifest.json lacks the field {key!r}")
+        if not ok(manifest[key]):
+            raise InputError(f"{folder}: manifest.json field {key!r} must be {want}")
+
+
+def _bytes(folder: Path, name: str) -> bytes | None:
+    """The bytes of a plain file in the bundle; None when there is none."""
+    path = folder / name
+    if not is_plain_file(path):
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise InputError(f"{folder}: cannot read {name} ({e.strerror})") from None
+
+
+def _json(raw: bytes, folder: Path, name: str):
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise InputError(f"{folder}: {name} is not valid JSON ({e})") from None
+
+
+def _weights(raw: bytes, keys: Mapping[str, str], folder: Path) -> dict[str, np.ndarray]:
+    """The constants in weights.npz, by name: plain numeric arrays only (no
+    pickled objects), exactly the archive keys the manifest lists."""
+    try:
+        with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+            stored = set(z.files)
+            if stored != set(keys.values()):
+                extra = sorted(stored ^ set(keys.values()))
+                raise InputError(f"{folder}: weights.npz does not hold exactly the constants the "
+                                 f"manifest lists ({_show(extra[0])!r})")  # fmt: skip
+            constants = {name: z[key] for name, key in keys.items()}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
+        raise InputError(f"{folder}: weights.npz is not a plain numpy archive ({e})") from None
+    for name, arr in constants.items():
+        if arr.dtype.name not in ALL_DTYPES or arr.dtype.byteorder not in "=|":
+            raise InputError(f"{folder}: weights.npz constant {_show(name)!r} has dtype {arr.dtype}, "
+                             "which orchestrate never writes")  # fmt: skip
+    return constants

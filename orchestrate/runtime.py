@@ -17,12 +17,13 @@ graph, and later runs replay it.
 
 from __future__ import annotations
 
-import importlib.util
+import hashlib
+import linecache
 import os
 import sys
 import threading
+import types
 from collections.abc import Mapping
-from pathlib import Path
 
 import numpy as np
 
@@ -51,8 +52,11 @@ def gpu_available() -> bool:
         return False
 
 
-def load_kernels(path: Path, interpret: bool):
-    """Import a generated kernels.py (under the interpreter when asked)."""
+def load_kernels(source: str, interpret: bool):
+    """Run generated kernels source as a module (under the interpreter when
+    asked).  The source is compiled from memory, never imported from a file:
+    what runs is what orchestrate generated.  Triton reads a jitted
+    function's source through ``linecache``, where it is registered."""
     if interpret:
         if os.environ.get("TRITON_INTERPRET") != "1" and "triton.language" in sys.modules:
             # triton builds its standard library (tl.sum, tl.cdiv, ...) for the
@@ -67,10 +71,14 @@ def load_kernels(path: Path, interpret: bool):
             _WARNED.set()
             print("orchestrate: no GPU found; running the Triton kernels in the interpreter "
                   "(correct but slow)", file=sys.stderr)  # fmt: skip
-    name = f"orchestrate_kernels_{abs(hash(str(path.resolve())))}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    name = f"orchestrate_kernels_{digest}"
+    filename = f"<orchestrate kernels {digest}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    module = types.ModuleType(name)
+    module.__file__ = filename
+    sys.modules[name] = module  # Triton resolves a jitted function's globals through it
+    exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - our own source
     return module
 
 

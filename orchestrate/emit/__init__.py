@@ -71,10 +71,8 @@ def emit(graph: Graph, planned: Planned, title: str = "") -> str:
         f = functions[key]
         slots = {v: k for k, v in pointers(graph, spec, entry.outputs).slots.items()}
         launches.append(Launch(entry.name, f.name, tuple(slots[p] for p in f.params)))
-    head = title or (
-        f"Triton kernels for {plan.graph.name} ({len(launches)} kernels, planned for {plan.device})"
-    )
     n, k = len(functions), len(launches)
-    head += (f"\n\n{n} jitted function{'s' if n != 1 else ''} for {k} planned "
+    title = title or f"Triton kernels for {plan.graph.name} ({k} kernels, planned for {plan.device})"
+    count = (f"{n} jitted function{'s' if n != 1 else ''} for {k} planned "
              f"kernel{'s' if k != 1 else ''}.")  # fmt: skip
-    return module(list(functions.values()), launches, head)
+    return module(list(functions.values()), launches, [title, "", count])
