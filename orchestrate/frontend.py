@@ -137,7 +137,7 @@ def check_shapes(shapes, option: str = "shapes") -> dict[str, tuple[int, ...]]:
     """``shapes`` as ``{input name: tuple of int}``.  InputError naming
     ``option`` (``--shape``, or the API's ``shapes``) for anything else: no
     mapping, a name that is no string, a dimension that is no integer (numpy
-    integers are integers) or below 1, more than MAX_ELEMENTS elements."""
+    integers are integers) or negative, more than MAX_ELEMENTS elements."""
     if shapes is None:
         return {}
     if not isinstance(shapes, Mapping):
@@ -167,8 +167,8 @@ def check_shapes(shapes, option: str = "shapes") -> dict[str, tuple[int, ...]]:
                 d = operator.index(d)
             except TypeError:
                 raise InputError(f"{where}: dimension {k} is {d!r}, not an integer") from None
-            if d < 1:
-                raise InputError(f"{where}: dimension {k} is {d}; dimensions must be >= 1")
+            if d < 0:
+                raise InputError(f"{where}: dimension {k} is {d}; dimensions must be >= 0")
             shape.append(d)
         out[name] = tuple(shape)
         _check_size(shape, where if option.startswith("--") else f"{where}: shape {_dims(shape)}")

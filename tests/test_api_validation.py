@@ -106,7 +106,7 @@ NAN = float("nan")
         ({"atol": math.inf}, ["atol=inf"]),
         ({"atol": "1e-3"}, ["atol='1e-3'"]),
         ({"shapes": {"x": (2.5, 8)}}, ["shapes['x']", "dimension 0 is 2.5"]),
-        ({"shapes": {"x": (0, 8)}}, ["shapes['x']", "dimension 0 is 0", ">= 1"]),
+        ({"shapes": {"x": (-2, 8)}}, ["shapes['x']", "dimension 0 is -2", ">= 0"]),
         ({"shapes": {"x": (-2, 8)}}, ["shapes['x']", "dimension 0 is -2"]),
         ({"shapes": {"x": (True, 8)}}, ["shapes['x']", "dimension 0 is True"]),
         ({"shapes": {"x": "2x8"}}, ["shapes['x']", "tuple of dimensions", "str"]),
@@ -207,7 +207,7 @@ def test_load_and_verify_bundle_check_their_arguments(tmp_path, model_file):
     for kwargs, needle in (({"trials": 0}, "trials=0: must be an integer >= 1"),
                            ({"trials": "3"}, "trials='3'"), ({"rtol": NAN}, "rtol=nan"),
                            ({"atol": -1}, "atol=-1"),
-                           ({"shapes": {"x": (2, 0)}}, r"shapes\['x'\]: dimension 1 is 0")):  # fmt: skip
+                           ({"shapes": {"x": (2, -1)}}, r"shapes\['x'\]: dimension 1 is -1")):  # fmt: skip
         with pytest.raises(InputError, match=needle):
             api.verify_bundle(missing, model_file, **kwargs)
     with pytest.raises(InputError, match="model_path: expected a path"):

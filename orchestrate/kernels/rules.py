@@ -28,6 +28,10 @@ def match(graph: Graph, names: Iterable[str], target: Target) -> KernelSpec | Re
     r = region(graph, names)
     if isinstance(r, Rejection):
         return r
+    empty = next((n for n in r.nodes if n.type.size == 0), None)
+    if empty is not None:  # no template emits a loop over nothing
+        return Rejection(f"{empty.name} has no elements (shape {list(empty.shape)}); "
+                         "empty tensors are not supported")  # fmt: skip
     for rule in RULES:
         if rule.judges(r):
             return rule.match(graph, r, target)
