@@ -43,28 +43,26 @@ class Bundle:
     Its kernels are the source orchestrate generates from its plan (see
     ``orchestrate.regenerate``); they are compiled (on a GPU) on the first run."""
 
-    def __init__(self, path: Path, plan: Plan, manifest: dict, source: str,
-                 constants: dict[str, np.ndarray], interpret: bool | None):  # fmt: skip
-        self.path, self.plan, self.manifest = path, plan, manifest
-        self._source, self._constants = source, constants
+    def __init__(self, path: Path, manifest: dict, made: regenerate.Regenerated,
+                 interpret: bool | None):  # fmt: skip
+        self.path, self.manifest = path, manifest
+        self.plan, self._made = made.planned.plan, made
         self.interpret = (not gpu_available()) if interpret is None else interpret
+        self._indices = IndexChecks(made.graph, made.planned)  # checks the constants now
         self._program: Program | None = None
-        self._indices: IndexChecks | None = None
 
     @property
     def program(self) -> Program:
         if self._program is None:
-            module = load_kernels(self._source, self.interpret)
-            self._program = Program(self.plan, module, self._constants, interpret=self.interpret)
+            module = load_kernels(self._made.source, self.interpret)
+            self._program = Program(self._made.planned, self._made.graph, module,
+                                    interpret=self.interpret, indices=self._indices)  # fmt: skip
         return self._program
 
     def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
         """InputError for a missing, misshapen or unknown input, or an index
         out of range (before anything is compiled or run)."""
-        feeds = check_inputs(self.inputs, inputs)
-        if self._indices is None:
-            self._indices = IndexChecks(self.plan, self._constants)
-        self._indices.check_inputs(feeds)
+        self._indices.check_inputs(check_inputs(self.inputs, inputs))
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.check_inputs(inputs)
@@ -87,9 +85,9 @@ def load(out_dir: str | os.PathLike, *, interpret: bool | None = None) -> Bundle
     if interpret is not None and not isinstance(interpret, bool):
         raise InputError(f"interpret={interpret!r}: expected True, False or None")
     contents = bundle.read(out_dir)
-    source = regenerate.kernels_source(contents.plan, contents.constants,
-                                       contents.manifest["model"]["file"], str(out_dir))  # fmt: skip
-    if source != contents.kernels_py:
+    made = regenerate.regenerate(contents.plan, contents.constants,
+                                 contents.manifest["model"]["file"], str(out_dir))  # fmt: skip
+    if made.source != contents.kernels_py:
         made_by = contents.manifest["orchestrate"]
         why = (f"it was written by orchestrate {made_by}, this is {__version__}"
                if made_by != __version__ else "the bundle was edited")  # fmt: skip
@@ -97,8 +95,7 @@ def load(out_dir: str | os.PathLike, *, interpret: bool | None = None) -> Bundle
             f"{out_dir}: kernels.py is not the source orchestrate generates from plan.json ({why});"
             " kernels.py is there to read, not to run: optimize the model again"
         )
-    return Bundle(Path(out_dir), contents.plan, contents.manifest, source, contents.constants,
-                  interpret)  # fmt: skip
+    return Bundle(Path(out_dir), contents.manifest, made, interpret)
 
 
 @dataclass

@@ -16,6 +16,7 @@ accept.  Its text reaches the generated source only through
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -125,8 +126,20 @@ def _check_schedule(plan: Plan, graph: ir.Graph, covered: list[str], source: str
         raise InputError(f"{source}: no kernel writes output {lost[0]!r}")
 
 
-def kernels_source(plan: Plan, constants: Mapping[str, np.ndarray], model_file: str,
-                   source: str) -> str:  # fmt: skip
-    """The ``kernels.py`` orchestrate generates for this plan."""
+@dataclass(frozen=True)
+class Regenerated:
+    """What a plan is made of again: its primitive graph (with the
+    constants), the plan with its kernel specs, and the kernels' source."""
+
+    graph: ir.Graph
+    planned: Planned
+    source: str
+
+
+def regenerate(plan: Plan, constants: Mapping[str, np.ndarray], model_file: str,
+               source: str) -> Regenerated:  # fmt: skip
+    """The graph, specs and ``kernels.py`` orchestrate makes for this plan;
+    InputError (naming ``source``) for a plan that does not hold together."""
     graph = primitive_graph(plan, constants, source)
-    return emit(graph, planned(plan, graph, source), title=title(model_file))
+    made = planned(plan, graph, source)
+    return Regenerated(graph, made, emit(graph, made, title=title(model_file)))

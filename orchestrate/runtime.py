@@ -1,7 +1,8 @@
 """Running a plan: buffers by liveness, kernels in plan order, CUDA graphs.
 
-:class:`Program` holds a plan (``orchestrate.plan.Plan``), the generated
-kernels module and the constants.  ``run(inputs)`` checks the inputs, allocates every
+:class:`Program` holds a plan with its kernel specs (``orchestrate.plan.Planned``),
+the primitive graph it was made from (with the constants), and the generated
+kernels module.  ``run(inputs)`` checks the inputs, allocates every
 intermediate from a pool (a buffer is returned to the pool after its last
 reader and reused by the next tensor of the same size), launches the
 kernels in order and returns the outputs as numpy arrays.  Gather indices
@@ -32,13 +33,12 @@ from orchestrate.bounds import (
     INDEX_ERROR,
     IndexBound,
     check_values,
-    device_checked,
     device_error,
     host_checked_inputs,
     index_bounds,
 )
 from orchestrate.errors import InputError, OrchestrateError
-from orchestrate.plan import Plan
+from orchestrate.plan import Planned
 
 _WARNED = threading.Event()
 
@@ -105,27 +105,26 @@ def check_inputs(
 
 class IndexChecks:
     """Where a plan's gather indices are checked (``orchestrate.bounds``).
-    Made, it has checked the constants; ``check_inputs`` checks the inputs
-    before a run (one min and one max per input that indexes); ``kernels``
-    lists, per kernel that checks on the device, its gathers in flag-code
-    order, and ``device_error`` says what a flag it set means."""
+    Made, it has checked the constants (a bundle's weights are data too);
+    ``check_inputs`` checks the inputs before a run (one min and one max per
+    input that indexes); ``kernels`` lists, per kernel that checks on the
+    device, its gathers in flag-code order (the spec's ``checks``: decided by
+    the rules, not again here), and ``device_error`` says what a flag means."""
 
-    def __init__(self, plan: Plan, constants: Mapping[str, np.ndarray]):
-        types = plan.types
-        if INDEX_ERROR in types or INDEX_ERROR in constants:
+    def __init__(self, graph: ir.Graph, planned: Planned):
+        if INDEX_ERROR in graph.types:
             raise InputError(f"the tensor name {INDEX_ERROR!r} is reserved")
-        graph = _index_graph(plan, constants)
         found = index_bounds(graph)
         for b in found:
-            if b.source in constants:
-                check_values(b, f"constant {b.source!r}", constants[b.source])
-        self.inputs = host_checked_inputs(found, [i.name for i in plan.graph.inputs])
+            if b.source in graph.constants:
+                check_values(b, f"constant {b.source!r}", graph.constants[b.source])
+        self.inputs = host_checked_inputs(found, [i.name for i in graph.inputs])
         by_name = {b.gather: b for b in found}
-        self.kernels: dict[str, tuple[IndexBound, ...]] = {}
-        for k in plan.kernels:
-            checked = () if k.is_view else device_checked(graph, k.primitives)
-            if checked:
-                self.kernels[k.name] = tuple(by_name[g] for g in checked)
+        self.kernels: dict[str, tuple[IndexBound, ...]] = {
+            k.name: tuple(by_name[g] for g in spec.checks)
+            for k, spec in zip(planned.plan.kernels, planned.specs)
+            if spec.checks
+        }
 
     def check_inputs(self, feeds: Mapping[str, np.ndarray]) -> None:
         """InputError naming the first input with an index out of range for
@@ -146,36 +145,24 @@ class IndexChecks:
         return InputError(f"kernel {kernel!r}: a computed gather index is out of range")
 
 
-def _index_graph(plan: Plan, constants: Mapping[str, np.ndarray]) -> ir.Graph:
-    """The plan's primitive graph, for ``orchestrate.bounds`` (the constants
-    are views: the graph marks its arrays read-only)."""
-    ops = {op.value: op for op in ir.Op}
-    nodes = tuple(
-        ir.Node(ops[p.op], p.name, p.inputs, ir.TensorType(p.shape, p.dtype), p.attrs, p.origin)
-        for p in plan.primitives
-    )
-    inputs = tuple(ir.Input(i.name, ir.TensorType(i.shape, i.dtype)) for i in plan.graph.inputs)
-    views = {k: np.asarray(v).view() for k, v in constants.items()}
-    return ir.Graph(nodes, inputs, plan.graph.outputs, views, plan.graph.name)
-
-
 class Program:
     """An executable plan."""
 
-    def __init__(self, plan: Plan, kernels_module, constants: Mapping[str, np.ndarray],
-                 *, interpret: bool | None = None, cuda_graph: bool = True):  # fmt: skip
+    def __init__(self, planned: Planned, graph: ir.Graph, kernels_module, *,
+                 interpret: bool | None = None, cuda_graph: bool = True,
+                 indices: IndexChecks | None = None):  # fmt: skip
         import torch
 
         self.torch = torch
-        self.plan = plan
+        plan = self.plan = planned.plan
         self.interpret = (not gpu_available()) if interpret is None else interpret
         self.device = "cpu" if self.interpret else "cuda"
         self.launches = kernels_module.KERNELS
         self.types = plan.types
         self.input_types = {i.name: (i.shape, i.dtype) for i in plan.graph.inputs}
         self.outputs = list(plan.graph.outputs)
-        self.indices = IndexChecks(plan, constants)
-        self.constants = {k: self._tensor(v) for k, v in constants.items()}
+        self.indices = indices or IndexChecks(graph, planned)
+        self.constants = {k: self._tensor(v) for k, v in graph.constants.items()}
         # the index error flags: one int32 slot per kernel that checks on the device
         checked = list(self.indices.kernels)
         self._flags = torch.zeros(max(1, len(checked)), dtype=torch.int32, device=self.device)

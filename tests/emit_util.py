@@ -32,7 +32,7 @@ def one_kernel(graph: ir.Graph, options: PlanOptions | None = None) -> Planned:
 def run_plan(graph: ir.Graph, planned: Planned, inputs: dict[str, np.ndarray]) -> tuple[dict, str]:
     """Emit, import under the interpreter and run ``planned``; (outputs, source)."""
     src = emit(graph, planned)
-    program = Program(planned.plan, load_kernels(src, interpret=True), graph.constants,
+    program = Program(planned, graph, load_kernels(src, interpret=True),
                       interpret=True)  # fmt: skip
     return program.run(inputs), src
 

@@ -21,7 +21,7 @@ def _run_compiled(graph, plan, inputs):
     from orchestrate.emit import emit
     from orchestrate.runtime import Program, load_kernels
 
-    program = Program(plan.plan, load_kernels(emit(graph, plan), False), graph.constants,
+    program = Program(plan, graph, load_kernels(emit(graph, plan), False),
                       interpret=False, cuda_graph=False)  # fmt: skip
     return program.run(inputs)
 

@@ -257,7 +257,7 @@ def test_a_bundles_constant_index_is_checked_when_loaded():
 
     module = load_kernels(emit(graph, planned), interpret=True)
     with pytest.raises(InputError, match=r"constant 'c': index 7 out of range \[-7, 7\)"):
-        Program(planned.plan, module, graph.constants, interpret=True)
+        Program(planned, graph, module, interpret=True)
 
 
 # -- where each index is checked ------------------------------------------------------------

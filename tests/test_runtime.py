@@ -39,7 +39,7 @@ def test_liveness_schedule():
     g = graphs.build(_chain, [(6, 10)])
     names = [n.name for n in g.nodes]
     plan = plan_from_sets(g, [names[i : i + 2] for i in range(0, 10, 2)] + [names[10:]])
-    program = Program(plan.plan, load_kernels(emit(g, plan), True), g.constants, interpret=True)
+    program = Program(plan, g, load_kernels(emit(g, plan), True), interpret=True)
     free = {i: sorted(v) for i, v in program.free_after.items()}
     written = [k.outputs[0] for k in plan.plan.kernels[:5]]
     # each intermediate goes back to the pool right after the kernel that reads it

@@ -120,8 +120,8 @@ def compile_bundle(folder: Path, arch: int = 90) -> list[Compiled]:
     from orchestrate.runtime import load_kernels
 
     contents = bundle.read(folder)
-    source = regenerate.kernels_source(contents.plan, contents.constants,
-                                       contents.manifest["model"]["file"], str(folder))  # fmt: skip
+    source = regenerate.regenerate(contents.plan, contents.constants,
+                                   contents.manifest["model"]["file"], str(folder)).source  # fmt: skip
     if source != contents.kernels_py:
         raise ValueError(f"{folder}: kernels.py is not the source generated from plan.json")
     return compile_module(load_kernels(source, interpret=False), tensor_dtypes(folder), arch)
