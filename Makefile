@@ -13,7 +13,7 @@ TORCH  := torch==2.13.0
 JOBS   ?= 2
 DEMO   := examples/models/tiny_bert.onnx
 
-.PHONY: install demo test test-slow test-gpu lint format examples golden-update \
+.PHONY: install demo test test-slow test-gpu fuzz lint format examples golden-update \
         conformance bench-plan bench bench-gpu hf-check clean
 
 install: $(STAMP)
@@ -39,6 +39,14 @@ test-slow: install
 
 test-gpu: install
 	$(PY) -m pytest -q -m gpu
+
+# the fuzz suite (tests/test_fuzz.py) with many random examples per property
+# instead of make test's few fixed ones; failures are kept in .hypothesis/ and
+# replayed first next time.  FUZZ_ARGS=--runxfail shows the known failures
+# too; ORCHESTRATE_FUZZ_SKIP_KNOWN=1 discards examples that hit them.
+fuzz: install
+	ORCHESTRATE_FUZZ=1 $(PY) -m pytest -n $(JOBS) -q tests/test_fuzz.py \
+		--hypothesis-show-statistics $(FUZZ_ARGS)
 
 lint: install
 	$(BIN)/ruff format --check .
