@@ -123,6 +123,7 @@ KNOWN: dict[str, str] = {
     r"empty range \[0, -\d+\)|float32\[[0-9x]*-": "F8: negative dimensions",
     r"unhashable type": "F9: a format field that is not a string",
     r"': unknown device \(known": "F10: an option value echoed with its line break",
+    r"Assertion '__n < this->size\(\)' failed": "F11: onnx shape inference aborts",
 }
 SKIP_KNOWN = os.environ.get("ORCHESTRATE_FUZZ_SKIP_KNOWN", "") not in ("", "0")
 
