@@ -86,10 +86,85 @@ def _all_tensors(graph: onnx.GraphProto):
 
 def check(model: onnx.ModelProto, source: str = "<model>") -> None:
     check_opset(model, source)
+    _check_text(model, source)
     try:
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError) as e:
         raise InputError(f"{source}: invalid ONNX model ({_short(e)})") from None
+    _check_graph(model.graph, source)
+
+
+def _check_text(message, source: str) -> None:
+    """Every string field of the model is text: protobuf hands back bytes
+    for a name that is not valid UTF-8, which nothing downstream expects."""
+    for field, value in message.ListFields():
+        if field.type == field.TYPE_MESSAGE:
+            for sub in value if _repeated(field) else (value,):
+                _check_text(sub, source)
+        elif field.type == field.TYPE_STRING:
+            for text in value if _repeated(field) else (value,):
+                if not isinstance(text, str):
+                    raise InputError(f"{source}: {type(message).__name__}.{field.name} "
+                                     f"{text[:40]!r} is not valid UTF-8")  # fmt: skip
+
+
+def _repeated(field) -> bool:
+    # protobuf 6+ has is_repeated; older ones only the label
+    flag = getattr(field, "is_repeated", None)
+    return flag if flag is not None else field.label == field.LABEL_REPEATED
+
+
+def _check_graph(graph: onnx.GraphProto, source: str) -> None:
+    """What onnx's checker lets through and then breaks shape inference or
+    numpy: negative dimensions, initializers whose data does not fill their
+    dims, and a Split whose ``num_outputs`` is not its number of outputs
+    (onnx's shape inference aborts the process on that one)."""
+    for vi in (*graph.input, *graph.output, *graph.value_info):
+        dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else ()
+        for k, d in enumerate(dims):
+            if d.HasField("dim_value") and d.dim_value < 0:
+                raise InputError(f"{source}: tensor {_shown(vi.name)!r} has dimension "
+                                 f"{d.dim_value} at axis {k}")  # fmt: skip
+    for t in graph.initializer:
+        _check_tensor_data(t, source)
+    for node in graph.node:
+        if node.op_type == "Split" and node.domain in DEFAULT_DOMAINS:
+            n = next((a.i for a in node.attribute if a.name == "num_outputs"), None)
+            if n is not None and n != len(node.output):
+                raise InputError(f"{source}: node {_shown(node.name or node.output[0])!r} (Split) "
+                                 f"has num_outputs={n} but {len(node.output)} outputs")  # fmt: skip
+        for a in node.attribute:
+            for g in (*([a.g] if a.HasField("g") else []), *a.graphs):
+                _check_graph(g, source)
+
+
+def _check_tensor_data(t: onnx.TensorProto, source: str) -> None:
+    if uses_external_data(t) or t.data_type in (
+        onnx.TensorProto.STRING,
+        onnx.TensorProto.UNDEFINED,
+    ):
+        return
+    if any(d < 0 for d in t.dims):
+        raise InputError(f"{source}: initializer {_shown(t.name)!r} has dims {list(t.dims)}")
+    try:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
+    except (KeyError, ValueError, TypeError):
+        return  # an element type the decompositions name when they meet it
+    count = math.prod(t.dims)
+    if t.HasField("raw_data"):
+        bits = dtype.itemsize * 8
+        if t.data_type in _PACKED_4BIT:
+            bits = 4
+        want = (count * bits + 7) // 8
+        if len(t.raw_data) != want:
+            raise InputError(f"{source}: initializer {_shown(t.name)!r} holds {len(t.raw_data)} "
+                             f"bytes, but {dtype} dims {list(t.dims)} need {want}")  # fmt: skip
+    elif t.data_type not in _PACKED_4BIT and dtype.kind != "c":
+        held = sum(len(f) for f in (t.float_data, t.int32_data, t.int64_data, t.double_data,
+                                    t.uint64_data))  # fmt: skip
+        if held != count:
+            raise InputError(f"{source}: initializer {_shown(t.name)!r} holds {held} values, "
+                             f"but dims {list(t.dims)} need {count}")  # fmt: skip
 
 
 def check_opset(model: onnx.ModelProto, source: str = "<model>") -> None:
@@ -181,6 +256,10 @@ def _check_size(shape: Sequence[int], what: str) -> None:
         raise InputError(
             f"{what}: {size:,} elements, more than the {MAX_ELEMENTS:,} (2**36) one tensor may have"
         )
+
+
+_PACKED_4BIT = {getattr(onnx.TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1")
+                if hasattr(onnx.TensorProto, n)}  # fmt: skip
 
 
 def _shown(name: str) -> str:
