@@ -232,7 +232,7 @@ def read(folder: str | os.PathLike) -> Contents:
     manifest = _json(raw, folder, "manifest.json")
     if not isinstance(manifest, dict):
         raise InputError(f"{folder}: manifest.json is not a JSON object")
-    check_format(manifest.get("format"), BUNDLE_FORMAT, _OLDER, str(folder), "bundle",
+    check_format(manifest.get("format"), BUNDLE_FORMAT, _OLDER, f"{folder}/manifest.json", "bundle",
                  "run `orchestrate optimize` on the model again")  # fmt: skip
     _check_manifest(manifest, folder)
     data = {}

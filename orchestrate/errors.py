@@ -35,6 +35,8 @@ def check_format(found, current: str, older: dict[str, str], source: str, what: 
                  redo: str) -> None:  # fmt: skip
     """Refuse a file of another format than ``current``: an older one names
     what it lacks (``older``) and what to ``redo``; anything else is not ``what``."""
+    if not isinstance(found, str):
+        raise InputError(f"{source}: not an orchestrate {what} (expected format {current!r})")
     if found in older:
         raise InputError(
             f"{source}: written by an older orchestrate (format {found!r}, without "

@@ -237,7 +237,36 @@ def _plan(d: Mapping[str, Any]) -> Plan:
     g = dict(_expect(d.get("graph"), Mapping, "graph"))
     g["inputs"] = g.pop("input_types", None)  # the JSON lists names under "inputs"
     d["graph"] = g
-    return _read(Plan, d, "plan")
+    plan = _read(Plan, d, "plan")
+    _check_names(plan)
+    return plan
+
+
+def _check_names(plan: Plan) -> None:
+    """Every name a plan uses is one it defines (so explain and the runner
+    can look each up): primitives once each, kernels over primitives, their
+    tensors among the inputs, constants and primitives."""
+    prims: set[str] = set()
+    for p in plan.primitives:
+        if p.name in prims:
+            raise _Malformed(f"primitives: {p.name!r} is listed twice")
+        prims.add(p.name)
+    tensors = prims | set(plan.graph.constants) | {i.name for i in plan.graph.inputs}
+    for p in plan.primitives:
+        _known(p.inputs, tensors, f"primitive {p.name!r} reads")
+    _known(plan.graph.outputs, tensors, "graph.outputs")
+    for k in plan.kernels:
+        _known(k.primitives, prims, f"kernel {k.name!r} runs")
+        _known(k.outputs, prims, f"kernel {k.name!r} writes")
+        _known(k.inputs, tensors, f"kernel {k.name!r} reads")
+        if k.anchor is not None:
+            _known((k.anchor,), set(k.primitives), f"kernel {k.name!r} anchor")
+
+
+def _known(names, known: set[str], where: str) -> None:
+    unknown = next((n for n in names if n not in known), None)
+    if unknown is not None:
+        raise _Malformed(f"{where} {unknown!r}, which the plan does not define")
 
 
 def _read(cls, data, where: str):
