@@ -25,8 +25,33 @@ EXIT_INTERNAL_ERROR = 3
 
 
 def _fail(message: str, code: int) -> None:
-    click.echo(f"orchestrate: error: {message}", err=True)
+    click.echo(f"orchestrate: error: {_one_line(message)}", err=True)
     sys.exit(code)
+
+
+def _one_line(text: str) -> str:
+    """``text`` with line breaks and other unprintable characters (a name's
+    terminal escape codes, say) written as escapes: an error is one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class _Group(click.Group):
+    """Click's own usage errors (a bad option value, a missing argument) as
+    one line and exit 2, like every other error a user can cause."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as e:
+            hint = f" (see {e.ctx.command_path} --help)" if e.ctx is not None else ""
+            _fail(e.format_message() + hint, EXIT_USER_ERROR)
+        except click.ClickException as e:
+            _fail(e.format_message(), EXIT_USER_ERROR)
+        except click.Abort:
+            _fail("interrupted", 130)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -94,6 +119,9 @@ def reports_errors(fn):
                 _fail(f"interrupted by {signal.Signals(signum).name}", 128 + signum)
             if isinstance(e, OrchestrateError):
                 _fail(str(e), EXIT_USER_ERROR)
+            if isinstance(e, BrokenPipeError):  # `orchestrate rules | head`: the reader left
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                sys.exit(128 + signal.SIGPIPE)
             # anything else is a bug: say so in one line
             if click.get_current_context().find_root().params.get("debug"):
                 traceback.print_exc()
@@ -131,7 +159,7 @@ def _shapes(texts) -> dict[str, tuple[int, ...]]:
     return out
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show tracebacks of internal errors.")
 @click.version_option(package_name="orchestrate")
 def main(debug: bool) -> None:
