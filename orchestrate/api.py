@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrate import bundle, explain, pipeline, regenerate
+from orchestrate import bundle, explain, onnxrt, pipeline, regenerate
 from orchestrate.emit import emit
 from orchestrate.errors import InputError, OrchestrateError
 from orchestrate.frontend import check_shapes
@@ -140,6 +140,8 @@ def optimize(
         rtol = TF32_RTOL  # TF32 keeps 10 mantissa bits
     report_step = progress or (lambda stage, i, n: None)
     model = pipeline.load(model_path)
+    # made before the work, so a model onnxruntime refuses is refused up front
+    reference = onnxrt.reference(model, str(model_path)) if trials > 0 else None
     graph = pipeline.fission_model(model, shapes, str(model_path), option=_shape_option)
     planned = pipeline.plan_graph(graph, options, progress=progress)
     plan = planned.plan
@@ -159,7 +161,8 @@ def optimize(
         if trials > 0:
             report_step("verify", 1, 1)
             loaded = load(staging.path)
-            result = verify(model, graph, loaded.run, trials=trials, rtol=rtol, atol=atol)
+            result = verify(model, graph, loaded.run, trials=trials, rtol=rtol, atol=atol,
+                            session=reference, source=str(model_path))  # fmt: skip
             staging.write(plan, source, constants, _report_md(plan, result), info)
             if not result.ok:
                 bad = result.first_failure()
@@ -193,7 +196,8 @@ def verify_bundle(
     loaded, model, graph = bundle_and_model(
         out_dir, model_path, shapes, _shape_option=_shape_option
     )
-    return verify(model, graph, loaded.run, trials=trials, rtol=rtol, atol=atol)
+    return verify(model, graph, loaded.run, trials=trials, rtol=rtol, atol=atol,
+                  source=str(model_path))  # fmt: skip
 
 
 def bundle_and_model(

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 import numpy as np
 import onnx
 
+from orchestrate.errors import InputError
+
 # the newest ONNX IR version the installed onnxruntime loads; models written
 # by a newer onnx package are run with their IR version lowered to it
 MAX_IR_VERSION = 10
@@ -26,6 +28,30 @@ def session(model: onnx.ModelProto, providers: list[str] | None = None):
     return ort.InferenceSession(
         model.SerializeToString(), opts, providers=providers or ["CPUExecutionProvider"]
     )
+
+
+def reference(model: onnx.ModelProto, source: str):
+    """A CPU session of ``model`` to compare with, or InputError naming
+    ``source`` when onnxruntime refuses a model onnx's checker passed."""
+    try:
+        return session(model)
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own Fail/InvalidGraph/...
+        raise InputError(
+            f"{source}: onnxruntime cannot load the model ({_first_line(e)})"
+        ) from None
+
+
+def run_reference(s, names: list[str], feeds: Mapping[str, np.ndarray], source: str) -> list:
+    """``s.run``, with onnxruntime's refusal as an InputError naming ``source``."""
+    try:
+        return s.run(names, dict(feeds))
+    except Exception as e:  # noqa: BLE001 - as above
+        raise InputError(f"{source}: onnxruntime cannot run the model ({_first_line(e)})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:300]
 
 
 @functools.cache
