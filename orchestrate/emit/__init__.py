@@ -72,7 +72,9 @@ def emit(graph: Graph, planned: Planned, title: str = "") -> str:
         slots = {v: k for k, v in pointers(graph, spec, entry.outputs).slots.items()}
         launches.append(Launch(entry.name, f.name, tuple(slots[p] for p in f.params)))
     n, k = len(functions), len(launches)
-    title = title or f"Triton kernels for {plan.graph.name} ({k} kernels, planned for {plan.device})"
+    title = (
+        title or f"Triton kernels for {plan.graph.name} ({k} kernels, planned for {plan.device})"
+    )
     count = (f"{n} jitted function{'s' if n != 1 else ''} for {k} planned "
              f"kernel{'s' if k != 1 else ''}.")  # fmt: skip
     return module(list(functions.values()), launches, [title, "", count])
