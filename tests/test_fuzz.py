@@ -662,12 +662,7 @@ def check_edited_bundle(data, root, good, victim):
 @pytest.mark.parametrize(
     "victim",
     [
-        pytest.param(
-            "plan.json",
-            marks=pytest.mark.xfail(
-                strict=True, reason="F4: explain on a plan with a primitive renamed -> exit 3"
-            ),
-        ),
+        "plan.json",
         "manifest.json",
         "weights.npz",
         "kernels.py",
@@ -1169,9 +1164,9 @@ def test_run_gather_indices(root, good, cases):
 
 # -- regressions: the failures the properties found, minimised -----------------------
 #
-# Each is xfail(strict=True) while it is open: the fix makes it pass, the
-# strict mark then fails the suite, and the mark (with the matching entry of
-# fu.KNOWN) comes off.
+# Each was xfail(strict=True) while it was open: the fix made it pass, the
+# strict mark then failed the suite, and the mark (with the matching entry of
+# fu.KNOWN) came off.  All of F1-F11 are fixed; they stay as regressions.
 
 
 def _user_error(out: fu.Outcome, *needles: str) -> None:
@@ -1188,14 +1183,14 @@ def _not_utf8(tmp_path: Path, old: bytes, new: bytes, names: fu.Names | None = N
     return src
 
 
-@pytest.mark.xfail(strict=True, reason="F1: a node name that is not UTF-8 -> exit 3 (TypeError)")
+# F1: fixed in issue 9
 def test_node_name_not_utf8(tmp_path):
     src = _not_utf8(tmp_path, b"relu", b"\xe7elu")
     _user_error(invoke("optimize", src, "-o", tmp_path / "o.orch"), "m.onnx")
     assert not (tmp_path / "o.orch").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="F1: a tensor name that is not UTF-8 -> exit 3")
+# F1: fixed in issue 9
 @pytest.mark.parametrize("command", ["inspect", "optimize"])
 def test_tensor_name_not_utf8(tmp_path, command):
     src = _not_utf8(tmp_path, b"input_x", b"input_\xff", fu.Names(x="input_x"))
@@ -1209,8 +1204,7 @@ def _unknown_output_dtype():
     return m
 
 
-@pytest.mark.xfail(strict=True, reason="F2: a model onnx's checker passes and onnxruntime "
-                   "refuses -> exit 3 from verification, after all the work")  # fmt: skip
+# F2: fixed in issue 9
 @pytest.mark.parametrize(
     "make",
     [
@@ -1236,8 +1230,7 @@ def test_astral_plane_names(tmp_path, field_name, name):
     check_bundle_against_onnxruntime(tmp_path / "o.orch", model, fu.feeds_for(model), out)
 
 
-@pytest.mark.xfail(strict=True, reason="F4: explain on a plan whose kernel names a primitive "
-                   "the plan does not list -> KeyError, exit 3")  # fmt: skip
+# F4: fixed in issue 9
 def test_explain_plan_with_a_renamed_primitive(tmp_path):
     onnx.save(fu.named_model(), tmp_path / "m.onnx")
     assert invoke("plan", tmp_path / "m.onnx", "-o", tmp_path / "p.json").code == 0
@@ -1259,8 +1252,7 @@ def test_empty_tensor(tmp_path):
     assert not (tmp_path / "o.orch").exists() or out.code == 0
 
 
-@pytest.mark.xfail(strict=True, reason="F6: click's own usage errors are three lines without "
-                   "the 'orchestrate: error:' prefix")  # fmt: skip
+# F6: fixed in issue 9
 @pytest.mark.parametrize(
     "args",
     [
@@ -1274,22 +1266,10 @@ def test_click_usage_error_is_one_line(tmp_path, args):
     onnx.save(fu.named_model(), tmp_path / "m.onnx")
     (tmp_path / "b").mkdir()
     paths = {"M": tmp_path / "m.onnx", "P": tmp_path / "p.json", "B": tmp_path / "b"}
-    with fu_click_strict():
-        _user_error(invoke(*[paths.get(a, a) for a in args]))
+    _user_error(invoke(*[paths.get(a, a) for a in args]))
 
 
-@contextlib.contextmanager
-def fu_click_strict():
-    old = fu.CLICK_USAGE_ERRORS_TOLERATED
-    fu.CLICK_USAGE_ERRORS_TOLERATED = False
-    try:
-        yield
-    finally:
-        fu.CLICK_USAGE_ERRORS_TOLERATED = old
-
-
-@pytest.mark.xfail(strict=True, reason="F7: an initializer whose data does not fit its dims "
-                   "or data_type -> ValueError (reshape), exit 3")  # fmt: skip
+# F7: fixed in issue 9
 @pytest.mark.parametrize("edit", ["data_type", "dims"])
 def test_initializer_data_that_does_not_fit(tmp_path, edit):
     m = fu.named_model()
@@ -1301,8 +1281,7 @@ def test_initializer_data_that_does_not_fit(tmp_path, edit):
     _user_error(invoke("inspect", tmp_path / "m.onnx"), "m.onnx", "'w'")
 
 
-@pytest.mark.xfail(strict=True, reason="F8: a negative dim_value is taken as a size: inspect "
-                   "prints float32[2x-3] and -0.0 KB, optimize exits 3")  # fmt: skip
+# F8: fixed in issue 9
 @pytest.mark.parametrize("command", ["inspect", "optimize"])
 def test_negative_dimension(tmp_path, command):
     x = helper.make_tensor_value_info("x", fu.F32, [2, -3])
@@ -1313,8 +1292,7 @@ def test_negative_dimension(tmp_path, command):
     _user_error(invoke(command, tmp_path / "m.onnx", *args), "m.onnx", "'x'")
 
 
-@pytest.mark.xfail(strict=True, reason="F9: a format field that is not a string (a JSON object "
-                   "or list) -> TypeError: unhashable type, exit 3")  # fmt: skip
+# F9: fixed in issue 9
 @pytest.mark.parametrize("victim", ["manifest.json", "plan.json"])
 def test_format_field_not_a_string(root, good, tmp_path, victim):
     bundle = tmp_path / "b.orch"
@@ -1328,16 +1306,14 @@ def test_format_field_not_a_string(root, good, tmp_path, victim):
         _user_error(invoke("explain", bundle / victim), victim)
 
 
-@pytest.mark.xfail(strict=True, reason="F10: --device 'h100\\n' is echoed with its line "
-                   "break: a two-line error")  # fmt: skip
+# F10: fixed in issue 9
 def test_option_value_with_a_line_break(tmp_path):
     onnx.save(fu.named_model(), tmp_path / "m.onnx")
     out = invoke("plan", tmp_path / "m.onnx", "-o", tmp_path / "p.json", "--device", "h100\n")
     _user_error(out, "--device")
 
 
-@pytest.mark.xfail(strict=True, reason="F11: Split with num_outputs=1 and two outputs aborts "
-                   "the process (SIGABRT) in onnx shape inference: no message, exit 134")  # fmt: skip
+# F11: fixed in issue 9
 def test_split_with_fewer_outputs_than_nodes(tmp_path):
     x = helper.make_tensor_value_info("x", fu.F32, [2, 3, 4])
     ys = [helper.make_tensor_value_info(f"y{k}", fu.F32, [1, 3, 4]) for k in range(2)]
