@@ -38,19 +38,33 @@ def _ops(result: Plan, k: PlannedKernel) -> str:
     return " ".join(f"{o}x{c}" if c > 1 else o for o, c in sorted(counts.items()))
 
 
+# block sizes that are the problem's, not the tiling's choice
+_NOT_TILES = ("GROUP_M", "BLOCK_D", "BLOCK_DV")
+
+
+def _config(c) -> str:
+    """A launch configuration in a few characters: the tile, then warps and
+    stages (``64x64x32 w4 s3``; ``tf32`` when fp32 dots use TF32)."""
+    tile = "x".join(str(v) for name, v in c.blocks if name not in _NOT_TILES)
+    tf32 = " tf32" if c.precision == "tf32" else ""
+    return f"{tile} w{c.num_warps} s{c.num_stages}{tf32}"
+
+
 def kernel_table(result: Plan, limit: int = 0) -> str:
-    """One row per kernel: template, primitives, bytes, flops, time, bound."""
+    """One row per kernel: template, bytes, flops, time, bound, launch
+    configuration, primitives."""
     rows = [k for k in result.kernels if not k.is_view]
     views = len(result.kernels) - len(rows)
     shown = rows if not limit else sorted(rows, key=lambda k: -k.predicted_us)[:limit]
     if limit and len(rows) > limit:
         shown = sorted(shown, key=lambda k: k.name)
-    head = f"{'kernel':<18}{'template':<12}{'bytes':>11}{'flops':>11}{'us':>10}  {'bound':<8} primitives"
+    head = (f"{'kernel':<18}{'template':<12}{'bytes':>11}{'flops':>11}{'us':>10}  {'bound':<8} "
+            f"{'config':<20} primitives")  # fmt: skip
     lines = [head, "-" * len(head)]
     for k in shown:
         lines.append(
             f"{k.name:<18}{k.template:<12}{_bytes(k.bytes):>11}{_flops(k.flops):>11}"
-            f"{_us(k.predicted_us):>10}  {k.bound:<8} {_ops(result, k)}"
+            f"{_us(k.predicted_us):>10}  {k.bound:<8} {_config(k.config):<20} {_ops(result, k)}"
         )
     if limit and len(rows) > limit:
         lines.append(

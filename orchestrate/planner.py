@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from orchestrate import ir
-from orchestrate.cost.roofline import Prices
+from orchestrate.cost.roofline import Prices, Ranker
 from orchestrate.devices import DEVICES, get_device
 from orchestrate.errors import InputError
 from orchestrate.ilp import budget, program
@@ -116,7 +116,9 @@ class PlanOptions:
         return [f.name for f in fields(cls)]
 
     def target(self) -> Target:
-        return Target(get_device(self.device), self.tf32)
+        """The rules' target: configurations ranked by predicted time."""
+        device = get_device(self.device)
+        return Target(device, self.tf32, rank=Ranker(device))
 
     def record(self) -> Options:
         return Options(self.memory_budget, self.time_limit, self.tf32, self.recompute,

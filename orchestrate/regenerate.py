@@ -16,7 +16,7 @@ accept.  Its text reaches the generated source only through
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -86,7 +86,9 @@ def planned(plan: Plan, graph: ir.Graph, source: str) -> Planned:
         where = f"{source}: kernel {i} ({k.name!r})"
         if k.name != f"k{i:03d}_{k.template}":
             raise InputError(f"{where}: expected the name k{i:03d}_{k.template}")
-        spec = match(graph, k.primitives, target)
+        # the recorded configuration first: the rules still check that it fits
+        recorded = replace(target, rank=lambda _, s, c=k.config: 0 if s.config == c else 1)
+        spec = match(graph, k.primitives, recorded)
         if isinstance(spec, Rejection):
             raise InputError(f"{where}: its primitives are not one kernel ({spec.reason})")
         if spec.template != k.template or (k.template != VIEW and spec.hash != k.hash):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from orchestrate import ir
-from orchestrate.cost import roofline
+from orchestrate.cost import figures, roofline
 from orchestrate.decompose import fission
 from orchestrate.devices import get_device
 from orchestrate.frontend import prepare
@@ -233,25 +233,39 @@ def test_a_lone_matmul_pair_keeps_the_old_rules():
 
 
 def test_cost_by_hand():
+    """Each term of the cost model (cost/roofline.py) worked out by hand for
+    one small fp32 attention, from the figures in cost/figures.py."""
     b, h, lq, lk, d = 1, 2, 16, 16, 8
     g = graphs.build(attention_fn(scale=0.125), [(b, h, lq, d), (b, h, lk, d), (b, h, lk, d)])
     k = _kernel(g)
     device = get_device("h100")
+    # the rules' first configuration that fits: 64 x 64 clamped to 16 x 16, 4 warps, 3 stages
+    assert (k.config["BLOCK_M"], k.config["BLOCK_N"], k.config.num_stages) == (16, 16, 3)
     c = roofline.cost(g, k, device)
     tensor = b * h * lq * d * 4
     assert c.bytes == 3 * tensor + tensor + 4  # Q, K, V, the scale (a scalar), O
+    sfu = figures.SFU_FLOPS
     scores, outputs, rows = b * h * lq * lk, b * h * lq * d, b * h * lq
     matmuls = 2 * scores * d + 2 * outputs * lk
     other = (
         scores  # scale
-        + scores * (1 + 1 + 4 + 1)  # max, subtract, exp, sum
-        + outputs * 4  # the final division
-        + (rows * 4 + outputs)  # one rescale (one key block)
+        + scores * (1 + 1 + sfu + 1)  # max, subtract, exp, sum
+        + outputs * sfu  # the final division
+        + (rows * sfu + outputs)  # one rescale (one key block)
         + b * h * lk * d  # K's transpose, once per query block
     )
     assert c.flops == matmuls + other
-    assert c.compute_us == pytest.approx((matmuls + other) / (device.fp32_tflops * 1e6))
-    assert c.memory_us == pytest.approx(c.bytes / (device.bandwidth_gbs * 1e3))
+    # one block per batch entry and head: 2 blocks on 132 SMs, so the CUDA
+    # cores (fp32 attention runs its dots in IEEE) work at 2/132 of the peak
+    assert c.blocks == 2
+    assert c.compute_us == pytest.approx((matmuls + other) / (device.fp32_tflops * 1e6) * 132 / 2)
+    # each block has all its bytes in flight (one key step): two blocks draw
+    # everything in one DRAM latency
+    assert c.memory_us == pytest.approx(figures.DRAM_LATENCY_US)
+    # one wave; the first loads, then one key step with 2 steps in flight
+    assert c.latency_us == pytest.approx(figures.DRAM_LATENCY_US * (1 + 1 / 2))
+    assert c.launch_us == figures.LAUNCH_US
+    assert c.time_us == pytest.approx(max(c.memory_us, c.compute_us, c.latency_us) + c.launch_us)
 
 
 def test_head_dims_that_do_not_fit_are_rejected():

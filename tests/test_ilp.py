@@ -45,7 +45,9 @@ def _brute_force(g, kernels, costs, write_us, nbytes, available, budget=None, re
         for r in range(len(kern.optional) + 1):
             for extra in itertools.combinations(kern.optional, r):
                 mem = c.memory_us + sum(write_us[t] for t in extra)
-                options.append((k, kern.outputs + extra, max(mem, c.compute_us) + c.launch_us))
+                options.append(
+                    (k, kern.outputs + extra, max(mem, c.compute_us, c.latency_us) + c.launch_us)
+                )
     best = math.inf
     # choose at most one option per kernel
     per_kernel: dict[int, list] = {}
@@ -268,24 +270,29 @@ def test_same_model_and_options_give_identical_plans():
 
 def test_cost_model_by_hand():
     """Two kernels priced on paper, on the H100 row (3350 GB/s, 66.9 TFLOP/s
-    fp32, 3 us launch)."""
+    fp32, 494.7 TF32) with the figures of cost/figures.py."""
+    from orchestrate.cost.figures import ACHIEVABLE_BANDWIDTH, LAUNCH_US, TENSOR_CORE_EFFICIENCY
+
     g = graphs.build(graphs.softmax, [(4096, 1024)])
     (k,) = _kernels(plan(g, PlanOptions(device="h100")))
     elements = 4096 * 1024
     assert k.bytes == 2 * elements * 4  # read x once, write y once
-    # reduce_max 1 + sub 1 + exp 4 + sum 1 + div 4 flops per element
-    assert k.flops == 11 * elements
-    assert k.predicted_us == pytest.approx(2 * elements * 4 / 3350e3 + 3.0, rel=1e-4)
+    # reduce_max 1 + sub 1 + exp 8 + sum 1 + div 8 flops per element
+    assert k.flops == 19 * elements
+    # 1,024 blocks of 4 rows keep the whole device busy: the achievable bandwidth
+    assert k.predicted_us == pytest.approx(
+        2 * elements * 4 / (3350e3 * ACHIEVABLE_BANDWIDTH) + LAUNCH_US, rel=1e-4)  # fmt: skip
     assert k.bound == "memory"
 
     g = graphs.build(lambda b, x, w: b.matmul(x, w), [(2048, 2048), (2048, 2048)])
-    (k,) = _kernels(plan(g, PlanOptions(device="h100")))
-    assert k.bytes == 3 * 2048 * 2048 * 4  # read A and B, write C
-    assert k.flops == 2 * 2048**3
-    assert k.predicted_us == pytest.approx(2 * 2048**3 / 66.9e6 + 3.0, rel=1e-4)
-    assert k.bound == "compute"
-    tf32 = _kernels(plan(g, PlanOptions(device="h100", tf32=True)))[0]
-    assert tf32.predicted_us == pytest.approx(2 * 2048**3 / 494.7e6 + 3.0, rel=1e-4)
+    for tf32, rate in ((False, 66.9e6), (True, 494.7e6 * TENSOR_CORE_EFFICIENCY)):
+        (k,) = _kernels(plan(g, PlanOptions(device="h100", tf32=tf32)))
+        assert k.bytes == 3 * 2048 * 2048 * 4  # read A and B, write C
+        assert k.flops == 2 * 2048**3
+        blocks = (2048 // k.config["BLOCK_M"]) * (2048 // k.config["BLOCK_N"])
+        waves = -(-blocks // 132) * 132 / blocks  # tiles in whole waves over 132 SMs
+        assert k.predicted_us == pytest.approx(2 * 2048**3 / rate * waves + LAUNCH_US, rel=1e-4)
+        assert k.bound == "compute"
 
 
 def test_cycle_between_multi_output_kernels_is_cut():

@@ -1,24 +1,44 @@
-"""The roofline cost of a candidate kernel: every cost term in one place.
+"""The cost of a candidate kernel: every cost term in one place.
 
-    time = max(bytes / bandwidth, flops / peak) + launch overhead
+    time = max(memory, compute, latency) + launch
 
-``bytes`` is what the kernel must move through device memory: each external
-tensor it reads, once (a tensor read only through a Slice or Gather counts
-only the elements taken), plus every tensor it writes.  On-chip traffic
-(registers, shared memory, L2 re-reads of tiles) is free in this model.
+over the kernel's launch configuration (the spec's ``config``: tiles, warps,
+stages) and its grid of ``blocks`` thread blocks.  The figures that are not
+datasheet peaks live, with their sources, in ``cost/figures.py``; the peaks
+in ``devices.py``.  Every number this model gives is a prediction.
 
-``flops`` counts one per evaluation of a cheap elementwise op and
-``SFU_FLOPS`` per transcendental (exp, log, tanh, erf, ...), evaluated once per
-point of the kernel's iteration space (recomputation under broadcasting or in
-a matmul prologue, once per column of ``BLOCK_N`` tiles, is counted), 2·M·N·K per matmul, 2·K per conv output
-element, one per window element of a pool.
+**memory** = bytes / bandwidth.  ``bytes`` is what the kernel must move
+through device memory: each external tensor it reads, once (a tensor read
+only through a Slice or Gather counts only the elements taken), plus every
+tensor it writes; a row reduction too long for registers streams its inputs
+once per phase.  On-chip traffic (registers, shared memory, L2 re-reads of
+operand tiles) is free.  The bandwidth is the achievable fraction of the
+datasheet (``ACHIEVABLE_BANDWIDTH``), but at most what the grid's SMs can
+keep in flight: by Little's law each busy SM draws its bytes in flight
+(``BYTES_IN_FLIGHT_PER_SM``, or what its resident warps can issue) per
+``DRAM_LATENCY_US``.  A grid of 24 blocks uses 24 of 132 SMs.
 
-The peak is the CUDA-core fp32 rate for everything except matmul and conv in
-half precision (tensor-core fp16 rate) or with TF32 precision in the spec
-(tensor-core tf32 rate).  Full fp32 matmuls use IEEE fp32 on CUDA cores, which is what keeps
-verification at 1e-4 possible.
+**compute** = (dot flops / dot rate + other flops / CUDA-core rate) x tile
+quantisation.  Dot flops (2·M·N·K per matmul, 2·K per conv output element)
+run at the tensor-core rate for fp16 and bf16, and for fp32 under TF32, at
+``TENSOR_CORE_EFFICIENCY`` of the dense peak; IEEE fp32 and integer dots run
+on CUDA cores.  Everything else runs on CUDA cores: one flop per cheap
+elementwise op, ``SFU_FLOPS`` per transcendental, evaluated once per point of
+the kernel's iteration space (a matmul prologue once per column of
+``BLOCK_N`` tiles; it runs between the tensor-core steps, so the two times
+add).  Tile quantisation: blocks spread over the SMs in whole waves, so
+``sms x ceil(blocks / sms) / blocks`` >= 1 (a grid of 24 blocks runs at
+24/132 of the peak).
 
-A ``view`` (reshapes only) costs nothing and launches nothing.
+**latency**: a block cannot finish faster than its chain of dependent
+memory accesses.  A block waits ``DRAM_LATENCY_US`` for its first loads,
+then once per loop step (K steps of a matmul or conv, key blocks of an
+attention, column blocks of a looped row reduction), with ``num_stages - 1``
+steps in flight when a dot loop is software-pipelined; blocks run in waves
+of what the SMs hold at once (warps and shared memory permitting).  This is
+what makes a small GEMM cost microseconds rather than nothing.
+
+**launch** = ``LAUNCH_US`` per kernel (CUDA-graph replay; see figures.py).
 
 ``attention`` (flash attention, one kernel for softmax(scores) @ V):
 
@@ -31,32 +51,48 @@ A ``view`` (reshapes only) costs nothing and launches nothing.
   element, per block of keys) and one division per output element; prologue
   nodes once per evaluation (Q once, K and V once per block of query rows,
   the score chain's side inputs once per score);
-* compute time: the matmul flops at the matmul rate (tensor-core fp16 for
-  half precision, else CUDA-core fp32: the kernel runs fp32 in IEEE, also
-  under ``--tf32``) plus the rest at the CUDA-core fp32 rate;
-* the tiles (query rows ``BLOCK_M``, keys per step ``BLOCK_N``) are the
-  spec's launch configuration.
+* the matmuls run at the tensor-core rate in half precision and on CUDA
+  cores in fp32 (the kernel runs fp32 dots in IEEE, also under ``--tf32``);
+* blocks: one per ``BLOCK_M`` query rows per batch entry; loop steps: key
+  blocks of ``BLOCK_N``.
+
+A ``view`` (reshapes only) costs nothing and launches nothing.
 
 Everything is read from the kernel spec: the template's roles (anchor,
 prologue, epilogue, row space and phases, attention roles) and its launch
-configuration (tiles, the fp32 ``tl.dot`` precision).  Whether the working
-set fits on chip is the rules' check (``kernels/fit.py``), not a cost.
+configuration.  Whether the working set fits on chip is the rules' check
+(``kernels/fit.py``), not a cost; the shared memory it models sets how many
+blocks an SM holds.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from orchestrate.cost.figures import (
+    ACHIEVABLE_BANDWIDTH,
+    BYTES_IN_FLIGHT_PER_SM,
+    DRAM_LATENCY_US,
+    LAUNCH_US,
+    SFU_FLOPS,
+    TENSOR_CORE_EFFICIENCY,
+    WARPS_PER_SM,
+)
 from orchestrate.devices import Device
 from orchestrate.ir import Graph, Node, Op
+from orchestrate.kernels.fit import working_set
 from orchestrate.kernels.region import ROW_REDUCTIONS
 from orchestrate.kernels.spec import (
     ATTENTION,
     CONV,
     MATMUL,
+    POINTWISE,
+    ROW_REDUCE,
     VIEW,
+    WINDOW,
     Anchored,
     AttentionRoles,
     KernelSpec,
@@ -68,7 +104,6 @@ SFU_OPS = frozenset(
     {Op.EXP, Op.LOG, Op.SQRT, Op.RECIP, Op.TANH, Op.ERF, Op.SIGMOID, Op.SIN, Op.COS, Op.DIV,
      Op.POW, Op.MOD}
 )  # fmt: skip
-SFU_FLOPS = 4
 FREE_OPS = frozenset({Op.RESHAPE, Op.IDENTITY})
 
 
@@ -79,10 +114,12 @@ class Cost:
     memory_us: float
     compute_us: float
     launch_us: float
+    latency_us: float = 0.0
+    blocks: int = 0  # thread blocks in the grid
 
     @property
     def time_us(self) -> float:
-        return max(self.memory_us, self.compute_us) + self.launch_us
+        return max(self.memory_us, self.compute_us, self.latency_us) + self.launch_us
 
 
 @dataclass(frozen=True)
@@ -92,11 +129,12 @@ class Price:
     bytes: int
     flops: int
     time_us: float
-    bound: str  # memory, compute, launch or view
+    bound: str  # memory, compute, latency, launch or view
 
 
 def us_for_bytes(nbytes: float, device: Device) -> float:
-    return nbytes / (device.bandwidth_gbs * 1e3)  # GB/s -> bytes per microsecond
+    """Streaming at the achievable bandwidth of the whole device."""
+    return nbytes / (device.bandwidth_gbs * 1e3 * ACHIEVABLE_BANDWIDTH)  # GB/s -> bytes/µs
 
 
 def us_for_flops(flops: float, tflops: float) -> float:
@@ -123,12 +161,36 @@ class Prices:
         c = self.cost(spec)
         extra = write_bytes(self.graph, [t for t in writes if t not in spec.outputs])
         mem = c.memory_us + us_for_bytes(extra, self.device)
-        roof = max(mem, c.compute_us)
-        bound = "launch" if roof < c.launch_us else "compute" if c.compute_us > mem else "memory"
+        roof = max(mem, c.compute_us, c.latency_us)
+        if roof < c.launch_us:
+            bound = "launch"
+        elif c.compute_us >= max(mem, c.latency_us):
+            bound = "compute"
+        else:
+            bound = "memory" if mem >= c.latency_us else "latency"
         return Price(c.bytes + extra, c.flops, roof + c.launch_us, bound)
 
     def write_us(self, tensor: str) -> float:
         return us_for_bytes(self.graph.types[tensor].nbytes, self.device)
+
+
+class Ranker:
+    """The rules' ``Target.rank`` for one device: the predicted time of a
+    spec, remembered per (template, primitives, sinks, configuration), since
+    enumeration and the baselines judge the same sets more than once."""
+
+    def __init__(self, device: Device):
+        self.device = device
+        self._graph: Graph | None = None
+        self._seen: dict[tuple, float] = {}
+
+    def __call__(self, graph: Graph, spec: KernelSpec) -> float:
+        if graph is not self._graph:
+            self._graph, self._seen = graph, {}
+        key = (spec.template, spec.nodes, spec.outputs, spec.config)
+        if key not in self._seen:
+            self._seen[key] = cost(graph, spec, self.device).time_us
+        return self._seen[key]
 
 
 def attention_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
@@ -192,35 +254,62 @@ def passes(graph: Graph, spec: KernelSpec) -> int:
 
 
 def flops(graph: Graph, spec: KernelSpec) -> int:
+    return sum(split_flops(graph, spec))
+
+
+def split_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
+    """(dot flops, other flops): the matmul or conv anchor's multiply-adds,
+    and everything else (CUDA-core work)."""
     if spec.template == VIEW:
-        return 0
+        return 0, 0
     if spec.template == ATTENTION:
-        return sum(attention_flops(graph, spec))
+        return attention_flops(graph, spec)
     roles = spec.roles
-    total = 0
+    other = 0
     if isinstance(roles, Anchored):
         anchor = graph.producer[roles.anchor]
-        total += _anchor_flops(graph, anchor)
-        reuse = _reuse(spec, anchor)
-        for n in (*roles.prologue, *roles.epilogue):
-            node = graph.producer[n]
-            if node.op in FREE_OPS:
-                continue
-            evals = anchor.type.size if n in roles.epilogue else node.type.size * reuse
-            total += evals * _weight(node.op)
-        return total
+        dots, prologue, epilogue = _anchored_flops(graph, spec)
+        other = prologue * _reuse(spec, anchor) + epilogue
+        if anchor.op in (Op.MATMUL, Op.CONV):
+            return dots, other
+        return 0, dots + other  # a pool's window sums run on CUDA cores
     space = math.prod(spec.space)
     for n in spec.nodes:
         node = graph.producer[n]
         if node.op in FREE_OPS:
             continue
         if node.op in ROW_REDUCTIONS:
-            total += graph.types[node.inputs[0]].size
+            other += graph.types[node.inputs[0]].size
         elif isinstance(roles, Rows) and n in roles.row_space:
-            total += roles.rows * _weight(node.op)
+            other += roles.rows * _weight(node.op)
         else:
-            total += space * _weight(node.op)
-    return total
+            other += space * _weight(node.op)
+    return 0, other
+
+
+_ANCHORED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _anchored_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int, int]:
+    """(anchor flops, prologue flops per evaluation, epilogue flops) of an
+    anchored set: the parts that do not depend on the configuration."""
+    seen = _ANCHORED.setdefault(graph, {})
+    key = (spec.nodes, spec.roles)
+    if key not in seen:
+        roles = spec.roles
+        assert isinstance(roles, Anchored)
+        anchor = graph.producer[roles.anchor]
+        prologue = epilogue = 0
+        for n in roles.prologue:
+            node = graph.producer[n]
+            if node.op not in FREE_OPS:
+                prologue += node.type.size * _weight(node.op)
+        for n in roles.epilogue:
+            node = graph.producer[n]
+            if node.op not in FREE_OPS:
+                epilogue += anchor.type.size * _weight(node.op)
+        seen[key] = (_anchor_flops(graph, anchor), prologue, epilogue)
+    return seen[key]
 
 
 def _reuse(spec: KernelSpec, anchor: Node) -> int:
@@ -245,32 +334,125 @@ def _weight(op: Op) -> int:
     return SFU_FLOPS if op in SFU_OPS else 1
 
 
-def compute_peak(graph: Graph, spec: KernelSpec, device: Device) -> float:
-    if spec.template in (MATMUL, CONV):
-        dtype = graph.producer[spec.anchor].dtype
-        if dtype == "float16":
-            return device.fp16_tflops
-        if dtype == "float32" and spec.config.precision == "tf32":
-            return device.tf32_tflops
+HALF = ("float16", "bfloat16")
+
+
+def dot_tflops(dtype: str, precision: str, device: Device) -> float:
+    """The rate a dot of ``dtype`` operands runs at: tensor cores for half
+    precision and TF32, at the efficiency a tiled GEMM reaches; CUDA cores
+    for IEEE fp32, fp64 and integers."""
+    if dtype in HALF:
+        return device.fp16_tflops * TENSOR_CORE_EFFICIENCY
+    if dtype == "float32" and precision == "tf32":
+        return device.tf32_tflops * TENSOR_CORE_EFFICIENCY
     return device.fp32_tflops
 
 
+def grid(graph: Graph, spec: KernelSpec) -> int:
+    """Thread blocks the kernel launches (as the templates compute their grids)."""
+    c = spec.config
+    if spec.template in (POINTWISE, WINDOW):
+        return math.ceil(math.prod(spec.space) / c["BLOCK"])
+    if spec.template == ROW_REDUCE:
+        rows = spec.roles
+        assert isinstance(rows, Rows)
+        return math.ceil(rows.rows / c["BLOCK_ROWS"])
+    if spec.template == MATMUL:
+        *batch, m, n = graph.producer[spec.anchor].shape
+        return math.ceil(m / c["BLOCK_M"]) * math.ceil(n / c["BLOCK_N"]) * math.prod(batch)
+    if spec.template == CONV:
+        cv = graph.producer[spec.anchor]
+        nb, m, *spatial = cv.shape
+        groups = cv.attrs["group"]
+        gemm_m, gemm_n = nb * math.prod(spatial), m // groups
+        return math.ceil(gemm_m / c["BLOCK_M"]) * math.ceil(gemm_n / c["BLOCK_N"]) * groups
+    if spec.template == ATTENTION:
+        a = spec.roles
+        assert isinstance(a, AttentionRoles)
+        *batch, lq, _ = graph.producer[a.m1].shape
+        return math.ceil(lq / c["BLOCK_M"]) * math.prod(batch)
+    return 1
+
+
+def loop_steps(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
+    """(dependent loop steps per block, steps in flight at once)."""
+    c = spec.config
+    piped = max(1, c.num_stages - 1)
+    if spec.template == MATMUL:
+        k = graph.types[graph.producer[spec.anchor].inputs[0]].shape[-1]
+        return math.ceil(k / c["BLOCK_K"]), piped
+    if spec.template == CONV:
+        w = graph.types[graph.producer[spec.anchor].inputs[1]]
+        return math.ceil(math.prod(w.shape[1:]) / c["BLOCK_K"]), piped
+    if spec.template == ATTENTION:
+        a = spec.roles
+        assert isinstance(a, AttentionRoles)
+        return math.ceil(graph.producer[a.m1].shape[-1] / c["BLOCK_N"]), piped
+    if spec.template == ROW_REDUCE:
+        rows = spec.roles
+        assert isinstance(rows, Rows)
+        if rows.looped:  # no dot: Triton does not pipeline these loads
+            return math.ceil(rows.length / c["BLOCK_COLS"]) * passes(graph, spec), 1
+    return 0, 1
+
+
+def resident(graph: Graph, spec: KernelSpec, device: Device) -> int:
+    """Blocks of this kernel one SM holds at once (warps and shared memory)."""
+    by_warps = max(1, WARPS_PER_SM // spec.config.num_warps)
+    shared = working_set(graph, spec).shared_bytes
+    by_smem = max(1, device.smem_per_block_kb * 1024 // shared) if shared else by_warps
+    return max(1, min(by_warps, by_smem, 32))
+
+
 def cost(graph: Graph, spec: KernelSpec, device: Device) -> Cost:
-    """Roofline cost of ``spec`` writing its sinks (optional outputs are
-    priced by ``Prices.price``)."""
+    """The cost of ``spec`` writing its sinks (optional outputs are priced
+    by ``Prices.price``)."""
     if spec.template == VIEW:
         return Cost(0, 0, 0.0, 0.0, 0.0)
-    nbytes = read_bytes(graph, spec) * passes(graph, spec) + write_bytes(graph, spec.outputs)
-    if spec.template == ATTENTION:
-        mm, other = attention_flops(graph, spec)
+    nbytes = _moved(graph, spec)
+    blocks = max(1, grid(graph, spec))
+    per_sm = resident(graph, spec, device)
+    busy = min(blocks, device.sms)
+    steps, ahead = loop_steps(graph, spec)
+    # memory: the device's achievable bandwidth, or what the busy SMs keep in
+    # flight: each block issues one step's loads (``ahead`` steps when pipelined)
+    per_block = nbytes / blocks / max(1, steps) * min(ahead, max(1, steps))
+    in_flight = min(BYTES_IN_FLIGHT_PER_SM, min(per_sm, math.ceil(blocks / busy)) * per_block)
+    bandwidth = min(device.bandwidth_gbs * 1e3 * ACHIEVABLE_BANDWIDTH,
+                    busy * in_flight / DRAM_LATENCY_US)  # fmt: skip  # bytes per µs
+    memory_us = nbytes / bandwidth if nbytes else 0.0
+    # compute: dots at their rate, the rest on CUDA cores, in whole waves over the SMs
+    dots, other = split_flops(graph, spec)
+    quantised = device.sms * math.ceil(blocks / device.sms) / blocks
+    compute_us = _dot_us(graph, spec, dots, device) + us_for_flops(other, device.fp32_tflops)
+    compute_us *= quantised
+    # latency: each wave of blocks waits for its chain of dependent loads
+    waves = math.ceil(blocks / (device.sms * per_sm))
+    latency_us = waves * DRAM_LATENCY_US * (1 + steps / ahead)
+    return Cost(nbytes, dots + other, memory_us, compute_us, LAUNCH_US, latency_us, blocks)
+
+
+# per graph: the bytes a set moves, which do not depend on the configuration
+_MOVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _moved(graph: Graph, spec: KernelSpec) -> int:
+    seen = _MOVED.setdefault(graph, {})
+    key = (spec.template, spec.nodes, spec.inputs, spec.outputs, spec.roles)
+    if key not in seen:
+        seen[key] = read_bytes(graph, spec) * passes(graph, spec) + write_bytes(graph, spec.outputs)
+    return seen[key]
+
+
+def _dot_us(graph: Graph, spec: KernelSpec, dots: int, device: Device) -> float:
+    if not dots:
+        return 0.0
+    if spec.template == ATTENTION:  # fp32 attention runs its dots in IEEE
         a = spec.roles
-        compute_us = us_for_flops(other, device.fp32_tflops)
-        for m in (graph.producer[a.m1], graph.producer[a.m2]):
-            peak = device.fp16_tflops if m.dtype == "float16" else device.fp32_tflops
-            compute_us += us_for_flops(_anchor_flops(graph, m), peak)
-        return Cost(nbytes, mm + other, us_for_bytes(nbytes, device), compute_us, device.launch_us)
-    f = flops(graph, spec)
-    return Cost(
-        nbytes, f, us_for_bytes(nbytes, device),
-        us_for_flops(f, compute_peak(graph, spec, device)), device.launch_us,
-    )  # fmt: skip
+        return sum(
+            us_for_flops(_anchor_flops(graph, m), dot_tflops(m.dtype, "ieee", device))
+            for m in (graph.producer[a.m1], graph.producer[a.m2])
+        )  # fmt: skip
+    anchor = graph.producer[spec.anchor]
+    dtype = graph.types[anchor.inputs[0]].dtype
+    return us_for_flops(dots, dot_tflops(dtype, spec.config.precision, device))

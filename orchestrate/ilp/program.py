@@ -7,11 +7,12 @@ Variables, for the candidates k of one partition:
                        others read; not writing it means they recompute it)
     T[k]    >= 0       k's roofline time, when k has optional outputs
 
-    minimise   sum_k launch_k x[k] + T[k]        (T[k] = max(mem_k, comp_k) x[k]
+    minimise   sum_k launch_k x[k] + T[k]        (T[k] = max(mem_k, comp_k, lat_k) x[k]
                                                   when k has no optional output)
     subject to
       T[k] >= mem_k x[k] + sum_t bytes_t / bandwidth w[k,t]     (memory roof)
       T[k] >= comp_k x[k]                                       (compute roof)
+      T[k] >= lat_k x[k]                                        (latency floor)
       w[k,t] <= x[k]
       sum_{j writes t} >= 1          for every tensor the partition must output
       sum_{j writes t} >= x[k]       for every tensor t that k reads and that is
@@ -135,6 +136,7 @@ def solve(
                 extra.append(write_us[t] * v)
             prob += tk >= c.memory_us * x[k] + pulp.lpSum(extra)
             prob += tk >= c.compute_us * x[k]
+            prob += tk >= c.latency_us * x[k]
             objective.append(tk + c.launch_us * x[k])
         else:
             objective.append(c.time_us * x[k])

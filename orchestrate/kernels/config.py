@@ -1,21 +1,40 @@
 """Launch configurations: the tiles, warps and stages each template may use.
 
-For each template, the configurations a kernel may run with, best first.
-The rule keeps the first one whose working set fits the device
-(``kernels/fit.py``); when none does, the set is no kernel.  The block
-sizes are powers of two covering the problem, clamped to the tiles below:
-``tl.dot`` needs at least 16 in every dimension.
+For each template, a small space of configurations, the template's default
+first.  The rule keeps those whose working set fits the device
+(``kernels/fit.py``) and takes the best under the target's rank: the
+planner ranks by the cost model's predicted time (``cost/roofline.py``), so
+the chosen configuration is the model's best, and the ranked list is the
+order a tuner would measure them in.  When none fits, the set is no kernel.
+Block sizes are powers of two covering the problem, clamped to the tiles
+below: ``tl.dot`` needs at least 16 in every dimension.
+
+The spaces:
+
+* matmul and conv: the default 64 x 64 x 32 with 3, 2 or 1 stages, then
+  (BLOCK_M, BLOCK_N, BLOCK_K) tiles from 16 x 32 to 128 x 128 (small tiles
+  give a small problem more blocks; a deep BLOCK_K and more stages shorten
+  the chain of dependent loads) with 2, 3 or 4 software-pipeline stages and
+  4 warps (8 for tiles over 64 x 128); GROUP_M 8.
+* attention: query rows x keys per step from 128 x 128 down to 16 x 16,
+  4 or 8 warps, 3, 2 or 1 stages.
+* pointwise, row reduce, window: one configuration each (their time is
+  bandwidth: the block size only needs enough bytes in flight).
+
+Not yet: split-K for skinny or long-K GEMMs and persistent (stream-K)
+kernels, which need their own emission.
 
 Each configuration also carries the block sizes used under Triton's
 interpreter (no GPU): the interpreter's cost grows with the number of
 programs and loop steps, not with the block size, so those are much larger.
 Tests shrink the ``INTERPRET_*`` figures to force several blocks.
 
-``num_warps`` 4 and ``num_stages`` 3 are Triton's defaults; configurations
-with fewer stages (less shared memory for the software pipeline) come after.
+``num_warps`` 4 and ``num_stages`` 3 are Triton's defaults.
 """
 
 from __future__ import annotations
+
+import functools
 
 from orchestrate.kernels.spec import LaunchConfig, launch_config
 
@@ -32,16 +51,38 @@ SINGLE_PASS_TILE = 4096  # elements per program (several short rows per program)
 LOOP_BLOCK = 2048  # columns per loop step
 INTERPRET_TILE, INTERPRET_LOOP_BLOCK = 1 << 16, 1 << 14
 
-# matmul: (BLOCK_M, BLOCK_N, BLOCK_K) tiles, GROUP_M rows of tiles per group
+# matmul: (BLOCK_M, BLOCK_N, BLOCK_K) tiles, GROUP_M rows of tiles per group;
+# the default first, then the space the rank chooses from
 MATMUL_TILE, GROUP_M = (64, 64, 32), 8
+DOT_TILES = (
+    (128, 128, 64),
+    (128, 64, 64),
+    (64, 128, 64),
+    (64, 64, 64),
+    (64, 64, 128),
+    (64, 32, 64),
+    (32, 64, 64),
+    (32, 32, 64),
+    (32, 32, 128),
+    (16, 64, 128),
+    (16, 32, 128),
+)
+DOT_STAGES = (2, 3, 4)
+
+
+def dot_warps(bm: int, bn: int) -> int:
+    """8 warps for tiles of more than 64 x 128 (their fp32 accumulator
+    would spill with 4), else 4."""
+    return 8 if bm * bn > 64 * 128 else NUM_WARPS
+
+
 MATMUL_INTERPRET_BLOCK = 256  # each dimension: one tile covers a small matrix whole
 # integer / fp64 matmuls multiply (BLOCK_M, BLOCK_K, BLOCK_N) products in
 # registers and sum over K: smaller tiles
 SLOW_BLOCK_MN, SLOW_BLOCK_K = 32, 8
 INTERPRET_SLOW_VOLUME = 1 << 20
 
-# conv (implicit GEMM): output pixels x output channels x reduction
-CONV_TILE = (64, 64, 32)
+# conv (implicit GEMM): output pixels x output channels x reduction; the dot tiles
 CONV_INTERPRET_BLOCK_M, CONV_INTERPRET_BLOCK = 1024, 256
 
 # window (pooling): output elements per program
@@ -50,6 +91,17 @@ WINDOW_BLOCK, INTERPRET_WINDOW_BLOCK = 512, 1 << 14
 # attention: query rows x keys per step; head dims padded to a power of two
 ATTENTION_TILE = (64, 64)
 ATTENTION_INTERPRET_BLOCK = 128
+
+
+def _space(fn):
+    """A template's configuration space as an immutable tuple, computed once
+    per problem size (enumeration judges the same anchor many times)."""
+
+    @functools.lru_cache(maxsize=4096)
+    def space(*args) -> tuple[LaunchConfig, ...]:
+        return tuple(fn(*args))
+
+    return functools.wraps(fn)(space)
 
 
 def next_pow2(n: int) -> int:
@@ -75,11 +127,13 @@ def _fewer_stages(first: LaunchConfig) -> list[LaunchConfig]:
     return out
 
 
+@_space
 def pointwise(numel: int) -> list[LaunchConfig]:
     return [launch_config({"BLOCK": min(POINTWISE_BLOCK, next_pow2(numel))},
                    {"BLOCK": min(INTERPRET_POINTWISE_BLOCK, next_pow2(numel))})]  # fmt: skip
 
 
+@_space
 def row_reduce(rows: int, length: int, looped: bool) -> list[LaunchConfig]:
     cols = next_pow2(length)
     if looped:
@@ -94,56 +148,73 @@ def row_reduce(rows: int, length: int, looped: bool) -> list[LaunchConfig]:
     return [launch_config(gpu, fast)]
 
 
+@_space
 def matmul(m: int, n: int, k: int, dtype: str, tf32: bool) -> list[LaunchConfig]:
     """C[m, n] = A[m, k] @ B[k, n] in ``dtype``."""
-    if uses_dot(dtype):
-        bm, bn, bk = MATMUL_TILE
-        hi = MATMUL_INTERPRET_BLOCK
-        gpu = {"BLOCK_M": clamp_pow2(m, MIN_DOT, bm), "BLOCK_N": clamp_pow2(n, MIN_DOT, bn),
-               "BLOCK_K": clamp_pow2(k, MIN_DOT, bk)}  # fmt: skip
-        fast = {"BLOCK_M": clamp_pow2(m, MIN_DOT, hi), "BLOCK_N": clamp_pow2(n, MIN_DOT, hi),
-                "BLOCK_K": clamp_pow2(k, MIN_DOT, hi)}  # fmt: skip
-    else:
+    precision = _precision(dtype, tf32)
+    if not uses_dot(dtype):
         gpu = {"BLOCK_M": clamp_pow2(m, 1, SLOW_BLOCK_MN), "BLOCK_N": clamp_pow2(n, 1, SLOW_BLOCK_MN),
                "BLOCK_K": clamp_pow2(k, 1, SLOW_BLOCK_K)}  # fmt: skip
         half = MATMUL_INTERPRET_BLOCK // 2
         bm, bn = clamp_pow2(m, 1, half), clamp_pow2(n, 1, half)
         fast = {"BLOCK_M": bm, "BLOCK_N": bn,
                 "BLOCK_K": clamp_pow2(k, 1, max(1, INTERPRET_SLOW_VOLUME // (bm * bn)))}  # fmt: skip
-    first = launch_config({**gpu, "GROUP_M": GROUP_M}, fast, num_warps=NUM_WARPS,
-                   num_stages=NUM_STAGES, precision=_precision(dtype, tf32))  # fmt: skip
-    return _fewer_stages(first)
+        first = launch_config({**gpu, "GROUP_M": GROUP_M}, fast, num_warps=NUM_WARPS,
+                              num_stages=NUM_STAGES, precision=precision)  # fmt: skip
+        return _fewer_stages(first)
+    hi = MATMUL_INTERPRET_BLOCK
+    fast = {"BLOCK_M": clamp_pow2(m, MIN_DOT, hi), "BLOCK_N": clamp_pow2(n, MIN_DOT, hi),
+            "BLOCK_K": clamp_pow2(k, MIN_DOT, hi)}  # fmt: skip
+    return _dot_space((m, n, k), fast, precision, {"GROUP_M": GROUP_M})
 
 
+@_space
 def conv(gemm_m: int, gemm_n: int, gemm_k: int, dtype: str, tf32: bool) -> list[LaunchConfig]:
     """An implicit GEMM of [gemm_m pixels, gemm_k] @ [gemm_k, gemm_n channels]."""
-    bm, bn, bk = CONV_TILE
-    gpu = {"BLOCK_M": clamp_pow2(gemm_m, MIN_DOT, bm), "BLOCK_N": clamp_pow2(gemm_n, MIN_DOT, bn),
-           "BLOCK_K": clamp_pow2(gemm_k, MIN_DOT, bk), "GROUP_M": GROUP_M}  # fmt: skip
     fast = {"BLOCK_M": clamp_pow2(gemm_m, MIN_DOT, CONV_INTERPRET_BLOCK_M),
             "BLOCK_N": clamp_pow2(gemm_n, MIN_DOT, CONV_INTERPRET_BLOCK),
             "BLOCK_K": clamp_pow2(gemm_k, MIN_DOT, CONV_INTERPRET_BLOCK)}  # fmt: skip
-    first = launch_config(gpu, fast, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
-                   precision=_precision(dtype, tf32))  # fmt: skip
-    return _fewer_stages(first)
+    return _dot_space((gemm_m, gemm_n, gemm_k), fast, _precision(dtype, tf32),
+                      {"GROUP_M": GROUP_M})  # fmt: skip
 
 
+def _dot_space(mnk: tuple[int, int, int], fast: dict, precision: str,
+               extra: dict) -> list[LaunchConfig]:  # fmt: skip
+    """The dot tiles x warps x stages, clamped to the problem, without repeats;
+    the default (64 x 64 x 32, 4 warps, 3 stages, then fewer stages) first."""
+    m, n, k = mnk
+    default = (clamp_pow2(m, MIN_DOT, MATMUL_TILE[0]), clamp_pow2(n, MIN_DOT, MATMUL_TILE[1]),
+               clamp_pow2(k, MIN_DOT, MATMUL_TILE[2]))  # fmt: skip
+    out = [(default, NUM_WARPS, stages) for stages in range(NUM_STAGES, 0, -1)]
+    for bm, bn, bk in DOT_TILES:
+        tile = (clamp_pow2(m, MIN_DOT, bm), clamp_pow2(n, MIN_DOT, bn), clamp_pow2(k, MIN_DOT, bk))
+        out += [(tile, dot_warps(*tile[:2]), stages) for stages in DOT_STAGES]
+    return [
+        launch_config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, **extra}, fast,
+                      num_warps=warps, num_stages=stages, precision=precision)
+        for (bm, bn, bk), warps, stages in dict.fromkeys(out)
+    ]  # fmt: skip
+
+
+@_space
 def window(numel: int) -> list[LaunchConfig]:
     block = min(WINDOW_BLOCK, next_pow2(numel))
     return [launch_config({"BLOCK": block},
                    {"BLOCK": min(INTERPRET_WINDOW_BLOCK, max(block, next_pow2(numel)))})]  # fmt: skip
 
 
+@_space
 def attention(lq: int, lk: int, d: int, dv: int) -> list[LaunchConfig]:
-    """Query tiles of BLOCK_M rows, key steps of BLOCK_N: the largest tiles
-    first, each with 4 then 8 warps and 3, 2, then 1 stages, down to 16 x 16
-    (the rule keeps the first that fits; large head dims need small tiles)."""
+    """Query tiles of BLOCK_M rows, key steps of BLOCK_N: the default 64 x 64
+    first, down to 16 x 16 (large head dims need small tiles), then up to
+    128 x 128; each with 4 then 8 warps and 3, 2, then 1 stages."""
     heads = {"BLOCK_D": max(MIN_DOT, next_pow2(d)), "BLOCK_DV": max(MIN_DOT, next_pow2(dv))}
     fast = {"BLOCK_M": clamp_pow2(lq, MIN_DOT, ATTENTION_INTERPRET_BLOCK),
             "BLOCK_N": clamp_pow2(lk, MIN_DOT, ATTENTION_INTERPRET_BLOCK)}  # fmt: skip
     bm, bn = ATTENTION_TILE
     tiles = [(bm, bn), (bm, bn // 2), (bm // 2, bn), (bm // 2, bn // 2), (bm // 2, bn // 4),
-             (bm // 4, bn // 4)]  # fmt: skip
+             (bm // 4, bn // 4), (2 * bm, bn), (2 * bm, 2 * bn), (2 * bm, bn // 2),
+             (bm, 2 * bn)]  # fmt: skip
     out = []
     for m, n in tiles:
         for warps in (NUM_WARPS, 2 * NUM_WARPS):

@@ -37,6 +37,7 @@ stages and ``W`` warps:
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 from orchestrate import ir
@@ -110,6 +111,23 @@ def _tile_loads(graph: Graph, spec: KernelSpec, operand: str, prologue) -> list[
     ]  # fmt: skip
 
 
+# per graph: the operand loads of a matmul set, which do not depend on the
+# configuration (the rules try every configuration of the same set)
+_LOADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _operand_loads(graph: Graph, spec: KernelSpec) -> tuple[list[int], list[int]]:
+    seen = _LOADS.setdefault(graph, {})
+    key = (spec.nodes, spec.roles)
+    if key not in seen:
+        roles = spec.roles
+        assert isinstance(roles, Anchored)
+        a, b = graph.producer[roles.anchor].inputs
+        seen[key] = (_tile_loads(graph, spec, a, roles.prologue),
+                     _tile_loads(graph, spec, b, roles.prologue))  # fmt: skip
+    return seen[key]
+
+
 def _dot_tiles(graph: Graph, spec: KernelSpec) -> WorkingSet:
     c, roles = spec.config, spec.roles
     assert isinstance(roles, Anchored)
@@ -129,8 +147,7 @@ def _dot_tiles(graph: Graph, spec: KernelSpec) -> WorkingSet:
         a_direct = b_direct = True
     else:
         k = graph.types[anchor.inputs[0]].shape[-1]
-        a_loads = _tile_loads(graph, spec, anchor.inputs[0], roles.prologue)
-        b_loads = _tile_loads(graph, spec, anchor.inputs[1], roles.prologue)
+        a_loads, b_loads = _operand_loads(graph, spec)
         a_piped = b_piped = True
         a_direct, b_direct = (t not in spec.nodes for t in anchor.inputs)
     looped = sum(a_loads) * a * a_piped + sum(b_loads) * b * b_piped

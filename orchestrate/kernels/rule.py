@@ -43,14 +43,34 @@ def accept(
     graph: Graph, template: str, r: Region, space: tuple[int, ...], roles: Roles,
     optional: tuple[str, ...], configs: Sequence[LaunchConfig], target: Target,
 ) -> KernelSpec | Rejection:  # fmt: skip
-    """The spec with the first configuration that fits the device, or the
-    reason the last (smallest) one does not."""
+    """The spec with the best configuration that fits the device (the
+    target's ``rank``; without one, the first that fits), or the reason the
+    last (smallest) configuration does not fit."""
+    found = ranked(graph, template, r, space, roles, optional, configs, target)
+    if isinstance(found, Rejection):
+        return found
+    return with_hash(graph, found[0])
+
+
+def ranked(
+    graph: Graph, template: str, r: Region, space: tuple[int, ...], roles: Roles,
+    optional: tuple[str, ...], configs: Sequence[LaunchConfig], target: Target,
+) -> list[KernelSpec] | Rejection:  # fmt: skip
+    """Every configuration that fits, as unhashed specs, best first: the
+    order a tuner measures them in.  A Rejection when none fits."""
     refused: KernelSpec | Rejection = Rejection(f"no {template} configuration")
     checks = device_checked(graph, r.names)
+    fitting: list[KernelSpec] = []
     for c in configs:
         spec = KernelSpec(template, r.names, r.inputs, r.sinks, optional, space, roles, c,
                           checks)  # fmt: skip
         refused = fits(graph, spec, target.device)
         if isinstance(refused, KernelSpec):
-            return with_hash(graph, refused)
-    return refused
+            if target.rank is None:
+                return [spec]
+            fitting.append(spec)
+    if not fitting:
+        return refused
+    scores = [target.rank(graph, s) for s in fitting]
+    order = sorted(range(len(fitting)), key=lambda i: (scores[i], i))
+    return [fitting[i] for i in order]

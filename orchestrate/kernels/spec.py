@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -58,11 +58,16 @@ class Rejection(_NoTruth):
 
 @dataclass(frozen=True)
 class Target:
-    """What the rules need to know besides the graph: the device, and
-    whether fp32 matmuls may use TF32 tensor cores (``--tf32``)."""
+    """What the rules need to know besides the graph: the device, whether
+    fp32 matmuls may use TF32 tensor cores (``--tf32``), and how to order the
+    launch configurations that fit (``rank``: lower is better, ties go to the
+    template's own order).  The planner ranks by the cost model's predicted
+    time; loading a bundle ranks its recorded configuration first.  Without a
+    rank the first configuration that fits is taken."""
 
     device: Any  # orchestrate.devices.Device
     tf32: bool = False
+    rank: Callable[[Graph, KernelSpec], float] | None = None
 
 
 # -- launch configuration --------------------------------------------------------

@@ -98,7 +98,7 @@ def launch_matmul_1(in0, in1, in2, out0, interpret=False):
         BLOCK_K=BLOCK_K,
         GROUP_M=GROUP_M,
         num_warps=4,
-        num_stages=3,
+        num_stages=4,
     )
 
 

@@ -1,0 +1,67 @@
+"""The figures the cost model uses beyond the device table, each with its source.
+
+``orchestrate/devices.py`` holds datasheet peaks.  A GPU reaches none of
+them exactly; these are the factors and latencies that turn a datasheet into
+a prediction.  Where a figure is an estimate rather than a measurement it
+says so: no GPU has timed this project's kernels yet, and the measured-cost
+issue (``optimize --tune``) replaces the model's numbers with timings.  Until
+then every latency the model gives is a prediction.
+"""
+
+from __future__ import annotations
+
+# -- device memory ------------------------------------------------------------
+
+# Fraction of the datasheet bandwidth a streaming kernel achieves.  Measured:
+# a device-to-device copy on an H200 moves about 4.3 TB/s of the 4.8 TB/s
+# datasheet figure (0.896; issue 10's measurement).  Taken for every device:
+# an estimate elsewhere (STREAM-like kernels on A100 and H100 report 85-93%).
+ACHIEVABLE_BANDWIDTH = 0.9
+
+# Latency of one dependent access to device memory, microseconds.  Estimate:
+# published Hopper and Ampere microbenchmarks put a global-memory miss at
+# about 500-1,000 cycles (0.3-0.6 µs at 1.7-1.9 GHz; Luo et al., "Benchmarking
+# and Dissecting the Nvidia Hopper GPU Architecture", 2024; Jia et al.,
+# "Dissecting the Ampere GPU Architecture", 2021).  The upper end is taken:
+# a loaded GPU queues.
+DRAM_LATENCY_US = 0.6
+
+# Bytes one SM can keep in flight to device memory.  Estimate: Hopper's
+# asynchronous copies (cp.async, TMA) land in shared memory, so a pipelined
+# kernel can have several stages of operand tiles outstanding; 64 KB is about
+# two stages of 128 x 64 fp16 A and B tiles.  By Little's law an SM then draws
+# at most this many bytes per DRAM_LATENCY_US (about 110 GB/s, 3.3x its even
+# share of an H200's achieved bandwidth), and a block only what it has issued:
+# one loop step of its loads, or ``num_stages - 1`` steps when pipelined.  So
+# a grid of fewer blocks than SMs, or with little in flight, cannot saturate
+# memory.
+BYTES_IN_FLIGHT_PER_SM = 64 * 1024
+
+# Resident warps per SM (CUDA C Programming Guide, "Features and Technical
+# Specifications": 64 on compute capability 7.0, 8.0 and 9.0; 48 on 8.6 and
+# 8.9, where this overestimates occupancy).
+WARPS_PER_SM = 64
+
+# -- arithmetic -----------------------------------------------------------------
+
+# Fraction of the dense tensor-core peak a tiled GEMM reaches.  Estimate:
+# cuBLAS and Triton's persistent matmul tutorial reach 65-80% of dense fp16
+# peak on H100 for large square problems; smaller tiles and Triton's
+# non-warp-specialised loops sit at the low end.
+TENSOR_CORE_EFFICIENCY = 0.7
+
+# Cost of a transcendental (exp, log, tanh, erf, sqrt, reciprocal, a
+# division) in fp32 operations: the special-function units deliver 16 results
+# per clock per SM against 128 fp32 FMAs (CUDA C Programming Guide,
+# "Arithmetic Instructions" throughput table, compute capability 8.x and 9.0).
+SFU_FLOPS = 8
+
+# -- launches -----------------------------------------------------------------------
+
+# Per-kernel overhead when the plan is replayed from a CUDA graph (the
+# runner's default on a GPU), microseconds.  NVIDIA's "Getting Started with
+# CUDA Graphs" (2019, V100) measures 3.4 µs per 2.9 µs kernel in a graph
+# against 3.8 µs per kernel from a stream: about 0.5 µs between graph nodes.
+# Another 0.5 µs is estimated for a grid's ramp-up and drain (the last wave's
+# blocks finishing while no new kernel runs).  Estimate: to be measured.
+LAUNCH_US = 1.0

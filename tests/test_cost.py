@@ -1,0 +1,119 @@
+"""The cost model prices configurations as a GPU runs them, and the rules
+take the model's best configuration (kernels/config.py, cost/roofline.py)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from orchestrate.cost import figures, roofline
+from orchestrate.devices import get_device
+from orchestrate.kernels import config
+from orchestrate.kernels.region import region
+from orchestrate.kernels.rule import ranked
+from orchestrate.kernels.spec import MATMUL, Anchored, KernelSpec, Target
+from orchestrate.planner import PlanOptions, plan
+from tests import graphs
+
+H200 = get_device("h200")
+
+
+def _gemm(m, n, k, dtype="float16"):
+    return graphs.build(lambda b, x, w: b.matmul(x, w), [(m, k), (k, n)], dtype=dtype)
+
+
+def _ranked(g, device=H200, tf32=False) -> list[KernelSpec]:
+    """Every fitting configuration of the graph's one matmul, best first."""
+    (mm,) = g.nodes
+    m, n = mm.shape
+    configs = config.matmul(m, n, g.types[mm.inputs[0]].shape[-1], mm.dtype, tf32)
+    target = Target(device, tf32, rank=roofline.Ranker(device))
+    r = region(g, [mm.name])
+    out = ranked(g, MATMUL, r, mm.shape, Anchored(mm.name, (), ()), (), configs, target)
+    assert isinstance(out, list)
+    return out
+
+
+def test_a_small_gemm_is_not_free():
+    """A 128 x 768 x 768 fp16 GEMM (BERT-base's projections): its bandwidth
+    and tensor-core floors are 0.33 and 0.15 us on an H200, but its best
+    tiling gets a few dozen of the 132 SMs and a chain of K steps: the model
+    prices it at microseconds."""
+    g = _gemm(128, 768, 768)
+    k = plan(g, PlanOptions(device="h200")).plan.kernels[0]
+    floor = max(k.bytes / (H200.bandwidth_gbs * 1e3), k.flops / (H200.fp16_tflops * 1e6))
+    assert floor < 0.5
+    assert k.predicted_us > 3 * floor + figures.LAUNCH_US
+
+
+def test_the_plan_takes_the_models_best_configuration():
+    g = _gemm(512, 1024, 2048)
+    best = _ranked(g)
+    times = [roofline.cost(g, s, H200).time_us for s in best]
+    assert times == sorted(times) and len(set(times)) > 1
+    k = plan(g, PlanOptions(device="h200")).plan.kernels[0]
+    assert k.config == best[0].config
+    assert k.predicted_us == pytest.approx(times[0], abs=1e-3)
+
+
+def test_wave_quantisation():
+    """One tile more than the SMs hold costs a second wave of compute."""
+    s = _ranked(_gemm(64 * 133, 64, 4096))  # 133 tiles of 64 x 64
+    one = [c for c in s if (c.config["BLOCK_M"], c.config["BLOCK_N"]) == (64, 64)][0]
+    c = roofline.cost(_gemm(64 * 133, 64, 4096), one, H200)
+    assert c.blocks == 133
+    dots = 2 * 64 * 133 * 64 * 4096
+    rate = H200.fp16_tflops * figures.TENSOR_CORE_EFFICIENCY * 1e6
+    assert c.compute_us == pytest.approx(dots / rate * 132 * 2 / 133)
+
+
+@pytest.mark.parametrize("dtype, tf32, rate", [
+    ("float16", False, H200.fp16_tflops * figures.TENSOR_CORE_EFFICIENCY),
+    ("float32", True, H200.tf32_tflops * figures.TENSOR_CORE_EFFICIENCY),
+    ("float32", False, H200.fp32_tflops),
+])  # fmt: skip
+def test_tensor_core_and_cuda_core_rates(dtype, tf32, rate):
+    g = _gemm(4096, 4096, 4096, dtype)
+    s = _ranked(g, tf32=tf32)[0]
+    c = roofline.cost(g, s, H200)
+    blocks = c.blocks
+    quantised = 132 * math.ceil(blocks / 132) / blocks
+    assert c.compute_us == pytest.approx(2 * 4096**3 / (rate * 1e6) * quantised)
+    assert c.compute_us > c.memory_us  # a large GEMM is compute-bound
+
+
+def test_a_prologue_adds_cuda_core_time_per_column_of_tiles():
+    """A GELU (with erf) folded into a matmul's A operand runs on CUDA cores
+    once per column of BLOCK_N tiles, between the tensor-core steps."""
+
+    def fn(b, x, w):
+        return b.matmul(b.erf(x), w)
+
+    g = graphs.build(fn, [(128, 3072), (3072, 768)], dtype="float16")
+    k = plan(g, PlanOptions(device="h200"))
+    fused = [s for s in k.specs if len(s.nodes) > 1]
+    if not fused:
+        pytest.skip("the plan does not fold the erf into the matmul")
+    s = fused[0]
+    dots, other = roofline.split_flops(g, s)
+    assert other == 128 * 3072 * figures.SFU_FLOPS * math.ceil(768 / s.config["BLOCK_N"])
+
+
+def test_latency_floor_counts_k_steps_and_stages():
+    g = _gemm(64, 64, 8192)
+    specs = _ranked(g)
+    for s in specs:
+        c = roofline.cost(g, s, H200)
+        steps = math.ceil(8192 / s.config["BLOCK_K"])
+        ahead = max(1, s.config.num_stages - 1)
+        assert c.latency_us == pytest.approx(figures.DRAM_LATENCY_US * (1 + steps / ahead))
+
+
+def test_every_figure_states_its_source():
+    """Each figure in cost/figures.py has a comment above it."""
+    text = Path(figures.__file__).read_text().splitlines()
+    for i, line in enumerate(text):
+        if line and line[0].isupper() and " = " in line:
+            assert text[i - 1].startswith("#"), f"{line.split(' =')[0]} has no stated source"
