@@ -58,6 +58,9 @@ def _graphs(tmp_path: Path):
                                                         (3072, 768)], dtype=dtype)  # fmt: skip
         yield f"attention_{dtype}", graphs.build(attention_fn(scale=0.125), [(1, 4, 128, 64)] * 3,
                                                  dtype=dtype)  # fmt: skip
+        for d in (128, 256):  # Llama-class and Gemma-class heads, keys in several steps
+            yield f"attention_d{d}_{dtype}", graphs.build(
+                attention_fn(scale=d**-0.5), [(1, 2, 512, d)] * 3, dtype=dtype)  # fmt: skip
         yield f"layernorm_{dtype}", graphs.build(graphs.layernorm, [(128, 768), (768,), (768,)],
                                                  dtype=dtype)  # fmt: skip
 
