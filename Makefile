@@ -14,7 +14,7 @@ JOBS   ?= 2
 DEMO   := examples/models/tiny_bert.onnx
 
 .PHONY: install demo test test-slow test-gpu fuzz lint format examples golden-update \
-        conformance bench-plan bench bench-gpu hf-check clean
+        conformance bench-plan bench bench-gpu bench-launch hf-check clean
 
 install: $(STAMP)
 
@@ -78,6 +78,10 @@ bench: demo
 # base transformers against onnxruntime's CUDA provider (needs a GPU)
 bench-gpu: install
 	$(PY) -m examples.bench_runtime
+
+# the runner's own host cost per kernel launch, kernels replaced by no-ops (fails over 3 µs)
+bench-launch: install
+	$(PY) -m examples.bench_launch
 
 # Hugging Face architectures from configs (random weights, no download) through
 # optimize + verify; transformers is installed for this target only

@@ -3,7 +3,8 @@
 import orchestrate
 orchestrate.optimize("model.onnx", "model.orch", shapes={"ids": (1, 128)})
 model = orchestrate.load("model.orch")
-outputs = model.run({"ids": ids})
+outputs = model.run({"ids": ids})  # numpy arrays in, numpy arrays out
+outputs = model.run({"ids": torch_ids})  # torch tensors in, torch tensors out
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class VerificationError(OrchestrateError):
 
 
 class Bundle:
-    """A loaded bundle: ``run(inputs) -> outputs`` (numpy arrays by name).
+    """A loaded bundle: ``run(inputs) -> outputs`` (numpy arrays or torch
+    tensors by name).
 
     Its kernels are the source orchestrate generates from its plan (see
     ``orchestrate.regenerate``); they are compiled (on a GPU) on the first run."""
@@ -59,13 +61,23 @@ class Bundle:
                                     interpret=self.interpret, indices=self._indices)  # fmt: skip
         return self._program
 
-    def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
+    def check_inputs(self, inputs: Mapping[str, object]) -> None:
         """InputError for a missing, misshapen or unknown input, or an index
         out of range (before anything is compiled or run)."""
         self._indices.check_inputs(check_inputs(self.inputs, inputs))
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        self.check_inputs(inputs)
+    def run(self, inputs: Mapping[str, object]) -> dict[str, object]:
+        """The outputs on ``inputs`` (by input name), by output name.
+
+        Numpy arrays in, numpy arrays out.  Torch tensors in (CUDA tensors on
+        a GPU, CPU tensors in the interpreter), torch tensors out on the same
+        device: read in place and returned without a copy through the host,
+        so a caller inside a PyTorch program pays no transfer.  Either way
+        every input is checked first (name, shape, dtype, and the indices of
+        gathers it feeds: for tensors, a min and a max on the device); a bad
+        one is an InputError naming it."""
+        if self._program is None:
+            self.check_inputs(inputs)  # before the kernels are loaded
         return self.program.run(inputs)
 
     @property

@@ -2,13 +2,16 @@
 
 :class:`Program` holds a plan with its kernel specs (``orchestrate.plan.Planned``),
 the primitive graph it was made from (with the constants), and the generated
-kernels module.  ``run(inputs)`` checks the inputs, allocates every
-intermediate from a pool (a buffer is returned to the pool after its last
-reader and reused by the next tensor of the same size), launches the
-kernels in order and returns the outputs as numpy arrays.  Gather indices
-are checked as onnxruntime checks them (:class:`IndexChecks`): the inputs
-that are indices before launch, and after the run the int32 flags that the
-kernels checking computed indices set (``orchestrate.bounds``).
+kernels module.  Made, it binds every kernel's arguments once: each
+intermediate and output gets a buffer from a pool (a buffer goes back to the
+pool after its last reader and is reused by the next tensor of the same
+size), and each kernel becomes a step, its launcher and where its arguments
+are.  ``run(inputs)`` checks the inputs, binds them, calls the launchers in
+order and returns the outputs: numpy arrays for numpy arrays, torch tensors
+for torch tensors (no copy through the host).  Gather indices are checked as
+onnxruntime checks them (:class:`IndexChecks`): the inputs that are indices
+before launch, and after the run the int32 flags that the kernels checking
+computed indices set (``orchestrate.bounds``).
 
 With no GPU the same kernels run in Triton's interpreter (``TRITON_INTERPRET``
 is set before the kernels module is imported), and the runner says so once.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import linecache
+import operator
 import os
 import sys
 import threading
@@ -83,24 +87,50 @@ def load_kernels(source: str, interpret: bool):
 
 
 def check_inputs(
-    types: Mapping[str, tuple[tuple[int, ...], str]], inputs: Mapping[str, np.ndarray]
-) -> dict[str, np.ndarray]:
-    """The inputs as arrays, or InputError naming the first bad one."""
+    types: Mapping[str, tuple[tuple[int, ...], str]], inputs: Mapping[str, object]
+) -> dict[str, object]:
+    """The inputs, checked: numpy arrays, or torch tensors as given when any
+    input is a torch tensor (then every input must be one).  InputError
+    naming the first bad one."""
+    if not isinstance(inputs, Mapping):
+        raise InputError(f"inputs: expected a dict of arrays by input name, got "
+                         f"{type(inputs).__name__}")  # fmt: skip
     names = list(types)
-    unknown = sorted(set(inputs) - set(names))
+    unknown = sorted(set(inputs) - set(names), key=str)
     if unknown:
         raise InputError(f"unknown input {unknown[0]!r} (inputs: {', '.join(names)})")
+    torch = sys.modules.get("torch")
+    tensors = torch is not None and any(isinstance(v, torch.Tensor) for v in inputs.values())
     out = {}
     for name, (shape, dtype) in types.items():
         if name not in inputs:
             raise InputError(f"missing input {name!r}: expected {dtype}{list(shape)}")
-        arr = np.asarray(inputs[name])
-        if tuple(arr.shape) != tuple(shape):
-            raise InputError(f"input {name!r}: shape {list(arr.shape)}, expected {list(shape)}")
-        if arr.dtype.name != dtype:
-            raise InputError(f"input {name!r}: dtype {arr.dtype.name}, expected {dtype}")
-        out[name] = arr
+        value = inputs[name]
+        if tensors:
+            if not isinstance(value, torch.Tensor):
+                raise InputError(f"input {name!r}: a {type(value).__name__} among torch tensors; "
+                                 "give every input as a torch tensor or every one as an array")  # fmt: skip
+            got = str(value.dtype).removeprefix("torch.")
+        else:
+            value = np.asarray(value)
+            got = value.dtype.name
+        if tuple(value.shape) != tuple(shape):
+            raise InputError(f"input {name!r}: shape {list(value.shape)}, expected {list(shape)}")
+        if got != dtype:
+            raise InputError(f"input {name!r}: dtype {got}, expected {dtype}")
+        out[name] = value
     return out
+
+
+def _min_max(values) -> tuple[int, int]:
+    """The least and greatest of an integer array or tensor (on a GPU: two
+    reductions on the device and one copy of two numbers back)."""
+    if isinstance(values, np.ndarray):
+        return int(values.min()), int(values.max())
+    import torch
+
+    lo, hi = torch.stack(values.aminmax()).tolist()
+    return lo, hi
 
 
 class IndexChecks:
@@ -126,17 +156,18 @@ class IndexChecks:
             if spec.checks
         }
 
-    def check_inputs(self, feeds: Mapping[str, np.ndarray]) -> None:
+    def check_inputs(self, feeds: Mapping[str, object]) -> None:
         """InputError naming the first input with an index out of range for
-        a gather it feeds."""
+        a gather it feeds (numpy arrays, or torch tensors on their device)."""
         for name, found in self.inputs.items():
-            arr = np.asarray(feeds[name])
-            if arr.size == 0:
+            values = feeds[name]
+            if values.size == 0 if isinstance(values, np.ndarray) else values.numel() == 0:
                 continue
-            lo, hi = int(arr.min()), int(arr.max())
+            lo, hi = _min_max(values)
             for b in found:
                 if lo < -b.size or hi >= b.size:
-                    check_values(b, f"input {name!r}", arr)
+                    host = values if isinstance(values, np.ndarray) else values.cpu().numpy()
+                    check_values(b, f"input {name!r}", host)
 
     def device_error(self, kernel: str, code: int) -> InputError:
         checked = self.kernels.get(kernel, ())
@@ -146,7 +177,14 @@ class IndexChecks:
 
 
 class Program:
-    """An executable plan."""
+    """An executable plan, its kernels' arguments bound once.
+
+    Made, it has given every intermediate and output its buffer (the pool's
+    schedule, played once: ``stats`` counts the buffers allocated and the
+    tensors that reuse one freed earlier) and made, per kernel, a step: the
+    launcher and where its arguments are.  A run binds the inputs, calls the
+    launchers in order and copies the outputs out of the program's buffers.
+    """
 
     def __init__(self, planned: Planned, graph: ir.Graph, kernels_module, *,
                  interpret: bool | None = None, cuda_graph: bool = True,
@@ -168,11 +206,11 @@ class Program:
         self._flags = torch.zeros(max(1, len(checked)), dtype=torch.int32, device=self.device)
         self._flag_of = {k: self._flags[i : i + 1] for i, k in enumerate(checked)}
         self._lifetimes()
+        self._bind()
         self.use_cuda_graph = cuda_graph and not self.interpret
         self._graph = None
         self._static: dict | None = None
         self._runs = 0
-        self.stats = {"allocated": 0, "reused": 0}  # buffers, in the last run
 
     # -- set-up -------------------------------------------------------------
 
@@ -204,16 +242,98 @@ class Program:
         for r in sorted(allocated - keep):
             self.free_after.setdefault(last[r], []).append(r)
 
+    def _bind(self) -> None:
+        """The steps of a run.  Every tensor gets a slot in a list of values:
+        constants, buffers, views of them and the flags are filled in now
+        (``_fixed``), the inputs and views of them at each run.  A step is a
+        launcher and a getter of its arguments from that list."""
+        fixed: list = []
+        slot: dict[str, int] = {}
+
+        def place(name: str, value) -> int:
+            slot[name] = len(fixed)
+            fixed.append(value)
+            return slot[name]
+
+        for name, t in self.constants.items():
+            place(name, t)
+        self._input_slots = [(name, place(name, None)) for name in self.input_types]
+        per_run = set(self.input_types)  # tensors known only at a run: inputs, views of them
+        self._input_views: list[tuple[int, int, tuple[int, ...]]] = []
+        pool: dict[int, list] = {}  # freed buffers by size in bytes
+        base: dict[str, object] = {}  # buffer (uint8) of each tensor a kernel writes
+        self.stats = {"allocated": 0, "reused": 0}  # buffers
+        steps = []
+        for i, k in enumerate(self.plan.kernels):
+            if k.is_view:
+                (src,), (dst,) = k.inputs, k.outputs
+                shape = self.types[dst][0]
+                if src in per_run:
+                    per_run.add(dst)
+                    self._input_views.append((place(dst, None), slot[src], shape))
+                else:
+                    place(dst, fixed[slot[src]].reshape(shape))
+            else:
+                for t in k.outputs:
+                    base[t], view = self._buffer(pool, t)
+                    place(t, view)
+                launch, tensors = self.launches[k.name]
+                at = [place(f"{k.name}/{INDEX_ERROR}", self._flag_of[k.name])
+                      if t == INDEX_ERROR else slot[t] for t in tensors]  # fmt: skip
+                steps.append((launch, _getter(at)))
+            for r in self.free_after.get(i, ()):
+                if r in base:
+                    pool.setdefault(base[r].numel(), []).append(base[r])
+        self._fixed = fixed
+        self._steps = steps
+        self._output_slots = [(o, slot[o]) for o in self.outputs]
+
+    def _buffer(self, pool: dict, name: str):
+        """(buffer, tensor ``name`` in it): a freed buffer of its size in
+        bytes when there is one and ``name`` is not an output."""
+        torch = self.torch
+        shape, dtype = self.types[name]
+        tdtype = getattr(torch, dtype)
+        numel = int(np.prod(shape, dtype=np.int64))
+        nbytes = max(1, numel * np.dtype(dtype).itemsize)
+        if name not in self.outputs and pool.get(nbytes):
+            self.stats["reused"] += 1
+            buf = pool[nbytes].pop()
+        else:
+            self.stats["allocated"] += 1
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        if numel == 0:
+            return buf, torch.empty(shape, dtype=tdtype, device=self.device)
+        return buf, buf.view(tdtype).view(shape)
+
     # -- running ------------------------------------------------------------
 
-    def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return check_inputs(self.input_types, inputs)
+    def check_inputs(self, inputs: Mapping[str, object]) -> dict[str, object]:
+        """The inputs checked (``check_inputs``): numpy arrays, or torch tensors
+        made contiguous where they are (InputError for one on another device
+        than the program's)."""
+        feeds = check_inputs(self.input_types, inputs)
+        torch = self.torch
+        if not any(isinstance(v, torch.Tensor) for v in feeds.values()):
+            return feeds
+        device = self._flags.device
+        for name, t in feeds.items():
+            if t.device != device:
+                raise InputError(f"input {name!r}: a tensor on {t.device}, expected one on "
+                                 f"{device} (where this program runs)")  # fmt: skip
+            feeds[name] = (t.detach() if t.requires_grad else t).contiguous()
+        return feeds
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Outputs of the plan on ``inputs`` (numpy arrays by input name).
-        InputError when an index is out of range: an input's before anything
-        runs, one computed in the model after the run."""
+    def run(self, inputs: Mapping[str, object]) -> dict[str, object]:
+        """Outputs of the plan on ``inputs``, by name: numpy arrays for numpy
+        arrays, or torch tensors for torch tensors (on the program's device:
+        CUDA on a GPU, CPU in the interpreter), read in place and returned
+        without a copy through the host.  InputError for a missing, unknown
+        or misshapen input, and when an index is out of range: an input's
+        before anything runs (for tensors, a min and a max on the device),
+        one computed in the model after the run."""
         feeds = self.check_inputs(inputs)
+        tensors = any(isinstance(v, self.torch.Tensor) for v in feeds.values())
         self.indices.check_inputs(feeds)
         self._runs += 1
         if self._flag_of:
@@ -221,12 +341,15 @@ class Program:
         if self.use_cuda_graph and self._runs >= 2:
             out = self._replay(feeds)
         else:
-            env = self._execute({k: self._tensor(v) for k, v in feeds.items()})
-            if self.device == "cuda":
-                self.torch.cuda.synchronize()
-            out = {o: env[o].cpu().numpy() for o in self.outputs}
+            out = self._execute(
+                feeds if tensors else {k: self._tensor(v) for k, v in feeds.items()}
+            )
         self._check_flags()
-        return out
+        if tensors:  # out of the program's buffers, which the next run overwrites
+            return {o: t.clone() for o, t in out.items()}
+        if self.device == "cuda":
+            return {o: t.cpu().numpy() for o, t in out.items()}
+        return {o: t.numpy().copy() for o, t in out.items()}
 
     def _check_flags(self) -> None:
         if self._flag_of:
@@ -234,58 +357,46 @@ class Program:
                 if code:
                     raise self.indices.device_error(kernel, int(code))
 
-    def _args(self, kernel: str, tensors, env: dict) -> list:
-        return [self._flag_of[kernel] if t == INDEX_ERROR else env[t] for t in tensors]
+    def _execute(self, feeds: Mapping[str, object]) -> dict[str, object]:
+        """Launch every kernel on ``feeds`` (tensors on the device, by input
+        name); the outputs, in the program's buffers."""
+        values = self._fixed.copy()
+        for name, s in self._input_slots:
+            values[s] = feeds[name]
+        for s, src, shape in self._input_views:
+            values[s] = values[src].reshape(shape)
+        interpret = self.interpret
+        for launch, args in self._steps:
+            launch(*args(values), interpret=interpret)
+        return {o: values[s] for o, s in self._output_slots}
 
-    def _execute(self, feeds: dict) -> dict:
-        self.stats = {"allocated": 0, "reused": 0}
-        env = dict(self.constants)
-        env.update(feeds)
-        pool: dict[int, list] = {}
-        for i, k in enumerate(self.plan.kernels):
-            if k.is_view:
-                (src,), (dst,) = k.inputs, k.outputs
-                env[dst] = env[src].reshape(self.types[dst][0])
-            else:
-                for t in k.outputs:
-                    shape, dtype = self.types[t]
-                    env[t] = self._allocate(pool, shape, dtype, keep=t in self.outputs)
-                launch, tensors = self.launches[k.name]
-                launch(*self._args(k.name, tensors, env), interpret=self.interpret)
-            for r in self.free_after.get(i, ()):
-                buf = env.get(r)
-                if buf is not None:
-                    pool.setdefault(buf.untyped_storage().nbytes(), []).append(buf)
-        return env
-
-    def _allocate(self, pool: dict, shape, dtype: str, keep: bool):
-        torch = self.torch
-        tdtype = getattr(torch, dtype) if dtype != "bool" else torch.bool
-        nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
-        if not keep and pool.get(nbytes):
-            self.stats["reused"] += 1
-            base = pool[nbytes].pop()
-            flat = torch.empty(0, dtype=tdtype, device=base.device)
-            flat.set_(base.untyped_storage(), 0, (int(np.prod(shape)),))
-            return flat.view(shape)
-        self.stats["allocated"] += 1
-        return torch.empty(shape, dtype=tdtype, device=self.device)
-
-    def _replay(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _replay(self, feeds: Mapping[str, object]) -> dict[str, object]:
+        """The outputs, by a replay of the CUDA graph of ``_execute`` (captured
+        at the first call, on its own copy of the inputs)."""
         torch = self.torch
         if self._graph is None:
-            static_in = {k: self._tensor(v) for k, v in feeds.items()}
+            static_in = {k: self._tensor(v) if isinstance(v, np.ndarray) else v.clone()
+                         for k, v in feeds.items()}  # fmt: skip
             self._execute(static_in)  # warm: every kernel compiled
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                env = self._execute(static_in)
-            self._graph, self._static = (
-                graph,
-                {"in": static_in, "out": {o: env[o] for o in self.outputs}},
-            )
+                out = self._execute(static_in)
+            self._graph, self._static = graph, {"in": static_in, "out": out}
         for k, v in feeds.items():
-            self._static["in"][k].copy_(torch.from_numpy(np.ascontiguousarray(v)))
+            static = self._static["in"][k]
+            static.copy_(
+                torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+            )
         self._graph.replay()
-        torch.cuda.synchronize()
-        return {o: t.cpu().numpy() for o, t in self._static["out"].items()}
+        return self._static["out"]
+
+
+def _getter(at: list[int]):
+    """A function of the list of values: the tuple of those at ``at``."""
+    if len(at) == 1:
+        (j,) = at
+        return lambda values: (values[j],)
+    if not at:
+        return lambda values: ()
+    return operator.itemgetter(*at)
