@@ -3,7 +3,10 @@
 Bandwidths are HBM/GDDR peak; throughputs are dense (no sparsity) peaks in
 TFLOP/s.  ``fp32`` is the CUDA-core rate (what elementwise code and IEEE fp32
 ``tl.dot`` get); ``tf32`` and ``fp16`` are tensor-core rates.  Shared memory
-is the most one thread block may use; the register file is per SM.
+is the most one thread block may use; the register file is per SM.  ``arch``
+is the compute capability x10 that ``compile_check`` compiles for, and the
+per-thread register and per-block thread limits are the CUDA programming
+guide's for those capabilities (255 and 1,024 on every row here).
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ class Device:
     tf32_tflops: float  # tensor cores, dense
     fp16_tflops: float  # tensor cores, dense, fp32 accumulate
     sms: int
-    smem_per_block_kb: int
-    registers_per_sm: int = 65536
+    smem_per_block_kb: int  # opt-in maximum per thread block (227 KB = 232,448 B on Hopper)
+    arch: int  # compute capability x10: 90 is sm_90
+    registers_per_sm: int = 65536  # 32-bit registers
+    registers_per_thread: int = 255
+    threads_per_block: int = 1024
     launch_us: float = 3.0  # per-kernel overhead when replayed from a CUDA graph
 
 
@@ -31,27 +37,27 @@ DEVICES: dict[str, Device] = {
     d.name: d
     for d in (
         # NVIDIA H200 SXM: 4.8 TB/s HBM3e; same SM array as H100 SXM
-        Device("h200", "NVIDIA H200 SXM", 4800, 66.9, 494.7, 989.4, 132, 227),
+        Device("h200", "NVIDIA H200 SXM", 4800, 66.9, 494.7, 989.4, 132, 227, arch=90),
         # NVIDIA H100 SXM5 80GB: 3.35 TB/s HBM3
-        Device("h100", "NVIDIA H100 SXM", 3350, 66.9, 494.7, 989.4, 132, 227),
+        Device("h100", "NVIDIA H100 SXM", 3350, 66.9, 494.7, 989.4, 132, 227, arch=90),
         # NVIDIA H100 PCIe 80GB: 2.0 TB/s HBM2e, 114 SMs
-        Device("h100-pcie", "NVIDIA H100 PCIe", 2000, 51.2, 378.0, 756.0, 114, 227),
+        Device("h100-pcie", "NVIDIA H100 PCIe", 2000, 51.2, 378.0, 756.0, 114, 227, arch=90),
         # NVIDIA A100 SXM4 80GB: 2.039 TB/s HBM2e
-        Device("a100", "NVIDIA A100 SXM 80GB", 2039, 19.5, 156.0, 312.0, 108, 163),
+        Device("a100", "NVIDIA A100 SXM 80GB", 2039, 19.5, 156.0, 312.0, 108, 163, arch=80),
         # NVIDIA A100 PCIe 40GB: 1.555 TB/s HBM2
-        Device("a100-40gb", "NVIDIA A100 PCIe 40GB", 1555, 19.5, 156.0, 312.0, 108, 163),
+        Device("a100-40gb", "NVIDIA A100 PCIe 40GB", 1555, 19.5, 156.0, 312.0, 108, 163, arch=80),
         # NVIDIA V100 SXM2: 900 GB/s HBM2; no TF32 (fp32 runs on CUDA cores)
-        Device("v100", "NVIDIA V100 SXM2", 900, 15.7, 15.7, 125.0, 80, 96),
+        Device("v100", "NVIDIA V100 SXM2", 900, 15.7, 15.7, 125.0, 80, 96, arch=70),
         # NVIDIA L4: 300 GB/s GDDR6
-        Device("l4", "NVIDIA L4", 300, 30.3, 60.0, 121.0, 58, 99),
+        Device("l4", "NVIDIA L4", 300, 30.3, 60.0, 121.0, 58, 99, arch=89),
         # NVIDIA L40S: 864 GB/s GDDR6
-        Device("l40s", "NVIDIA L40S", 864, 91.6, 183.0, 362.0, 142, 99),
+        Device("l40s", "NVIDIA L40S", 864, 91.6, 183.0, 362.0, 142, 99, arch=89),
         # NVIDIA A10: 600 GB/s GDDR6
-        Device("a10", "NVIDIA A10", 600, 31.2, 62.5, 125.0, 72, 99),
+        Device("a10", "NVIDIA A10", 600, 31.2, 62.5, 125.0, 72, 99, arch=86),
         # GeForce RTX 4090: 1008 GB/s GDDR6X; fp16 tensor with fp32 accumulate
-        Device("rtx4090", "NVIDIA GeForce RTX 4090", 1008, 82.6, 82.6, 165.2, 128, 99),
+        Device("rtx4090", "NVIDIA GeForce RTX 4090", 1008, 82.6, 82.6, 165.2, 128, 99, arch=89),
         # GeForce RTX 3090: 936 GB/s GDDR6X
-        Device("rtx3090", "NVIDIA GeForce RTX 3090", 936, 35.6, 35.6, 71.0, 82, 99),
+        Device("rtx3090", "NVIDIA GeForce RTX 3090", 936, 35.6, 35.6, 71.0, 82, 99, arch=86),
     )
 }
 DEFAULT_DEVICE = "h100"
