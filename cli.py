@@ -6,6 +6,7 @@ line naming the file, node or option, and the exit code is 2.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -202,16 +203,21 @@ def decompose(model: Path, output: Path, shapes) -> None:
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @shape_option
+@click.option("--dtype", default=None, metavar="fp16|fp32",
+              help="Show the primitive graph run at this precision (as optimize --dtype).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @reports_errors
-def inspect(model: Path, shapes, as_json: bool) -> None:
+def inspect(model: Path, shapes, dtype, as_json: bool) -> None:
     """Op types and tensor sizes of MODEL, before and after operator fission."""
     from orchestrate import pipeline
+    from orchestrate.precision import check_dtype
     from orchestrate.summary import format_inspection, inspection
 
+    check_dtype(dtype, "--dtype")
     onnx_model = pipeline.load(model)
     graph = pipeline.fission_model(onnx_model, _shapes(shapes), str(model))
-    info = inspection(onnx_model, graph, source=str(model))
+    graph = _lowered(graph, dtype, model)
+    info = inspection(onnx_model, graph, source=str(model), dtype=dtype)
     if as_json:
         import json
 
@@ -228,6 +234,9 @@ def plan_options(fn):
     fn = click.option("--max-kernel-nodes", type=click.IntRange(1, 64), default=16,
                       show_default=True, help="Most primitives in one candidate kernel.")(fn)  # fmt: skip
     fn = click.option("--tf32", is_flag=True, help="Let fp32 matmuls use TF32 tensor cores.")(fn)
+    fn = click.option("--dtype", default=None, metavar="fp16|fp32",
+                      help="Run an fp32 model in half precision (fp16 storage and tensor cores; "
+                           "fp32 accumulation, softmax and normalisation). Default: the model's own.")(fn)  # fmt: skip
     fn = click.option("--no-recompute", "no_recompute", is_flag=True,
                       help="Forbid computing a primitive in more than one kernel.")(fn)  # fmt: skip
     fn = click.option("--time-limit", type=float, default=60.0, show_default=True, metavar="S",
@@ -241,7 +250,7 @@ def plan_options(fn):
 
 
 def _plan_options(
-    device, memory_budget, time_limit, tf32, max_kernel_nodes, reproducible, no_recompute
+    device, memory_budget, time_limit, tf32, max_kernel_nodes, reproducible, no_recompute, dtype
 ):
     from orchestrate.errors import InputError
     from orchestrate.kernels.enumerate import Limits
@@ -251,7 +260,7 @@ def _plan_options(
         return PlanOptions(
             device=device, memory_budget=memory_budget, time_limit=time_limit, tf32=tf32,
             limits=Limits(max_nodes=max_kernel_nodes), reproducible=reproducible,
-            recompute=not no_recompute,
+            recompute=not no_recompute, dtype=dtype,
         )  # fmt: skip
     except PlanOptionError as e:  # name the flag, not the field
         flag = _PLAN_FLAGS.get(e.field, e.field)
@@ -259,7 +268,28 @@ def _plan_options(
 
 
 _PLAN_FLAGS = {"device": "--device", "memory_budget": "--memory-budget",
-               "time_limit": "--time-limit", "limits.max_nodes": "--max-kernel-nodes"}  # fmt: skip
+               "time_limit": "--time-limit", "limits.max_nodes": "--max-kernel-nodes",
+               "dtype": "--dtype"}  # fmt: skip
+
+
+def _lowered(graph, dtype, model: Path):
+    """``graph`` at --dtype, the flag named in the error a model can cause."""
+    from orchestrate import precision
+
+    with _dtype_flag():
+        return precision.lower_precision(graph, dtype, str(model))
+
+
+@contextlib.contextmanager
+def _dtype_flag():
+    """A PrecisionError (the model cannot run at --dtype) naming the flag."""
+    from orchestrate.errors import InputError
+    from orchestrate.precision import PrecisionError
+
+    try:
+        yield
+    except PrecisionError as e:
+        raise InputError(f"{e.source}: --dtype {e.value}: {e.problem}") from None
 
 
 class StageProgress:
@@ -293,7 +323,7 @@ def plan(model: Path, output: Path, shapes, **opts) -> None:
 
     options = _plan_options(**opts)
     pipeline.check_output_path(output, model)
-    graph = pipeline.fission_file(model, _shapes(shapes))
+    graph = _lowered(pipeline.fission_file(model, _shapes(shapes)), options.dtype, model)
     result = pipeline.plan_graph(graph, options, progress=StageProgress()).plan
     pipeline.write_plan(result, output)
     for line in summary_lines(result):
@@ -369,10 +399,11 @@ def optimize(model: Path, out_dir: Path, shapes, trials, rtol, atol, **opts) -> 
     from orchestrate import api, explain
 
     rtol, atol = _tolerances(rtol, atol)
-    result = api.optimize(
-        model, out_dir, shapes=_shapes(shapes), options=_plan_options(**opts), trials=trials,
-        rtol=rtol, atol=atol, progress=StageProgress(), _shape_option="--shape",
-    )  # fmt: skip
+    with _dtype_flag():
+        result = api.optimize(
+            model, out_dir, shapes=_shapes(shapes), options=_plan_options(**opts), trials=trials,
+            rtol=rtol, atol=atol, progress=StageProgress(), _shape_option="--shape",
+        )  # fmt: skip
     click.echo(explain.kernel_table(result.plan, limit=25))
     click.echo("")
     for line in explain.summary_lines(result.plan):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrate import bundle, explain, onnxrt, pipeline, regenerate
+from orchestrate import bundle, explain, onnxrt, pipeline, precision, regenerate
 from orchestrate.emit import emit
 from orchestrate.errors import InputError, OrchestrateError
 from orchestrate.frontend import check_shapes
@@ -27,7 +27,7 @@ from orchestrate.runtime import IndexChecks, Program, check_inputs, gpu_availabl
 from orchestrate.verify import Report, check_tolerance, verify
 from orchestrate.version import __version__
 
-TF32_RTOL = 5e-3
+TF32_RTOL = 5e-3  # TF32 keeps 10 mantissa bits
 
 
 class VerificationError(OrchestrateError):
@@ -148,13 +148,14 @@ def optimize(
     options = _plan_options(options, plan_options)
     out = Path(out_dir)
     bundle.check_destination(out, model_path)
-    if options.tf32 and rtol is None:
-        rtol = TF32_RTOL  # TF32 keeps 10 mantissa bits
+    if rtol is None:
+        rtol = default_rtol(options.dtype, options.tf32)
     report_step = progress or (lambda stage, i, n: None)
     model = pipeline.load(model_path)
     # made before the work, so a model onnxruntime refuses is refused up front
     reference = onnxrt.reference(model, str(model_path)) if trials > 0 else None
     graph = pipeline.fission_model(model, shapes, str(model_path), option=_shape_option)
+    graph = precision.lower_precision(graph, options.dtype, str(model_path))
     planned = pipeline.plan_graph(graph, options, progress=progress)
     plan = planned.plan
     report_step("emit", 1, 1)
@@ -208,8 +209,17 @@ def verify_bundle(
     loaded, model, graph = bundle_and_model(
         out_dir, model_path, shapes, _shape_option=_shape_option
     )
+    if rtol is None:
+        rtol = default_rtol(loaded.plan.options.dtype, loaded.plan.options.tf32)
     return verify(model, graph, loaded.run, trials=trials, rtol=rtol, atol=atol,
                   source=str(model_path))  # fmt: skip
+
+
+def default_rtol(dtype: str | None, tf32: bool) -> float | None:
+    """The verification tolerance a plan's precision calls for (None: by the
+    output's dtype, verify.RTOL)."""
+    found = [r for r in (precision.RTOL.get(dtype), TF32_RTOL if tf32 else None) if r]
+    return max(found, default=None)
 
 
 def bundle_and_model(

@@ -92,6 +92,7 @@ def summary_lines(result: Plan) -> list[str]:
         + ")",
         f"solver: {sol.status}, gap {sol.gap:.4g}, {sol.seconds} s, {sol.solves} solves",
         f"kernels: {s.kernels} planned, {functions} distinct specs",
+        f"precision: {precision_text(result)}",
         "",
         f"{'plan':<13}{'kernels':>8}{'bytes':>12}{'predicted us':>14}{'speedup':>9}",
     ]  # fmt: skip
@@ -102,6 +103,17 @@ def summary_lines(result: Plan) -> list[str]:
             f"{_us(row.predicted_us):>14}{speed:>8.2f}x"
         )
     return lines
+
+
+def precision_text(result: Plan) -> str:
+    """What ``--dtype`` the plan was made at, and the dtypes its tensors hold."""
+    held = Counter(p.dtype for p in result.primitives if p.dtype.startswith("float"))
+    tensors = ", ".join(f"{n} {d}" for d, n in sorted(held.items()))
+    if result.options.dtype in (None, "fp32"):
+        own = "the model's own" if result.options.dtype is None else "fp32"
+        return f"{own} ({tensors or 'no float tensors'})"
+    return (f"{result.options.dtype}, fp32 accumulation, softmax and normalisation "
+            f"({tensors})")  # fmt: skip
 
 
 def rejected_table(result: Plan) -> str:

@@ -23,11 +23,12 @@ from orchestrate.errors import InputError, check_format
 from orchestrate.ir import Attrs, Graph, Node
 from orchestrate.kernels.spec import VIEW, KernelSpec, LaunchConfig
 
-PLAN_FORMAT = "orchestrate-plan/3"
+PLAN_FORMAT = "orchestrate-plan/4"
 # what each earlier format lacks, for the message that refuses it
 _OLDER = {
     "orchestrate-plan/1": "launch configurations per kernel",
     "orchestrate-plan/2": "the primitives' attributes, from which a bundle's kernels are regenerated",
+    "orchestrate-plan/3": "the precision it was planned at (--dtype)",
 }
 
 
@@ -142,6 +143,7 @@ class Options:
     tf32: bool
     recompute: bool
     max_kernel_nodes: int
+    dtype: str | None  # --dtype: fp32 or fp16; None: the model's own precision
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from orchestrate import ir
+from orchestrate import ir, precision
 from orchestrate.cost.roofline import Prices, Ranker
 from orchestrate.devices import DEVICES, get_device
 from orchestrate.errors import InputError
@@ -78,6 +78,7 @@ class PlanOptions:
     recompute: bool = True  # a primitive may be computed by several kernels
     limits: Limits = field(default_factory=Limits)
     reproducible: bool = False  # write 0 for wall-clock fields
+    dtype: str | None = None  # fp32 or fp16 (precision.lower_precision); None: the model's own
 
     def __post_init__(self):
         d = self.device
@@ -100,6 +101,8 @@ class PlanOptions:
             if not isinstance(v, (bool, np.bool_)):
                 raise PlanOptionError(name, v, "must be True or False")
             object.__setattr__(self, name, bool(v))
+        if self.dtype is not None and self.dtype not in precision.SUPPORTED:
+            raise PlanOptionError("dtype", self.dtype, precision.unsupported(self.dtype))
         if not isinstance(self.limits, Limits):
             raise PlanOptionError(
                 "limits", self.limits, "expected an orchestrate.kernels.enumerate.Limits"
@@ -122,7 +125,7 @@ class PlanOptions:
 
     def record(self) -> Options:
         return Options(self.memory_budget, self.time_limit, self.tf32, self.recompute,
-                       self.limits.max_nodes)  # fmt: skip
+                       self.limits.max_nodes, self.dtype)  # fmt: skip
 
 
 def plan(

@@ -26,8 +26,10 @@ def _row(*cells: tuple[object, str]) -> str:
     return "  ".join(f"{v:{w}}" for v, w in cells).rstrip()
 
 
-def inspection(model: onnx.ModelProto, graph: ir.Graph, source: str) -> dict:
-    """A JSON-able summary of ``model`` and its primitive graph."""
+def inspection(model: onnx.ModelProto, graph: ir.Graph, source: str,
+               dtype: str | None = None) -> dict:  # fmt: skip
+    """A JSON-able summary of ``model`` and its primitive graph (run at
+    ``dtype``, the ``--dtype`` it was lowered to; None: the model's own)."""
     before = Counter(n.op_type for n in model.graph.node)
     weights = sum(
         int(np.prod(t.dims)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
@@ -50,6 +52,8 @@ def inspection(model: onnx.ModelProto, graph: ir.Graph, source: str) -> dict:
         "primitives": len(graph.nodes),
         "primitive_ops": dict(sorted(after.items(), key=lambda kv: (-kv[1], kv[0]))),
         "primitive_bytes": dict(after_bytes),
+        "dtype": dtype,
+        "primitive_dtypes": dict(sorted(Counter(n.dtype for n in graph.nodes).items())),
         "intermediate_bytes": sum(n.type.nbytes for n in graph.nodes),
         "constants_bytes": sum(int(a.nbytes) for a in graph.constants.values()),
         "largest": {"name": largest.name, "type": str(largest.type), "bytes": largest.type.nbytes}
@@ -82,4 +86,7 @@ def format_inspection(info: dict) -> str:
         big = info["largest"]
         lines.append(f"\nlargest tensor {big['name']!r}: {big['type']} ({_mb(big['bytes'])})")
     lines.append(f"constants after folding: {_mb(info['constants_bytes'])}")
+    if info["dtype"] is not None:  # --dtype given
+        dtypes = ", ".join(f"{n} {d}" for d, n in info["primitive_dtypes"].items())
+        lines.append(f"precision: {info['dtype']} (primitives: {dtypes})")
     return "\n".join(lines)

@@ -96,7 +96,7 @@ def test_a_plan_of_an_older_format_is_refused_with_the_reason(tmp_path):
     onnx.save(_model(), src)
     assert invoke("plan", src, "-o", plan, "--reproducible").exit_code == 0
     data = json.loads(plan.read_text())
-    assert data["format"] == "orchestrate-plan/3"
+    assert data["format"] == "orchestrate-plan/4"
     assert all({"num_warps", "num_stages"} <= set(k["config"]) for k in data["kernels"])
     data["format"] = "orchestrate-plan/1"
     old = tmp_path / "old.json"

@@ -33,7 +33,8 @@ def test_documented_options_exist():
     for command, options in {
         "plan": ["--device", "--memory-budget", "--time-limit", "--no-recompute", "--tf32",
                  "--max-kernel-nodes", "--reproducible", "--shape"],
-        "optimize": ["--trials", "--rtol", "--atol"],
+        "optimize": ["--trials", "--rtol", "--atol", "--dtype"],
+        "inspect": ["--dtype"],
         "explain": ["--picture", "--rejected", "--limit"],
         "run": ["--input", "--output-dir"],
         "verify": ["--model", "--trials"],
