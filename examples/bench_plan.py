@@ -1,13 +1,23 @@
-"""`make bench-plan`: plan the benchmark models and print one table.
+"""`make bench-plan`: plan the benchmark models and print two tables.
 
     python -m examples.bench_plan [--models bert gpt2 llama] [--cache out/bench]
+                                  [--device h200] [--half]
 
 Each model is exported once (torch.onnx.export with dynamo=True, opset 18,
 "base" sizes: BERT-base seq 128, GPT-2 small seq 128, the 24-layer
 Llama-style decoder) into the cache folder, then planned in a fresh process
-so that its wall time and peak resident memory are its own.  Targets
-(2 CPU cores): each plan under 60 s and 2 GiB, every partition optimal, the
-ILP strictly below greedy on the transformers.
+so that its wall time and peak resident memory are its own.  ``--half``
+exports the model in fp16 instead (``model.half()``, the TorchScript
+exporter at opset 17: the torch.export path does not trace half-precision
+CPU models reliably).
+
+The second table splits each plan's predicted time: the share that is
+launch overhead (kernels x ``cost.figures.LAUNCH_US``), and the share in
+kernels whose roof is memory, compute or latency (the largest of the three
+terms of ``cost/roofline.py``).  All of it is the cost model's prediction.
+
+Targets (2 CPU cores): each plan under 60 s and 2 GiB, every partition
+optimal, the ILP strictly below greedy on the transformers.
 """
 
 from __future__ import annotations
@@ -25,22 +35,63 @@ TARGET_SECONDS = 60.0
 TARGET_RSS_GIB = 2.0
 
 
-def export_cached(name: str, cache: Path) -> Path:
+def export_cached(name: str, cache: Path, half: bool = False) -> Path:
     from examples import export_example
 
-    path = cache / f"base_{name}_dynamo18.onnx"
+    path = cache / (f"base_{name}_fp16_ts17.onnx" if half else f"base_{name}_dynamo18.onnx")
     if not path.exists():
         cache.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp.onnx")
-        print(f"exporting {name} (base, dynamo, opset 18) to {path} ...", file=sys.stderr)
-        export_example(name, tmp, dynamo=True, opset=18, size="base")
+        how = "fp16, TorchScript, opset 17" if half else "dynamo, opset 18"
+        print(f"exporting {name} (base, {how}) to {path} ...", file=sys.stderr)
+        if half:
+            export_half(name, tmp)
+        else:
+            export_example(name, tmp, dynamo=True, opset=18, size="base")
         for extra in tmp.parent.glob(tmp.name + "*.data"):
             extra.unlink()
         tmp.rename(path)
     return path
 
 
-def plan_one(path: Path) -> dict:
+def export_half(name: str, path: Path) -> None:
+    """The example at base size in fp16 (weights and float inputs)."""
+    import torch
+
+    from examples import build_model, export, random_inputs
+
+    model, inputs = build_model(name, "base", 0)
+    model = model.half().eval()
+    feeds = random_inputs(inputs, 0)
+    args = [torch.from_numpy(feeds[i.name]) for i in inputs]
+    args = [a.half() if a.is_floating_point() else a for a in args]
+    export(model, args, path, dynamo=False, opset=17, input_names=[i.name for i in inputs],
+           output_names=list(model.OUTPUTS))  # fmt: skip
+
+
+def breakdown(graph, planned, device: str) -> dict:
+    """Shares of the predicted time: launch overhead, and kernels by roof."""
+    from orchestrate.cost.figures import LAUNCH_US
+    from orchestrate.cost.roofline import cost
+    from orchestrate.devices import get_device
+
+    dev = get_device(device)
+    total = planned.plan.summary.predicted_us
+    roofs = {"memory": 0.0, "compute": 0.0, "latency": 0.0}
+    kernels = 0
+    for k, spec in zip(planned.plan.kernels, planned.specs):
+        if k.is_view:
+            continue
+        kernels += 1
+        c = cost(graph, spec, dev)
+        terms = {"memory": c.memory_us, "compute": c.compute_us, "latency": c.latency_us}
+        roof = max(terms, key=terms.get)
+        roofs[roof] += k.predicted_us - c.launch_us
+    shares = {f"{r}_share": round(v / total, 3) for r, v in roofs.items()}
+    return {"launch_share": round(kernels * LAUNCH_US / total, 3), **shares}
+
+
+def plan_one(path: Path, device: str | None = None) -> dict:
     """Run in a child process: plan ``path`` and report time, memory, plan summary."""
     from orchestrate import frontend, pipeline
     from orchestrate.decompose import fission
@@ -54,7 +105,8 @@ def plan_one(path: Path) -> dict:
     del model
     graph = fission(prepared, str(path), consume=True)
     del prepared
-    plan = pipeline.plan_graph(graph, PlanOptions()).plan
+    planned = pipeline.plan_graph(graph, PlanOptions(device=device))
+    plan = planned.plan
     wall = time.perf_counter() - started
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     result = plan.to_json()
@@ -67,6 +119,8 @@ def plan_one(path: Path) -> dict:
         "solver": result["solver"],
         "summary": result["summary"],
         "baselines": result["baselines"],
+        "device": plan.device,
+        "breakdown": breakdown(graph, planned, plan.device),
         "wall_s": round(wall, 1),
         "rss_bytes": rss,
     }
@@ -78,16 +132,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     p.add_argument("--cache", type=Path, default=Path("out/bench"))
+    p.add_argument(
+        "--device", default=None, help="GPU to plan for (default: the cost model's h100)"
+    )
+    p.add_argument("--half", action="store_true", help="export the models in fp16")
     p.add_argument("--one", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one:
-        print(json.dumps(plan_one(args.one)))
+        print(json.dumps(plan_one(args.one, args.device)))
         return 0
     rows = []
     for name in args.models:
-        path = export_cached(name, args.cache)
+        path = export_cached(name, args.cache, args.half)
+        device = ["--device", args.device] if args.device else []
         out = subprocess.run(
-            [sys.executable, "-m", "examples.bench_plan", "--one", str(path)],
+            [sys.executable, "-m", "examples.bench_plan", "--one", str(path), *device],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         if out.returncode != 0:
@@ -95,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         rows.append((name, json.loads(out.stdout.strip().splitlines()[-1])))
     print(table(rows))
+    print()
+    print(shares_table(rows))
     failed = [r for r in rows if not meets_targets(r[1])]
     for name, r in failed:
         print(f"TARGET MISSED: {name}: {reasons(r)}", file=sys.stderr)
@@ -136,6 +197,20 @@ def table(rows) -> str:
             f"| {u['bytes'] / 1e6:.0f} / {g['bytes'] / 1e6:.0f} / {s['bytes'] / 1e6:.0f} "
             f"| {g['predicted_us'] / s['predicted_us']:.2f}x | {r['wall_s']} "
             f"| {r['rss_bytes'] / 2**30:.2f} GiB |"
+        )
+    return "\n".join(lines)
+
+
+def shares_table(rows) -> str:
+    head = ("| model | device | kernels | predicted us | launch | memory-bound | compute-bound "
+            "| latency-bound |")  # fmt: skip
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for name, r in rows:
+        b = r["breakdown"]
+        lines.append(
+            f"| {name} | {r['device']} | {r['summary']['kernels']} "
+            f"| {r['summary']['predicted_us']:.1f} | {b['launch_share']:.0%} "
+            f"| {b['memory_share']:.0%} | {b['compute_share']:.0%} | {b['latency_share']:.0%} |"
         )
     return "\n".join(lines)
 
