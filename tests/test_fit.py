@@ -29,6 +29,9 @@ from tests.test_attention import attention_fn
 from tests.util import has_nvidia_backend
 
 ROOT = Path(__file__).resolve().parents[1]
+# bytes of spill stores + loads a planned kernel may have (the fit model's
+# documented miss: fp16 matmul and attention spills of at most 0.6 KB)
+SPILL_TOLERANCE = 1024
 
 _COMPILE = """
 import importlib.util, json, sys
@@ -39,7 +42,7 @@ for path, dtypes in json.load(open(sys.argv[1])):
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
     (c,) = compile_module(m, dtypes)
-    out.append(c.shared)
+    out.append([c.shared, c.spill_bytes])
 print(json.dumps(out))
 """
 
@@ -101,8 +104,10 @@ def test_the_shared_memory_model_brackets_the_compiled_kernels(tmp_path):
     compiled = json.loads(run.stdout.strip().splitlines()[-1])
     templates = {spec.template for _, _, spec, _ in kernels}
     assert templates == {"pointwise", "row_reduce", "matmul", "conv", "window", ATTENTION}
-    bad = []
-    for (label, g, spec, _), shared in zip(kernels, compiled):
+    bad, spilled = [], []
+    for (label, g, spec, _), (shared, spill) in zip(kernels, compiled):
+        if spill is not None and spill > SPILL_TOLERANCE:
+            spilled.append(f"{label} {spec.template} {spec.config}: spills {spill} B")
         model = working_set(g, spec).shared_bytes
         # fp16 attention whose key loop is not pipelined: Triton's allocator
         # reuses its buffers unevenly, and the model can only bound it (the
@@ -120,6 +125,8 @@ def test_the_shared_memory_model_brackets_the_compiled_kernels(tmp_path):
                 f"{label} {spec.template} {spec.config}: model {model} B, compiled {shared} B"
             )
     assert not bad, f"{len(bad)} of {len(kernels)} outside [1x, 2x]:\n" + "\n".join(bad)
+    # what the planner picked, the spill rule let through: at most a few spilled words
+    assert not spilled, "planned kernels that spill:\n" + "\n".join(spilled)
 
 
 # -- the fit check is the rules' own: it decides what the planner may pick ------------------

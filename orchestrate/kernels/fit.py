@@ -12,9 +12,11 @@ set (``fits``).  Per thread block:
                   of the compiled figure.
 ``spills``        a rule per template that says when ptxas would spill
                   registers to local memory (fp32 accumulators and operand
-                  tiles per thread); calibrated on the same compiles: it
-                  catches every fp32 attention that spills, and misses
-                  matmul and fp16 attention spills of at most 0.6 KB.
+                  tiles per thread, and IEEE fp32 dots' K tile); calibrated
+                  on the same compiles: it catches every fp32 attention and
+                  fp32 matmul that spills, and misses fp16 matmul and
+                  attention spills of at most 0.6 KB (``tests/test_fit.py``
+                  holds every planned kernel of the examples under 1 KB).
 
 The terms, with ``it`` the operand item size (2 for fp16, 4 for fp32), ``S``
 stages and ``W`` warps:
@@ -167,7 +169,11 @@ def _dot_tiles(graph: Graph, spec: KernelSpec) -> WorkingSet:
     if tensor_cores:
         spills = bm * bn / per_thread >= 128
     else:
-        spills = (bm * bn + (bm + bn) * bk) / per_thread >= 128
+        # IEEE fp32: the FMA loop over BLOCK_K is unrolled with its operand
+        # slices in registers; at BLOCK_K >= 64 ptxas spills kilobytes once an
+        # epilogue adds pressure (16 x 128 x 64 with a GELU: 11 KB at 4 warps,
+        # 4.7 KB at 8; 16 x 64 x 64 with one: none), so 64 is refused outright
+        spills = bk >= 64 or (bm * bn + (bm + bn) * bk) / per_thread >= 128
     return WorkingSet(smem, spills)
 
 
