@@ -30,7 +30,6 @@ class Device:
     registers_per_sm: int = 65536  # 32-bit registers
     registers_per_thread: int = 255
     threads_per_block: int = 1024
-    launch_us: float = 3.0  # per-kernel overhead when replayed from a CUDA graph
 
 
 DEVICES: dict[str, Device] = {
