@@ -14,7 +14,7 @@ JOBS   ?= 2
 DEMO   := examples/models/tiny_bert.onnx
 
 .PHONY: install demo test test-slow test-gpu fuzz lint format examples golden-update \
-        conformance bench-plan bench bench-gpu bench-launch hf-check clean
+        conformance bench-plan bench bench-gpu bench-launch hf-check fit-check clean
 
 install: $(STAMP)
 
@@ -89,6 +89,13 @@ HF := transformers==5.24.0
 hf-check: install
 	$(PY) -m pip install -q $(HF)
 	HF_HUB_OFFLINE=1 $(PY) -m examples.hf_models
+
+# every example and hf-check architecture planned for a GPU (FIT_ARGS, default
+# --device h200 at fp32 and fp16, tiny sizes; add --sizes tiny base) and each
+# kernel compiled for its architecture and checked against its limits (no GPU)
+fit-check: install
+	$(PY) -m pip install -q $(HF)
+	$(PY) -m examples.fit_sweep $(FIT_ARGS)
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache
