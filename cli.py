@@ -203,7 +203,7 @@ def decompose(model: Path, output: Path, shapes) -> None:
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @shape_option
-@click.option("--dtype", default=None, metavar="fp16|fp32",
+@click.option("--dtype", default=None, metavar="fp16|bf16|fp32",
               help="Show the primitive graph run at this precision (as optimize --dtype).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @reports_errors
@@ -234,9 +234,10 @@ def plan_options(fn):
     fn = click.option("--max-kernel-nodes", type=click.IntRange(1, 64), default=16,
                       show_default=True, help="Most primitives in one candidate kernel.")(fn)  # fmt: skip
     fn = click.option("--tf32", is_flag=True, help="Let fp32 matmuls use TF32 tensor cores.")(fn)
-    fn = click.option("--dtype", default=None, metavar="fp16|fp32",
-                      help="Run an fp32 model in half precision (fp16 storage and tensor cores; "
-                           "fp32 accumulation, softmax and normalisation). Default: the model's own.")(fn)  # fmt: skip
+    fn = click.option("--dtype", default=None, metavar="fp16|bf16|fp32",
+                      help="Run an fp32 model in half precision (fp16 or bf16 storage and tensor "
+                           "cores; fp32 accumulation, softmax and normalisation). Default: the "
+                           "model's own.")(fn)  # fmt: skip
     fn = click.option("--no-recompute", "no_recompute", is_flag=True,
                       help="Forbid computing a primitive in more than one kernel.")(fn)  # fmt: skip
     fn = click.option("--time-limit", type=float, default=60.0, show_default=True, metavar="S",
@@ -380,7 +381,8 @@ def tolerance_options(fn):
     fn = click.option("--atol", type=float, default=None,
                       help="Absolute tolerance (default: rtol x the output's largest magnitude).")(fn)  # fmt: skip
     fn = click.option("--rtol", type=float, default=None,
-                      help="Relative tolerance (default by dtype: fp32 1e-4, fp16 1e-2).")(fn)  # fmt: skip
+                      help="Relative tolerance (default by dtype: fp32 1e-4, fp16 1e-2, "
+                           "bf16 4e-2).")(fn)  # fmt: skip
     return fn
 
 
@@ -412,7 +414,7 @@ def optimize(model: Path, out_dir: Path, shapes, trials, rtol, atol, **opts) -> 
         click.echo("")
         for line in result.report.lines():
             click.echo(line)
-        click.echo(f"verified against onnxruntime over {trials} random trials")
+        click.echo(result.report.verdict(trials))
     click.echo(f"wrote {result.path}/")
 
 

@@ -7,6 +7,11 @@
       report.md      the explain table, baselines and verification result
       manifest.json  format, versions, constant names, sha256 of every file
 
+numpy has no bfloat16 of its own (orchestrate uses ml_dtypes' in memory), and
+an .npz of ml_dtypes arrays loads as raw bytes without pickles: a bfloat16
+constant is stored as its uint16 bit patterns (the same 2 bytes per value),
+and the manifest's ``bfloat16`` lists those constants by name.
+
 The folder is written under a temporary name next to OUT and renamed into
 place only when complete, so a failure leaves nothing at OUT.  An existing OUT
 is replaced only when it is a bundle exactly as orchestrate wrote it (format,
@@ -39,14 +44,15 @@ from orchestrate.files import (
     is_plain_file,
     signals_held,
 )
-from orchestrate.ir import ALL_DTYPES
+from orchestrate.ir import ALL_DTYPES, BFLOAT16
 from orchestrate.plan import Plan
 
-BUNDLE_FORMAT = "orchestrate-bundle/3"
+BUNDLE_FORMAT = "orchestrate-bundle/4"
 # what each earlier format lacks, for the message that refuses it
 _OLDER = {
     "orchestrate-bundle/1": "one jitted function per distinct kernel spec",
     "orchestrate-bundle/2": "the plan from which load regenerates kernels.py instead of importing it",
+    "orchestrate-bundle/3": "the list of bfloat16 constants, stored as uint16 bit patterns",
 }
 FILES = ("plan.json", "kernels.py", "weights.npz", "report.md")
 
@@ -163,12 +169,13 @@ class Staging:
         (self.path / "plan.json").write_text(json.dumps(plan.to_json(), indent=1) + "\n")
         (self.path / "kernels.py").write_text(kernels_py)
         with open(self.path / "weights.npz", "wb") as f:
-            np.savez(f, **{keys[k]: _c_order(v) for k, v in constants.items()})
+            np.savez(f, **{keys[k]: stored(_c_order(v)) for k, v in constants.items()})
         (self.path / "report.md").write_text(report)
         manifest = {
             "format": BUNDLE_FORMAT,
             **info,
             "constants": keys,
+            "bfloat16": sorted(k for k, v in constants.items() if v.dtype == BFLOAT16),
             "files": {name: sha256(self.path / name) for name in FILES},
         }
         (self.path / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -201,6 +208,12 @@ class Staging:
     def discard(self) -> None:
         with signals_held():
             shutil.rmtree(self.path, ignore_errors=True)
+
+
+def stored(arr: np.ndarray) -> np.ndarray:
+    """``arr`` as weights.npz holds it: a bfloat16 array as its uint16 bit
+    patterns, anything else as it is."""
+    return arr.view(np.uint16) if arr.dtype == BFLOAT16 else arr
 
 
 def _c_order(arr: np.ndarray) -> np.ndarray:
@@ -243,7 +256,7 @@ def read(folder: str | os.PathLike) -> Contents:
         if hashlib.sha256(data[name]).hexdigest() != manifest["files"][name]:
             raise InputError(f"{folder}: {name} was modified (sha256 does not match the manifest)")
     plan = Plan.from_json(_json(data["plan.json"], folder, "plan.json"), f"{folder}/plan.json")
-    constants = _weights(data["weights.npz"], manifest["constants"], folder)
+    constants = _weights(data["weights.npz"], manifest["constants"], manifest["bfloat16"], folder)
     try:
         kernels_py = data["kernels.py"].decode("ascii")
     except UnicodeDecodeError:
@@ -266,6 +279,9 @@ _MANIFEST = {
     "constants": (lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
                   and len(set(v.values())) == len(v),
                   "an object of constant name -> distinct archive key"),
+    "bfloat16": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)
+                 and len(set(v)) == len(v),
+                 "a list of distinct constant names"),
     "files": (lambda v: isinstance(v, dict) and set(v) == set(FILES) and all(
         isinstance(x, str) and re.fullmatch("[0-9a-f]{64}", x) for x in v.values()),
         f"an object of sha256 digests for {', '.join(FILES)}"),
@@ -301,9 +317,15 @@ def _json(raw: bytes, folder: Path, name: str):
         raise InputError(f"{folder}: {name} is not valid JSON ({e})") from None
 
 
-def _weights(raw: bytes, keys: Mapping[str, str], folder: Path) -> dict[str, np.ndarray]:
+def _weights(raw: bytes, keys: Mapping[str, str], bf16: list[str], folder: Path
+             ) -> dict[str, np.ndarray]:  # fmt: skip
     """The constants in weights.npz, by name: plain numeric arrays only (no
-    pickled objects), exactly the archive keys the manifest lists."""
+    pickled objects), exactly the archive keys the manifest lists; those it
+    lists as bfloat16 are uint16 bit patterns, viewed as bfloat16."""
+    unknown = sorted(set(bf16) - set(keys))
+    if unknown:
+        raise InputError(f"{folder}: manifest.json lists {_show(unknown[0])!r} as bfloat16 but "
+                         "not among its constants")  # fmt: skip
     try:
         with np.load(io.BytesIO(raw), allow_pickle=False) as z:
             stored = set(z.files)
@@ -318,4 +340,9 @@ def _weights(raw: bytes, keys: Mapping[str, str], folder: Path) -> dict[str, np.
         if arr.dtype.name not in ALL_DTYPES or arr.dtype.byteorder not in "=|":
             raise InputError(f"{folder}: weights.npz constant {_show(name)!r} has dtype {arr.dtype}, "
                              "which orchestrate never writes")  # fmt: skip
+    for name in bf16:
+        if constants[name].dtype != np.uint16:
+            raise InputError(f"{folder}: weights.npz constant {_show(name)!r} is listed as bfloat16 "
+                             f"but holds {constants[name].dtype}, not uint16 bit patterns")  # fmt: skip
+        constants[name] = constants[name].view(BFLOAT16)
     return constants

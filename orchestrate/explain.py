@@ -11,6 +11,7 @@ import colorsys
 import html
 from collections import Counter
 
+from orchestrate.ir import FLOATS
 from orchestrate.plan import Plan, PlannedKernel
 
 
@@ -107,7 +108,7 @@ def summary_lines(result: Plan) -> list[str]:
 
 def precision_text(result: Plan) -> str:
     """What ``--dtype`` the plan was made at, and the dtypes its tensors hold."""
-    held = Counter(p.dtype for p in result.primitives if p.dtype.startswith("float"))
+    held = Counter(p.dtype for p in result.primitives if p.dtype in FLOATS)
     tensors = ", ".join(f"{n} {d}" for d, n in sorted(held.items()))
     if result.options.dtype in (None, "fp32"):
         own = "the model's own" if result.options.dtype is None else "fp32"

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16" dtype: np.dtype("bfloat16"))
 import numpy as np
 
 
@@ -114,10 +115,15 @@ ALL_OPS = ELEMENTWISE | REDUCE | LAYOUT | COMPUTE
 assert ALL_OPS == frozenset(Op), "every Op belongs to exactly one group"
 
 # ---------------------------------------------------------------------------
-# dtypes: numpy names.  Which dtypes each primitive accepts is part of the IR:
-# a decomposition that would need another one declines with UnsupportedError.
+# dtypes: numpy names ("bfloat16" is ml_dtypes' numpy dtype, which onnx uses
+# too).  Which dtypes each primitive accepts is part of the IR: a
+# decomposition that would need another one declines with UnsupportedError.
 
-FLOATS = ("float16", "float32", "float64")
+# the 2-byte floats: stored in 2 bytes, computed in fp32 registers by the
+# kernels, multiplied on tensor cores with fp32 accumulation
+HALF = ("float16", "bfloat16")
+BFLOAT16 = np.dtype("bfloat16")  # numpy's own has none: ml_dtypes'
+FLOATS = ("float16", "bfloat16", "float32", "float64")
 SIGNED = ("int8", "int16", "int32", "int64")
 UNSIGNED = ("uint8", "uint16", "uint32", "uint64")
 INTS = SIGNED + UNSIGNED
@@ -129,12 +135,14 @@ _FI = frozenset(NUMERIC)
 _ALL = frozenset(ALL_DTYPES)
 
 # The dtypes each primitive is defined for (the input dtype that decides).
-# These follow what the primitive-level ONNX export can run in onnxruntime.
+# These follow what the primitive-level ONNX export can run in onnxruntime;
+# bfloat16 follows float16 (onnxruntime's CPU provider has few bfloat16
+# kernels: the reference executor, with ml_dtypes, is the ground truth there).
 DTYPES: Mapping[Op, frozenset[str]] = {
     **{op: _F for op in (Op.EXP, Op.LOG, Op.SQRT, Op.RECIP, Op.TANH, Op.SIGMOID, Op.FLOOR,
                          Op.CEIL, Op.ROUND, Op.SIN, Op.COS, Op.ISNAN)},
     Op.ISINF: frozenset({"float32", "float64"}),
-    Op.ERF: frozenset({"float16", "float32"}),
+    Op.ERF: frozenset({"float16", "bfloat16", "float32"}),
     Op.NEG: frozenset(FLOATS + SIGNED),
     Op.ABS: _FI,
     Op.SIGN: _FI,
@@ -157,8 +165,8 @@ DTYPES: Mapping[Op, frozenset[str]] = {
     **{op: _ALL for op in LAYOUT},
     Op.MATMUL: frozenset(FLOATS + ("int32", "int64", "uint32", "uint64")),
     # onnxruntime has no float64 Conv / AveragePool kernels
-    Op.CONV: frozenset({"float32", "float16"}),
-    Op.POOL: frozenset({"float32", "float16"}),
+    Op.CONV: frozenset({"float32", *HALF}),
+    Op.POOL: frozenset({"float32", *HALF}),
 }  # fmt: skip
 
 

@@ -143,7 +143,7 @@ class Options:
     tf32: bool
     recompute: bool
     max_kernel_nodes: int
-    dtype: str | None  # --dtype: fp32 or fp16; None: the model's own precision
+    dtype: str | None  # --dtype: fp32, fp16 or bf16; None: the model's own precision
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ class PlanOptions:
     recompute: bool = True  # a primitive may be computed by several kernels
     limits: Limits = field(default_factory=Limits)
     reproducible: bool = False  # write 0 for wall-clock fields
-    dtype: str | None = None  # fp32 or fp16 (precision.lower_precision); None: the model's own
+    dtype: str | None = None  # fp32, fp16, bf16 (precision.lower_precision); None: the model's
 
     def __post_init__(self):
         d = self.device

@@ -1,12 +1,13 @@
-"""Run a float32 model in half precision (``--dtype fp16``), as autocast does.
+"""Run a float32 model in half precision (``--dtype fp16`` or ``bf16``), as autocast does.
 
 ``lower_precision(graph, "fp16")`` is a pure function from the primitive graph
 to another primitive graph, applied after fission and before planning.  Every
-float32 primitive gets a precision, fp16 or fp32, by three rules:
+float32 primitive gets a precision, half (fp16, or bf16 for ``"bf16"``) or
+fp32, by three rules (below, "fp16" stands for either half):
 
 * matmul and conv run on fp16 operands (a CAST to fp16 where an operand is
   fp32); their kernels accumulate in fp32 (``tl.dot``, and the reference's
-  ``_matmul`` / ``_conv``), as the fp16 tensor cores do;
+  ``_matmul`` / ``_conv``), as the fp16 and bf16 tensor cores do;
 * sums and products (``SUM``, ``PROD``: means, variances, softmax
   denominators) are computed in fp32, and so is the chain of elementwise
   nodes and row maxima whose every reader is fp32: a softmax or a
@@ -22,18 +23,23 @@ primitive the IR defines for fp32 only (``ISINF``) stays fp32.
 
 Constants: a float32 constant is stored in fp16 when some reader wants fp16;
 a reader that wants the other dtype gets a converted copy (from the float32
-values: an fp32 reader such as a LayerNorm epsilon loses nothing).  A constant beyond fp16's range (|x| > 65504) stays fp32 and
-its readers compute in fp32; one that a matmul or conv reads is an error
-naming it.  Graph inputs and outputs keep their dtypes: inputs are cast where
-read, outputs cast back, under their own names.  The casts are primitives, so
-they fuse into the kernels next to them (the kernels compute fp16 values in
-fp32 registers and round where they store, so a cast inside a kernel is free).
+values: an fp32 reader such as a LayerNorm epsilon loses nothing).  A
+constant beyond the half's range (|x| > 65504 for fp16; bf16 has fp32's
+exponent range) stays fp32 and its readers compute in fp32; one that a matmul
+or conv reads is an error naming it.  Graph inputs and outputs keep their
+dtypes: inputs are cast where read, outputs cast back, under their own names.
+The casts are primitives, so they fuse into the kernels next to them (the
+kernels compute half values in fp32 registers and round where they store, so
+a cast inside a kernel is free).  A model that already holds the other half
+(float16 tensors under ``bf16``, or the reverse) is refused: one graph never
+mixes the two.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import ml_dtypes
 import numpy as np
 
 from orchestrate import ir, type_rules
@@ -42,14 +48,17 @@ from orchestrate.ir import Attrs, Graph, Node, Op, TensorType
 
 # --dtype values and the IR dtypes they name
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-SUPPORTED = ("fp32", "fp16")  # bf16 is not an IR dtype yet
+SUPPORTED = ("fp32", "fp16", "bf16")
 
 # Default verification tolerance per --dtype (verify.py's rtol: errors judged
 # against rtol x the output's largest magnitude).  fp16 keeps 11 significant
 # bits (unit roundoff 2**-11 = 4.9e-4); a few roundings of fp16 activations
 # through a few layers, with fp32 accumulation, stay within 1e-2 of the
-# output's scale (README, "Half precision", gives the errors measured).
-RTOL = {"fp16": 1e-2}
+# output's scale.  bf16 keeps 8 (unit roundoff 2**-8 = 3.9e-3, 8x fp16's):
+# its errors measure about 7x fp16's, at most 1.2e-2 over the examples, and
+# 4e-2 keeps 3x of room over that while a wrong kernel still fails (README,
+# "Half precision", gives the errors measured for both).
+RTOL = {"fp16": 1e-2, "bf16": 4e-2}
 
 _ALWAYS_HALF = frozenset({Op.MATMUL, Op.CONV})
 _ALWAYS_FULL = frozenset({Op.SUM, Op.PROD})
@@ -80,40 +89,44 @@ def model_dtype(graph: Graph) -> str | None:
     """The model's own float dtype: float32 if any tensor is float32, else
     the widest float it has (None for a model without floats)."""
     found = {t.dtype for t in graph.types.values()}
-    for dtype in ("float32", "float64", "float16"):
+    for dtype in ("float32", "float64", *ir.HALF):
         if dtype in found:
             return dtype
     return None
 
 
 def lower_precision(graph: Graph, dtype: str | None, source: str = "model") -> Graph:
-    """``graph`` run at ``dtype`` (``fp32``, ``fp16``, or None: the model's
-    own).  PrecisionError (naming ``source``) for a dtype the model cannot run at."""
+    """``graph`` run at ``dtype`` (``fp32``, ``fp16``, ``bf16``, or None: the
+    model's own).  PrecisionError (naming ``source``) for a dtype the model
+    cannot run at."""
     if dtype is None:
         return graph
     if dtype not in SUPPORTED:
         raise PrecisionError(dtype, unsupported(dtype), source)
     own = model_dtype(graph)
     if dtype == "fp32":
-        if own == "float16":
-            raise PrecisionError(dtype, "the model computes in float16; orchestrate lowers "
+        if own in ir.HALF:
+            raise PrecisionError(dtype, f"the model computes in {own}; orchestrate lowers "
                                  "precision, it does not raise it", source)  # fmt: skip
         return graph
-    if own is None or not any(t.dtype == "float32" for t in graph.types.values()):
+    found = {t.dtype for t in graph.types.values()}
+    other = next((h for h in ir.HALF if h in found and h != DTYPES[dtype]), None)
+    if other is not None:
+        raise PrecisionError(dtype, f"the model computes in {other}; orchestrate lowers float32 "
+                             "to one half precision, it does not mix two", source)  # fmt: skip
+    if own is None or "float32" not in found:
         return graph  # nothing in float32 to lower
-    return _Lowering(graph, DTYPES[dtype], source).graph()
+    return _Lowering(graph, dtype, source).graph()
 
 
 def unsupported(dtype) -> str:
-    if dtype == "bf16":
-        return "bf16 is not supported yet (fp16 and fp32 are)"
-    return "expected fp16 or fp32 (the default is the model's own precision)"
+    return "expected fp16, bf16 or fp32 (the default is the model's own precision)"
 
 
 class _Lowering:
-    def __init__(self, graph: Graph, half: str, source: str):
-        self.g, self.half, self.source = graph, half, source
-        self.overflow = {k for k, v in graph.constants.items() if _overflows(v, half)}
+    def __init__(self, graph: Graph, dtype: str, source: str):
+        self.g, self.dtype, self.half, self.source = graph, dtype, DTYPES[dtype], source
+        self.overflow = {k for k, v in graph.constants.items() if _overflows(v, self.half)}
         self.full = self._full_precision()
 
     # -- which primitives compute in fp32 -------------------------------------------
@@ -135,9 +148,10 @@ class _Lowering:
                 bad = next((i for i in n.inputs if i in self.overflow), None)
                 if bad is not None:
                     big = float(np.max(np.abs(g.constants[bad][np.isfinite(g.constants[bad])])))
+                    most = float(ml_dtypes.finfo(self.half).max)
                     raise PrecisionError(
-                        "fp16", f"weight {bad!r} read by {n.op.value} {n.name!r} holds "
-                        f"{big:.4g}, beyond float16's range (65504)", self.source,
+                        self.dtype, f"weight {bad!r} read by {n.op.value} {n.name!r} holds "
+                        f"{big:.4g}, beyond {self.half}'s range ({most:.6g})", self.source,
                     )  # fmt: skip
             elif (n.op in _ALWAYS_FULL and n.dtype == "float32") or needs_full or any(
                     i in self.overflow for i in n.inputs):  # fmt: skip

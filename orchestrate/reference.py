@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from orchestrate.errors import InputError
-from orchestrate.ir import FLOATS, Attrs, Graph, Node, Op
+from orchestrate.ir import FLOATS, HALF, Attrs, Graph, Node, Op
 
 
 def run(
@@ -55,9 +55,14 @@ def _widen(arr: np.ndarray, float64: bool) -> np.ndarray:
     return arr.astype(np.float64) if float64 and arr.dtype.name in FLOATS else arr
 
 
+def _half(x: np.ndarray) -> bool:
+    """Whether ``x`` holds 2-byte floats (float16, or ml_dtypes' bfloat16)."""
+    return x.dtype.name in HALF
+
+
 def _acc(x: np.ndarray) -> Any:
-    """Accumulator dtype: float16 sums and products run in float32."""
-    return np.float32 if x.dtype == np.float16 else None
+    """Accumulator dtype: float16 and bfloat16 sums and products run in float32."""
+    return np.float32 if _half(x) else None
 
 
 def _div(_a: Attrs, x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -91,13 +96,13 @@ def _erf(_a: Attrs, x: np.ndarray) -> np.ndarray:
 
 
 def _sigmoid(_a: Attrs, x: np.ndarray) -> np.ndarray:
-    xf = x.astype(np.float64) if x.dtype == np.float16 else x
+    xf = x.astype(np.float64) if _half(x) else x
     e = np.exp(-np.abs(xf))
     return np.where(xf >= 0, 1 / (1 + e), e / (1 + e))
 
 
 def _neutral(x: np.ndarray, largest: bool) -> Any:
-    if x.dtype.kind == "f":
+    if x.dtype.name in FLOATS:
         return -np.inf if largest else np.inf
     info = np.iinfo(x.dtype)
     return info.min if largest else info.max
@@ -146,7 +151,7 @@ def _pad(a: Attrs, x: np.ndarray) -> np.ndarray:
 
 
 def _matmul(_a: Attrs, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    if x.dtype == np.float16:
+    if _half(x):
         return np.matmul(x.astype(np.float32), y.astype(np.float32))
     return np.matmul(x, y)
 
@@ -169,7 +174,7 @@ def _windows(x: np.ndarray, a: Attrs, kernel: tuple[int, ...], fill: Any):
 
 
 def _conv(a: Attrs, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    acc = np.float32 if x.dtype == np.float16 else x.dtype
+    acc = np.float32 if _half(x) else x.dtype
     x, w = x.astype(acc), w.astype(acc)
     g = a["group"]
     cg, mg = w.shape[1], w.shape[0] // g
@@ -195,7 +200,7 @@ def _pool(a: Attrs, x: np.ndarray) -> np.ndarray:
         for _, win in _windows(x, a, kernel, _neutral(x, True)):
             out = win.copy() if out is None else np.maximum(out, win)
         return out
-    acc = np.float32 if x.dtype == np.float16 else x.dtype
+    acc = np.float32 if _half(x) else x.dtype
     total = None
     for _, win in _windows(x.astype(acc), a, kernel, 0):
         total = win.copy() if total is None else total + win

@@ -14,7 +14,9 @@ before launch, and after the run the int32 flags that the kernels checking
 computed indices set (``orchestrate.bounds``).
 
 With no GPU the same kernels run in Triton's interpreter (``TRITON_INTERPRET``
-is set before the kernels module is imported), and the runner says so once.
+is set before the kernels module is imported), and the runner says so once;
+a plan that multiplies bfloat16 tiles is refused there
+(:func:`interpreter_refusal`).
 On a GPU the first run compiles, the second captures the whole plan in a CUDA
 graph, and later runs replay it.
 """
@@ -54,6 +56,48 @@ def gpu_available() -> bool:
         return torch.cuda.is_available()
     except Exception:  # noqa: BLE001
         return False
+
+
+def interpreter_refusal(graph: ir.Graph) -> str | None:
+    """Why Triton's interpreter cannot run the kernels of ``graph`` (None: it
+    can).  It stores bfloat16 as uint16 and converts it to and from fp32
+    correctly, so elementwise and reduction kernels (which compute in fp32)
+    run; but its ``tl.dot`` multiplies bfloat16 tiles as the integers of
+    their bit patterns, so a bf16 matmul or conv computes nonsense there."""
+    for n in graph.nodes:
+        if n.op in (ir.Op.MATMUL, ir.Op.CONV) and graph.types[n.inputs[0]].dtype == "bfloat16":
+            return (f"{n.op.value} {n.name!r} multiplies bfloat16 tiles, which Triton's "
+                    "interpreter computes as integers (no bf16 tl.dot on a CPU); bf16 matmul "
+                    "and conv kernels run on a GPU only")  # fmt: skip
+    return None
+
+
+def check_runnable(graph: ir.Graph, interpret: bool) -> None:
+    """OrchestrateError when ``graph``'s kernels cannot run where asked."""
+    if interpret and (why := interpreter_refusal(graph)) is not None:
+        raise OrchestrateError(f"cannot run this plan without a GPU: {why}")
+
+
+def to_torch(arr: np.ndarray, copy: bool = True):
+    """``arr`` as a C-ordered torch tensor (kernels index buffers densely, and
+    numpy's default copy keeps the strides of a transposed array), a copy
+    unless ``copy`` is false.  torch reads no ml_dtypes bfloat16: it takes
+    the bit patterns."""
+    import torch
+
+    arr = np.array(arr, copy=True, order="C") if copy else np.ascontiguousarray(arr)
+    if arr.dtype == ir.BFLOAT16:
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
+def to_numpy(tensor) -> np.ndarray:
+    """A CPU torch tensor as a numpy array it shares (bfloat16 as ml_dtypes')."""
+    import torch
+
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(ir.BFLOAT16)
+    return tensor.numpy()
 
 
 def load_kernels(source: str, interpret: bool):
@@ -194,6 +238,7 @@ class Program:
         self.torch = torch
         plan = self.plan = planned.plan
         self.interpret = (not gpu_available()) if interpret is None else interpret
+        check_runnable(graph, self.interpret)
         self.device = "cpu" if self.interpret else "cuda"
         self.launches = kernels_module.KERNELS
         self.types = plan.types
@@ -215,9 +260,7 @@ class Program:
     # -- set-up -------------------------------------------------------------
 
     def _tensor(self, arr: np.ndarray):
-        # a C-ordered copy: kernels index buffers densely, and numpy's default
-        # copy keeps the strides of a transposed or Fortran-ordered array
-        t = self.torch.from_numpy(np.array(arr, copy=True, order="C"))
+        t = to_torch(arr)
         return t.to(self.device) if self.device != "cpu" else t
 
     def _lifetimes(self) -> None:
@@ -348,8 +391,8 @@ class Program:
         if tensors:  # out of the program's buffers, which the next run overwrites
             return {o: t.clone() for o, t in out.items()}
         if self.device == "cuda":
-            return {o: t.cpu().numpy() for o, t in out.items()}
-        return {o: t.numpy().copy() for o, t in out.items()}
+            return {o: to_numpy(t.cpu()) for o, t in out.items()}
+        return {o: to_numpy(t).copy() for o, t in out.items()}
 
     def _check_flags(self) -> None:
         if self._flag_of:
@@ -385,9 +428,7 @@ class Program:
             self._graph, self._static = graph, {"in": static_in, "out": out}
         for k, v in feeds.items():
             static = self._static["in"][k]
-            static.copy_(
-                torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
-            )
+            static.copy_(to_torch(v, copy=False) if isinstance(v, np.ndarray) else v)
         self._graph.replay()
         return self._static["out"]
 

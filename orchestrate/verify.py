@@ -29,7 +29,7 @@ from orchestrate import ir, onnxrt
 from orchestrate.errors import InputError
 from orchestrate.ir import Op
 
-RTOL = {"float16": 1e-2, "float32": 1e-4, "float64": 1e-7}
+RTOL = {"float16": 1e-2, "bfloat16": 4e-2, "float32": 1e-4, "float64": 1e-7}
 _PASS_THROUGH = {Op.CAST, Op.RESHAPE, Op.EXPAND, Op.IDENTITY, Op.TRANSPOSE, Op.SLICE, Op.CONCAT}
 
 
@@ -45,7 +45,15 @@ class OutputCheck:
 
 @dataclass(frozen=True)
 class Report:
+    """Every output of every trial against onnxruntime.  ``simulated`` is
+    empty when the bundle's kernels computed the outputs; otherwise it says
+    why they could not run here, and the outputs are the reference
+    executor's on the plan's primitive graph (``reference.run``: its dtypes,
+    rounded at every primitive): a check of the precision the plan computes
+    in, not of its kernels."""
+
     checks: tuple[OutputCheck, ...]
+    simulated: str = ""
 
     @property
     def ok(self) -> bool:
@@ -64,6 +72,17 @@ class Report:
             rows.append(f"{name[:31]:<32}{c.rel:>18.3g}{c.max_abs:>16.3g}  "
                         f"{'ok' if c.ok else 'MISMATCH ' + c.detail}")  # fmt: skip
         return rows
+
+    def verdict(self, trials: int) -> str:
+        """One line: what was compared with onnxruntime over ``trials``, and
+        the outcome.  A simulated report never says verified."""
+        if not self.simulated:
+            outcome = "verified" if self.ok else "FAILED"
+            return f"{outcome} against onnxruntime over {trials} random trials"
+        outcome = "within tolerance of" if self.ok else "FAILED against"
+        return (f"kernels not verified: they did not run ({self.simulated}); the plan simulated "
+                f"in numpy is {outcome} onnxruntime over {trials} random trials; run "
+                "`orchestrate verify` on a GPU to check the kernels")  # fmt: skip
 
     def first_failure(self) -> OutputCheck | None:
         return next((c for c in self.checks if not c.ok), None)

@@ -260,6 +260,43 @@ def test_without_cuobjdump_registers_are_unknown(small_bundle):
     assert rows and all(r["registers"] is None and r["spill_bytes"] is None for r in rows)
 
 
+# -- bf16 bundles: the kernels a CPU cannot run, compiled ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def bf16_bundles(tmp_path_factory) -> list[Path]:
+    """Tiny BERT (matmuls, attention, row reductions) and a conv net with
+    pools, at --dtype bf16 for an H200."""
+    if not has_nvidia_backend():
+        pytest.skip("triton has no NVIDIA backend")
+    from tests.test_precision_bf16 import TINY_BERT, conv_model
+
+    tmp = tmp_path_factory.mktemp("bf16")
+    onnx.save(conv_model(), tmp / "conv.onnx")
+    return [orchestrate.optimize(src, tmp / f"{name}.orch", dtype="bf16", device="h200",
+                                 trials=0, time_limit=20).path
+            for name, src in (("tiny_bert", TINY_BERT), ("conv", tmp / "conv.onnx"))]  # fmt: skip
+
+
+def test_bf16_bundles_compile_for_hopper_within_its_limits(bf16_bundles):
+    """Every function of both bf16 bundles compiles for sm_90 (bf16 tensor-core
+    dots) within the H200's limits."""
+    run = _compile_check(*map(str, bf16_bundles), "--json")
+    if run.returncode and "ptxas" in run.stderr and "not found" in run.stderr:
+        pytest.skip("no ptxas to compile with")
+    assert run.returncode == 0, run.stderr[-4000:]
+    rows = json.loads(run.stdout)
+    for folder in bf16_bundles:
+        mine = {r["kernel"]: r for r in rows if r["bundle"] == str(folder)}
+        functions = _functions(folder)
+        assert set(mine) == set(functions.values())
+        assert all(r["device"] == "h200" and r["arch"] == 90 for r in mine.values())
+        assert all(r["within_limits"] and not r["violations"] for r in mine.values()), mine
+        source = (folder / "kernels.py").read_text()
+        assert "tl.float16" not in source
+        assert re.search(r"tl\.dot\(\w+\.to\(tl\.bfloat16\)|tl\.dot\(a, b\)  # bf16", source)
+
+
 # -- every example -------------------------------------------------------------------------
 
 

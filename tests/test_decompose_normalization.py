@@ -131,9 +131,20 @@ def test_rms_normalization_output_takes_the_scale_type():
 @pytest.mark.parametrize("op", ["LayerNormalization", "RMSNormalization"])
 def test_stash_type_outside_the_ir_is_declined(op):
     x = np.ones((2, 4), np.float32)
-    model = node_model(op, {"x": x, "s": x[0]}, opset=23, stash_type=16)  # bfloat16
+    model = node_model(op, {"x": x, "s": x[0]}, opset=23, stash_type=17)  # float8e4m3fn
     with pytest.raises(UnsupportedError, match="stash_type"):
         fission(prepare(model, {"x": (2, 4), "s": (4,)}))
+
+
+@pytest.mark.parametrize("op", ["LayerNormalization", "RMSNormalization"])
+def test_a_bfloat16_stash_type_keeps_float32_statistics(op):
+    """bfloat16 is an IR dtype: a bf16 stash_type is taken, and float32 input
+    keeps float32 statistics (the wider of the two)."""
+    x = np.ones((2, 4), np.float32)
+    model = node_model(op, {"x": x, "s": x[0]}, opset=23, stash_type=16)  # bfloat16
+    graph = fission(prepare(model, {"x": (2, 4), "s": (4,)}))
+    assert {n.dtype for n in graph.nodes if n.op.value == "sum"} == {"float32"}
+    assert "bfloat16" not in {n.dtype for n in graph.nodes}
 
 
 # -- BatchNormalization -----------------------------------------------------------

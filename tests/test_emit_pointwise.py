@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchestrate import ir, reference, type_rules
 from tests import graphs
-from tests.emit_util import assert_matches_reference, one_kernel
+from tests.emit_util import assert_matches_reference, one_kernel, run_plan
 
 dims = st.sampled_from([1, 2, 3, 5, 7, 8, 13])
 
@@ -89,3 +92,30 @@ def test_dtypes(dtype):
     ins = {k: (rng.standard_normal(v.type.shape) * 4).astype(dtype) for k, v in
            ((i.name, i) for i in g.inputs)}  # fmt: skip
     assert_matches_reference(g, one_kernel(g), ins, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("value, source, to", [
+    (0.1, "float32", "float16"),  # rounds: the literal is fp16's 0.0999755859375
+    (0.1, "float32", "bfloat16"),  # rounds: bf16's 0.10009765625
+    (-2.7, "float32", "int32"),  # truncates toward zero
+    (3, "int64", "float32"),  # an integer literal: `3.to(...)` is a syntax error
+    (float("nan"), "float32", "float16"),  # float("nan") is no number literal either
+    (0.5, "float32", "bool"),
+])  # fmt: skip
+def test_a_cast_of_a_scalar_constant_is_a_literal(value, source, to):
+    """A one-element constant is inlined as a literal, which has no ``.to()``:
+    its CAST is done at generation, as numpy casts it (the kernel used to
+    read ``0.1.to(tl.float16)`` and fail to compile)."""
+    c = ir.Node(ir.Op.CAST, "c", ("k",), ir.TensorType((), to), ir.Attrs(to=to))
+    op = ir.Op.AND if to == "bool" else ir.Op.ADD
+    y = ir.Node(op, "y", ("x", "c"), ir.TensorType((4,), to))
+    g = type_rules.validate(ir.Graph((c, y), (ir.Input("x", ir.TensorType((4,), to)),), ("y",),
+                                     {"k": np.array(value, dtype=source)}))  # fmt: skip
+    x = np.array([0, 1, 0, 1]).astype(to)
+    got, src = run_plan(g, one_kernel(g), {"x": x})
+    # one rounding either way (the kernel's fp32 sum stored, numpy's sum in the
+    # dtype); the interpreter stores bf16 truncated, a GPU rounds to nearest
+    ulp = 2.0**-7 if to == "bfloat16" else 0.0
+    want = reference.run(g, {"x": x})["y"]
+    np.testing.assert_allclose(got["y"].astype(np.float64), want.astype(np.float64), rtol=ulp)
+    assert not re.search(r'(\b\d+(\.\d+)?|float\("-?\w+"\))\.to\(', src), src

@@ -149,6 +149,12 @@ MANIFEST_EDITS = {
     "model file a number": (_json_edit(_set(["model", "file"], 3)), "field 'model' must be"),
     "shapes of strings": (_json_edit(_set(["shapes"], {"x": ["3"]})), "field 'shapes' must be"),
     "older format": (_json_edit(_set(["format"], "orchestrate-bundle/2")), "older orchestrate"),
+    "format 3": (_json_edit(_set(["format"], "orchestrate-bundle/3")), "without the list of bfloat16"),
+    "bfloat16 missing": (_json_edit(lambda d: d.pop("bfloat16")), "lacks the field 'bfloat16'"),
+    "bfloat16 a string": (_json_edit(_set(["bfloat16"], "w")), "field 'bfloat16' must be"),
+    "bfloat16 unknown": (_json_edit(_set(["bfloat16"], ["nope"])), "lists 'nope' as bfloat16"),
+    "bfloat16 of a float32": (_json_edit(_set(["bfloat16"], ["w"])),
+                              "listed as bfloat16 but holds float32"),
 }  # fmt: skip
 
 

@@ -379,7 +379,7 @@ def onnx_dtype_name(onnx_type: int) -> str:
 
 def onnx_dtype(onnx_type: int) -> str:
     """The IR dtype of an ONNX element type (a Cast's ``to``); UnsupportedError
-    when the IR has none (bfloat16, float8, strings, ...)."""
+    when the IR has none (float8, strings, ...)."""
     name = onnx_dtype_name(onnx_type)
     if name not in ir.ALL_DTYPES:
         raise UnsupportedError(f"dtype {name} is not supported", {f"dtype {name}": 1})

@@ -54,8 +54,8 @@ def _float_input(op: str, x: Value) -> None:
 
 
 def _wide(x: Value) -> str:
-    """The dtype statistics of ``x`` are computed in: float16 -> float32."""
-    return "float32" if x.dtype == "float16" else x.dtype
+    """The dtype statistics of ``x`` are computed in: float16, bfloat16 -> float32."""
+    return "float32" if x.dtype in ir.HALF else x.dtype
 
 
 def _moments(b: Builder, x: Value, axes: tuple[int, ...]) -> tuple[Value, Value, Value]:

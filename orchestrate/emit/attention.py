@@ -38,6 +38,7 @@ import math
 
 from orchestrate.emit.body import Body
 from orchestrate.emit.codegen import (
+    TL_DTYPE,
     Evaluator,
     Index,
     broadcast_index,
@@ -46,7 +47,7 @@ from orchestrate.emit.codegen import (
 )
 from orchestrate.emit.expr import Sym
 from orchestrate.emit.source import KernelSource, describe, pointers, store
-from orchestrate.ir import Graph
+from orchestrate.ir import HALF, Graph
 from orchestrate.kernels.spec import KernelSpec
 
 
@@ -168,9 +169,9 @@ def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
 
 
 def _dot(a: str, b: str, dtype: str) -> str:
-    """a @ b in fp32: IEEE for fp32, fp16 tensor cores for fp16 (fp32 accumulate)."""
-    if dtype == "float16":
-        return f"tl.dot({a}.to(tl.float16), {b}.to(tl.float16))"
+    """a @ b in fp32: IEEE for fp32, tensor cores for fp16 and bf16 (fp32 accumulate)."""
+    if dtype in HALF:
+        return f"tl.dot({a}.to({TL_DTYPE[dtype]}), {b}.to({TL_DTYPE[dtype]}))"
     return f'tl.dot({a}, {b}, input_precision="ieee")'
 
 

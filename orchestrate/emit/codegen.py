@@ -13,7 +13,7 @@ indices of its inputs:
 
 So layout primitives cost no memory traffic: they become index arithmetic on
 the loads of the kernel that reads them.  Values are computed in fp32 when the
-tensor is fp16 (``compute_dtype``) and cast back when stored.
+tensor is fp16 or bf16 (``compute_dtype``) and cast back when stored.
 
 Indices are ``Expr`` trees (``emit/expr.py``): the rewrite rules simplify
 them as they are built (a reshape of a split index is the index again, a
@@ -52,7 +52,8 @@ from orchestrate.emit.helpers import Helper
 from orchestrate.ir import Graph, Node, Op
 
 TL_DTYPE = {
-    "float16": "tl.float16", "float32": "tl.float32", "float64": "tl.float64",
+    "float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",
+    "float64": "tl.float64",
     "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32", "int64": "tl.int64",
     "uint8": "tl.uint8", "uint16": "tl.uint16", "uint32": "tl.uint32", "uint64": "tl.uint64",
     "bool": "tl.int1",
@@ -60,8 +61,8 @@ TL_DTYPE = {
 
 
 def compute_dtype(dtype: str) -> str:
-    """The dtype values of ``dtype`` are computed in (fp16 math runs in fp32)."""
-    return "float32" if dtype == "float16" else dtype
+    """The dtype values of ``dtype`` are computed in (fp16 and bf16 math runs in fp32)."""
+    return "float32" if dtype in ir.HALF else dtype
 
 
 def strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -84,6 +85,16 @@ def literal(value, dtype: str) -> str:
             return 'float("inf")' if v > 0 else 'float("-inf")'
         return repr(v)
     return str(int(value))
+
+
+def cast_literal(value: np.ndarray, to: str) -> str:
+    """The literal of a CAST of the one-element constant ``value`` (a 0-d
+    array) to ``to``: converted by numpy, as the reference converts it (a
+    float rounds to fp16 or bf16, truncates to an integer, is 1 if nonzero
+    as a bool)."""
+    with np.errstate(all="ignore"):
+        cast = value != 0 if to == "bool" else value.astype(to)
+    return literal(cast.item(), compute_dtype(to))
 
 
 class Pointers:
@@ -212,11 +223,17 @@ class Evaluator:
 
     # -- memory -------------------------------------------------------------
 
+    def _scalar(self, name: str) -> np.ndarray | None:
+        """The value of ``name`` when it is a one-element constant (inlined as
+        a literal), as a 0-d array of its dtype; None otherwise."""
+        const = self.graph.constants.get(name)
+        return const.reshape(()) if const is not None and const.size == 1 else None
+
     def load(self, name: str, index: Index) -> str:
         t = self.graph.types[name]
-        const = self.graph.constants.get(name)
-        if const is not None and const.size == 1:
-            return literal(np.asarray(const).reshape(()).item(), compute_dtype(t.dtype))
+        scalar = self._scalar(name)
+        if scalar is not None:
+            return literal(scalar.item(), compute_dtype(t.dtype))
         offset = linearise(index.dims, t.shape, self.body)
         if self.zero is not None and (self.broadcast_all or is_lane_invariant(offset)):
             offset = self.zero + offset
@@ -229,7 +246,7 @@ class Evaluator:
         if mask_text is not None:
             args += f", mask={mask_text}, other={other}"
         expr = f"tl.load({args})"
-        if t.dtype == "float16":
+        if t.dtype in ir.HALF:
             expr += ".to(tl.float32)"
         v = b.let(expr, "x")
         b.loaded(v, mask_text, other)
@@ -238,6 +255,9 @@ class Evaluator:
     # -- primitives -----------------------------------------------------------
 
     def _node(self, n: Node, index: Index) -> str:
+        if n.op is Op.CAST and self._scalar(n.inputs[0]) is not None:
+            # a literal has no .to(): the cast is done here, as numpy does it
+            return cast_literal(self._scalar(n.inputs[0]), n.attrs["to"])
         if n.op in ir.ELEMENTWISE:
             args = [
                 self.value(i, broadcast_index(index, n.shape, self.graph.types[i].shape))

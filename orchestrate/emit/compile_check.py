@@ -58,9 +58,9 @@ if TYPE_CHECKING:
     from orchestrate.devices import Device
 
 POINTER = {
-    "float16": "*fp16", "float32": "*fp32", "float64": "*fp64", "int8": "*i8", "int16": "*i16",
-    "int32": "*i32", "int64": "*i64", "uint8": "*u8", "uint16": "*u16", "uint32": "*u32",
-    "uint64": "*u64", "bool": "*i1",
+    "float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32", "float64": "*fp64",
+    "int8": "*i8", "int16": "*i16", "int32": "*i32", "int64": "*i64", "uint8": "*u8",
+    "uint16": "*u16", "uint32": "*u32", "uint64": "*u64", "bool": "*i1",
 }  # fmt: skip
 
 
@@ -89,6 +89,8 @@ def tensor_dtypes(folder: Path) -> dict[str, str]:
     with np.load(folder / "weights.npz", allow_pickle=False) as z:
         for name, key in manifest.get("constants", {}).items():
             dtypes[name] = z[key].dtype.name
+    for name in manifest.get("bfloat16", ()):  # stored as uint16 bit patterns
+        dtypes[name] = "bfloat16"
     from orchestrate.bounds import INDEX_ERROR  # numpy only
 
     dtypes[INDEX_ERROR] = "int32"  # the index error flag the runner binds

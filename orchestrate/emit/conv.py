@@ -12,8 +12,8 @@ seen as one GEMM per group g (grid axis 1):
 The A tile is gathered from x: each (row, column) pair names an input pixel,
 masked where it falls into the padding.  The B tile is the weight viewed as
 (M, Cg * kernel volume), read transposed.  Accumulation is fp32 (``tl.dot``
-with ``input_precision="ieee"`` for fp32, plain fp16 tensor-core dots for
-fp16).  The aligned elementwise epilogue (bias, BN scale/shift, ReLU,
+with ``input_precision="ieee"`` for fp32, plain tensor-core dots for fp16
+and bf16).  The aligned elementwise epilogue (bias, BN scale/shift, ReLU,
 residual add, ...) is evaluated on the accumulator at the output multi-index
 (n, channel, *o) and every written value is stored to the NCHW output.
 
@@ -30,7 +30,7 @@ from orchestrate.emit.body import Body
 from orchestrate.emit.expr import Const, Expr, Sym, and_, ge, lt, ne
 from orchestrate.emit.matmul import WIDE, epilogue, grouped_tile
 from orchestrate.emit.source import KernelSource, describe, pointers, store
-from orchestrate.ir import Graph
+from orchestrate.ir import HALF, Graph
 from orchestrate.kernels.spec import KernelSpec
 
 AXES = {1: ("w",), 2: ("h", "w"), 3: ("d", "h", "w")}
@@ -125,8 +125,9 @@ def conv(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> Ker
     w_offset = _col(co) * gemm_k + Sym("rk[:, None]")
     loop.raw(f"a = tl.load({x_ptr} + {loop.text(offset)}, mask=mask_a, other=0.0)")
     loop.raw(f"b = tl.load({w_ptr} + {loop.text(w_offset)}, mask=mask_b, other=0.0)")
-    if dtype == "float16":
-        loop.raw("acc += tl.dot(a, b)  # fp16 tensor cores, fp32 accumulation")
+    if dtype in HALF:
+        short = {"float16": "fp16", "bfloat16": "bf16"}[dtype]
+        loop.raw(f"acc += tl.dot(a, b)  # {short} tensor cores, fp32 accumulation")
     else:
         loop.raw(f'acc += tl.dot(a, b, input_precision="{k.config.precision}")')
     body.lines += loop.lines

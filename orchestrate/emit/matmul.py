@@ -7,9 +7,9 @@ is the second grid axis.  Tiles are ordered in groups of GROUP_M rows of
 tiles (as in the Triton matmul tutorial) so the A and B strips a group shares
 stay in L2.  Each program walks K in BLOCK_K steps, loading an A tile
 (BLOCK_M, BLOCK_K) and a B tile (BLOCK_K, BLOCK_N) with masks, and
-accumulates in fp32 (fp16 operands feed ``tl.dot`` directly; fp32 operands
-use ``input_precision="ieee"``; integer and fp64 operands multiply and sum on
-CUDA cores).
+accumulates in fp32 (fp16 and bf16 operands feed ``tl.dot`` directly; fp32
+operands use ``input_precision="ieee"``; integer and fp64 operands multiply
+and sum on CUDA cores).
 
 Prologue: the kernel's nodes upstream of the matmul (transposes, reshapes
 splitting heads, scales, casts, gathers, ...) are evaluated on the operand
@@ -49,7 +49,7 @@ MAX_GRID_AXIS1 = 65535  # a larger batch is counted on grid axis 0 with the tile
 
 
 def accumulator_dtype(dtype: str) -> str:
-    return "float32" if dtype == "float16" else dtype
+    return "float32" if dtype in ir.HALF else dtype
 
 
 def grouped_tile(body: Body, rows: int, cols: int, batch_too: bool = False) -> None:
@@ -79,9 +79,10 @@ def multiply_accumulate(body: Body, a: str, b: str, dtype: str, precision: str) 
     fp32 runs in the spec's precision: IEEE fp32, or TF32 tensor cores (--tf32)."""
     if dtype == "float32":
         body.raw(f'acc += tl.dot({a}, {b}, input_precision="{precision}")')
-    elif dtype == "float16":
-        # fp16 tensor cores, fp32 accumulation (the loads were widened to fp32)
-        body.raw(f"acc += tl.dot({a}.to(tl.float16), {b}.to(tl.float16))")
+    elif dtype in ir.HALF:
+        # fp16 / bf16 tensor cores, fp32 accumulation (the loads were widened to fp32)
+        half = TL_DTYPE[dtype]
+        body.raw(f"acc += tl.dot({a}.to({half}), {b}.to({half}))")
     else:
         body.raw(f"acc += tl.sum({a}[:, :, None] * {b}[None, :, :], axis=1)")
 

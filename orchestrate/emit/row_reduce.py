@@ -162,7 +162,7 @@ class _FullEvaluator(Evaluator):
         offset = b.let(offset, "o")
         mask = b.text(self.mask)
         expr = f"tl.load({self.pointers.get(name)} + {b.text(offset)}, mask={mask}, other={other})"
-        if t.dtype == "float16":
+        if t.dtype in ir.HALF:
             expr += ".to(tl.float32)"
         v = b.let(expr, "x")
         b.loaded(v, mask, other)

@@ -25,7 +25,7 @@ from orchestrate.emit.body import Body
 from orchestrate.emit.codegen import TL_DTYPE, Pointers
 from orchestrate.emit.helpers import HELPERS, Helper
 from orchestrate.emit.text import comment, docstring, string
-from orchestrate.ir import Graph
+from orchestrate.ir import HALF, Graph
 from orchestrate.kernels.spec import KernelSpec, LaunchConfig, inlined
 
 
@@ -113,7 +113,7 @@ def store(body: Body, graph: Graph, ptrs: Pointers, tensor: str, offset: str, va
           mask: str | None) -> None:  # fmt: skip
     dtype = graph.types[tensor].dtype
     v = value
-    if dtype == "float16":  # computed in fp32
+    if dtype in HALF:  # computed in fp32
         v = f"{value}.to({TL_DTYPE[dtype]})"
     m = f", mask={mask}" if mask else ""
     body.raw(f"tl.store({ptrs.get(tensor)} + {offset}, {v}{m})")

@@ -51,7 +51,7 @@ from orchestrate.kernels.spec import (
     Target,
 )
 
-DOT_DTYPES = ("float16", "float32")
+DOT_DTYPES = ("float16", "bfloat16", "float32")
 MAX_BATCH = 65535  # the batch runs on grid axis 1
 WIDE = 2**31  # offsets are int32
 
@@ -267,10 +267,10 @@ def _check_outputs(graph, names, m2: Node, inside) -> str | None:
 def _check_types(graph, m1: Node, m2: Node, values) -> str | None:
     for n in (m1, m2):
         if any(graph.types[i].dtype not in DOT_DTYPES for i in n.inputs):
-            return f"{n.name}: attention runs on float16 / float32 matmuls only"
+            return f"{n.name}: attention runs on float16 / bfloat16 / float32 matmuls only"
     for n in values:
         if graph.types[n].dtype not in DOT_DTYPES:
-            return f"{n} is {graph.types[n].dtype}: scores are float16 / float32 only"
+            return f"{n} is {graph.types[n].dtype}: scores are float16 / bfloat16 / float32 only"
     if m1.shape[:-2] != m2.shape[:-2]:
         return (
             f"batch of the scores {list(m1.shape[:-2])} differs from the output's "

@@ -114,8 +114,8 @@ def clamp_pow2(n: int, lo: int, hi: int) -> int:
 
 
 def uses_dot(dtype: str) -> bool:
-    """tl.dot for fp16 and fp32; a multiply-and-sum for fp64 and integers."""
-    return dtype in ("float16", "float32")
+    """tl.dot for fp16, bf16 and fp32; a multiply-and-sum for fp64 and integers."""
+    return dtype in ("float16", "bfloat16", "float32")
 
 
 def _fewer_stages(first: LaunchConfig) -> list[LaunchConfig]:

@@ -18,14 +18,14 @@ set (``fits``).  Per thread block:
                   attention spills of at most 0.6 KB (``tests/test_fit.py``
                   holds every planned kernel of the examples under 1 KB).
 
-The terms, with ``it`` the operand item size (2 for fp16, 4 for fp32), ``S``
-stages and ``W`` warps:
+The terms, with ``it`` the operand item size (2 for fp16 and bf16, 4 for
+fp32), ``S`` stages and ``W`` warps:
 
 * matmul / conv: the A (BLOCK_M x BLOCK_K) and B (BLOCK_K x BLOCK_N) tiles
   ``T``; every tile load of the K loop (operands and prologue inputs) is
   buffered ``S - 1`` more times when the loop is software-pipelined (more
-  than one K step and ``S >= 2``); wgmma (fp16 and TF32, BLOCK_M >= 64) keeps
-  both tiles in shared memory, IEEE fp32 only computed tiles; the result tile
+  than one K step and ``S >= 2``); wgmma (fp16, bf16 and TF32, BLOCK_M >=
+  64) keeps both tiles in shared memory, IEEE fp32 only computed tiles; the result tile
   is converted to the store layout through ``min(BLOCK_M, 128) x BLOCK_N``.
 * attention: the Q, K and probability tiles, a row of fp32 running state,
   and ``S - 1`` more copies of the K, V (and, with a K/V prologue, score
@@ -43,7 +43,7 @@ import weakref
 from dataclasses import dataclass
 
 from orchestrate import ir
-from orchestrate.ir import Graph, Node, Op
+from orchestrate.ir import HALF, Graph, Node, Op
 from orchestrate.kernels.region import ancestors_within
 from orchestrate.kernels.spec import (
     ATTENTION,
@@ -135,7 +135,8 @@ def _dot_tiles(graph: Graph, spec: KernelSpec) -> WorkingSet:
     assert isinstance(roles, Anchored)
     anchor = graph.producer[roles.anchor]
     dtype = graph.types[anchor.inputs[0]].dtype
-    it = 2 if dtype == "float16" else graph.types[anchor.inputs[0]].itemsize
+    half = dtype in HALF
+    it = 2 if half else graph.types[anchor.inputs[0]].itemsize
     bm, bn, bk, stages, warps = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c.num_stages, c.num_warps
     a, b = bm * bk, bk * bn
     if anchor.op is Op.CONV:
@@ -144,8 +145,8 @@ def _dot_tiles(graph: Graph, spec: KernelSpec) -> WorkingSet:
             [_itemsize(graph, anchor.inputs[0])],
             [_itemsize(graph, anchor.inputs[1])],
         )
-        a_piped = dtype != "float16"  # the im2col gather of 2-byte values is not pipelined
-        b_piped = not (dtype == "float16" and k % 8)  # nor weight rows off 16-byte alignment
+        a_piped = not half  # the im2col gather of 2-byte values is not pipelined
+        b_piped = not (half and k % 8)  # nor weight rows off 16-byte alignment
         a_direct = b_direct = True
     else:
         k = graph.types[anchor.inputs[0]].shape[-1]
@@ -155,7 +156,7 @@ def _dot_tiles(graph: Graph, spec: KernelSpec) -> WorkingSet:
     looped = sum(a_loads) * a * a_piped + sum(b_loads) * b * b_piped
     steps = math.ceil(k / bk)
     piped = stages >= 2 and steps > 1 and looped > 0
-    tensor_cores = dtype == "float16" or c.precision == "tf32"
+    tensor_cores = half or c.precision == "tf32"
     result = min(bm, 128) * bn * it
     tiles = (a + b) * it
     if tensor_cores and bm >= 64:  # wgmma: both operand tiles in shared memory
@@ -181,7 +182,7 @@ def _attention(graph: Graph, spec: KernelSpec) -> WorkingSet:
     c, roles = spec.config, spec.roles
     assert isinstance(roles, AttentionRoles)
     m1, m2 = graph.producer[roles.m1], graph.producer[roles.m2]
-    half = m1.dtype == "float16"
+    half = m1.dtype in HALF
     it = 2 if half else 4
     bm, bn, bd, bdv = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_D"], c["BLOCK_DV"]
     stages, warps = c.num_stages, c.num_warps
