@@ -3,7 +3,9 @@
 :data:`EXAMPLES` maps a name to an :class:`Example`: the model class and its
 configs by size (``tiny`` for tests, ``base`` for benchmarks: the real
 model's sizes, except the Llama-style ones, whose ``base`` is the 24-layer
-decoder the planner benchmark uses).  :func:`build_model` makes the model with seeded
+decoder the planner benchmark uses; ``llama`` also has ``wide``, four layers
+at width 2048 with head dim 128, the benchmark suite's decoder:
+``examples.suite``).  :func:`build_model` makes the model with seeded
 random weights; :func:`export_example` writes it as ONNX.
 
     >>> from examples import export_example
@@ -22,8 +24,12 @@ import torch
 from torch import nn
 
 from examples.cnns import CnnConfig, Inception, MobileNet, ResNet, UNet
+from examples.convnext import ConvNext, ConvNextConfig
 from examples.export import ExportError, Input, dynamic_axes_of, export, random_inputs
 from examples.llama import Llama, LlamaConfig
+from examples.resnet50 import ResNet50, ResNet50Config
+from examples.segformer import SegFormer, SegFormerConfig
+from examples.style_transfer import StyleConfig, StyleTransfer
 from examples.t5 import T5Config, T5Encoder
 from examples.transformers import (
     Bert,
@@ -35,6 +41,7 @@ from examples.transformers import (
     Vit,
     VitConfig,
 )
+from examples.yolo import Yolo, YoloConfig
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,9 @@ _TINY_LLAMA = LlamaConfig(layers=2, hidden=64, heads=4, kv_heads=2, intermediate
 # the planner benchmark's decoder: 24 layers, ~1,500 nodes from the dynamo exporter
 _PLANNER_LLAMA = LlamaConfig(layers=24, hidden=512, heads=8, kv_heads=2, intermediate=1408,
                              vocab=32000, max_positions=2048, seq=128)  # fmt: skip
+# the benchmark suite's decoder: head dim 128, four query heads per key/value head
+_WIDE_LLAMA = LlamaConfig(layers=4, hidden=2048, heads=16, kv_heads=4, intermediate=5632,
+                          vocab=32000, max_positions=2048, seq=128)  # fmt: skip
 _TINY_CNN = CnnConfig(widths=(8, 16), depth=1, image=32, classes=10)
 
 EXAMPLES: dict[str, Example] = {
@@ -71,7 +81,8 @@ EXAMPLES: dict[str, Example] = {
                               classes=10),
             "base": VitConfig(),
         }),
-        Example("llama", Llama, {"tiny": _TINY_LLAMA, "base": _PLANNER_LLAMA}),
+        Example("llama", Llama, {"tiny": _TINY_LLAMA, "base": _PLANNER_LLAMA,
+                                 "wide": _WIDE_LLAMA}),
         Example("mistral", Llama, {
             "tiny": replace(_TINY_LLAMA, sliding_window=5),
             "base": replace(_PLANNER_LLAMA, sliding_window=64),
@@ -97,6 +108,28 @@ EXAMPLES: dict[str, Example] = {
         Example("inception", Inception, {
             "tiny": CnnConfig(widths=(8, 8), image=32, classes=10),
             "base": CnnConfig(widths=(64, 96, 128, 128), image=224),
+        }),
+        Example("resnet50", ResNet50, {
+            "tiny": ResNet50Config(widths=(8, 16), depths=(1, 2), image=32, classes=10),
+            "base": ResNet50Config(),
+        }),
+        Example("convnext", ConvNext, {
+            "tiny": ConvNextConfig(widths=(8, 16), depths=(1, 2), image=32, classes=10),
+            "base": ConvNextConfig(),
+        }),
+        Example("segformer", SegFormer, {
+            "tiny": SegFormerConfig(widths=(8, 16, 24, 32), depths=(1, 1, 1, 1),
+                                    heads=(1, 2, 3, 4), reductions=(4, 2, 2, 1), decoder=16,
+                                    image=64, classes=4),
+            "base": SegFormerConfig(),
+        }),
+        Example("style_transfer", StyleTransfer, {
+            "tiny": StyleConfig(widths=(4, 8, 8), residual_blocks=1, image=16),
+            "base": StyleConfig(),
+        }),
+        Example("yolo", Yolo, {
+            "tiny": YoloConfig(widths=(8, 16, 32), stem=4, outputs=6, image=64),
+            "base": YoloConfig(),
         }),
     )
 }  # fmt: skip

@@ -33,20 +33,36 @@ def build_all(
 ) -> list[Path]:
     """Export each example in ``names``; return the paths written."""
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name in names:
-        path = out / f"{size}_{name}.onnx"
-        model, inputs = export_example(
-            name, path, dynamo=dynamo, opset=opset, size=size, dynamic=dynamic, seed=seed
-        )
-        ops = Counter(n.op_type for n in model.graph.node)
-        shapes = ", ".join(f"{i.name}{list(i.shape)}:{i.dtype}" for i in inputs)
-        print(
-            f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB, opset {opset}, "
-            f"{len(model.graph.node)} nodes, {len(ops)} op types; inputs {shapes})"
-        )
-        written.append(path)
-    return written
+    return [
+        write_example(out, name, size, dynamo=dynamo, opset=opset, dynamic=dynamic, seed=seed)
+        for name in names
+    ]
+
+
+def write_example(
+    out: Path,
+    name: str,
+    size: str,
+    *,
+    dynamo: bool = False,
+    opset: int = DEFAULT_OPSET,
+    dynamic: bool = False,
+    seed: int = 0,
+) -> Path:
+    """Export example ``name`` at ``size`` to ``out/<size>_<name>.onnx`` and
+    print one line saying what was written."""
+    path = out / f"{size}_{name}.onnx"
+    model, inputs = export_example(
+        name, path, dynamo=dynamo, opset=opset, size=size, dynamic=dynamic, seed=seed
+    )
+    ops = Counter(n.op_type for n in model.graph.node)
+    shapes = ", ".join(f"{i.name}{list(i.shape)}:{i.dtype}" for i in inputs)
+    print(
+        f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB, opset {opset}, "
+        f"{len(model.graph.node)} nodes, {len(ops)} op types; inputs {shapes})",
+        flush=True,
+    )
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,8 @@ import torch
 
 from examples import EXAMPLES, ExportError, build_model, export, export_example, random_inputs
 from examples.build import main as build_main
+from examples.suite import SUITE
+from examples.suite import main as suite_main
 from orchestrate import onnxrt
 from tests.util import check_decomposition
 
@@ -76,6 +78,17 @@ CASES = [
     case("inception", False, 14),
     case("inception", True, 18, dynamic=True),
     case("inception", False, 20, dynamic=True, slow=True),
+    # the benchmark suite's models (examples.suite) beyond the ones above
+    case("resnet50", False, 17),
+    case("resnet50", True, 18, dynamic=True, slow=True),
+    case("convnext", False, 17),
+    case("convnext", True, 18, dynamic=True),
+    case("segformer", False, 17),
+    case("segformer", True, 18, dynamic=True, slow=True),
+    case("style_transfer", False, 17),
+    case("style_transfer", True, 18, dynamic=True),
+    case("yolo", False, 17),
+    case("yolo", True, 18, dynamic=True, slow=True),
 ]
 
 # Run-time sizes of dynamic axes: not the traced 2 / 16, not powers of two.
@@ -183,6 +196,14 @@ SIGNATURE_OPS = {
     ("inception", False, 14): {"LRN", "Sum", "Pad", "Sigmoid", "MaxPool", "Concat",
                                "Softmax"},
     ("inception", True, 18): {"Pad", "AveragePool", "Pow", "Sigmoid", "MaxPool", "Softmax"},
+    ("resnet50", False, 17): {"Conv", "Relu", "Add", "MaxPool", "GlobalAveragePool", "Gemm"},
+    ("convnext", False, 17): {"Conv", "Transpose", "LayerNormalization", "MatMul", "Erf", "Mul",
+                              "ReduceMean", "Gemm"},
+    ("segformer", False, 17): {"Conv", "LayerNormalization", "MatMul", "Softmax", "Erf",
+                               "Resize", "Concat", "Relu"},
+    ("style_transfer", False, 17): {"Pad", "Conv", "InstanceNormalization", "Relu", "Add",
+                                    "Resize"},
+    ("yolo", False, 17): {"Conv", "Sigmoid", "Mul", "Resize", "Concat", "MaxPool", "Add"},
 }  # fmt: skip
 
 
@@ -216,6 +237,30 @@ def test_export_attributes_that_matter(exported):
     inception = _case_of(("inception", False, 14))
     assert {a.get("mode") for a in attrs(inception, "Pad")} >= {b"reflect"}
     assert any(a.get("pads", [0])[0] > 0 for a in attrs(_case_of(("resnet", False, 14)), "MaxPool"))
+
+
+def test_suite_export_attributes_that_matter(exported):
+    """ConvNeXt's depthwise 7x7; SegFormer's key/value reduction (a Conv whose
+    stride is its kernel) and Mix-FFN depthwise 3x3; the style network's
+    reflect padding; nearest upsampling in the YOLO neck."""
+
+    def attrs(example, op):
+        model, _ = exported(_case_of((example, False, 17)))
+        return [
+            {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+            for n in model.graph.node
+            if n.op_type == op
+        ]
+
+    def depthwise(a, k):
+        return a.get("group", 1) > 1 and a["kernel_shape"] == [k, k]
+
+    assert any(depthwise(a, 7) for a in attrs("convnext", "Conv"))
+    segformer = attrs("segformer", "Conv")
+    assert any(depthwise(a, 3) for a in segformer)
+    assert any(a["strides"] == a["kernel_shape"] != [1, 1] for a in segformer)
+    assert {a.get("mode") for a in attrs("style_transfer", "Pad")} == {b"reflect"}
+    assert {a["mode"] for a in attrs("yolo", "Resize")} == {b"nearest"}
 
 
 def test_dynamo_opset_that_cannot_be_reached_is_an_error(tmp_path):
@@ -293,6 +338,35 @@ def test_tiny_configs_are_tiny():
         model, _ = build_model(name)
         params = sum(p.numel() for p in model.parameters())
         assert params < 300_000, (name, params)
+
+
+def test_suite_writes_tiny_models(tmp_path, capsys):
+    """``make models ARGS=--tiny``, for two of the models: one line each."""
+    assert suite_main(["--tiny", "--out", str(tmp_path), "--only", "resnet50", "yolo"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny_resnet50.onnx", "tiny_yolo.onnx"]
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(" nodes, " in line for line in lines)
+
+
+def test_suite_names_full_size_models():
+    """Every suite entry is an example at a size it has; the new models'
+    ``base`` are the real architectures (torchvision's parameter counts for
+    ResNet-50 and ConvNeXt-T); the decoder has head dim 128 and four query
+    heads per key/value head."""
+    for name, size in SUITE:
+        EXAMPLES[name].config(size)
+    counts = {}
+    for name in ("resnet50", "convnext", "segformer", "style_transfer", "yolo"):
+        model, _ = build_model(name, "base")
+        counts[name] = sum(p.numel() for p in model.parameters())
+    assert counts["resnet50"] == 25_557_032
+    assert counts["convnext"] == 28_589_128
+    assert 3.6e6 < counts["segformer"] < 3.9e6  # SegFormer-B0: 3.8 M
+    assert 1.6e6 < counts["style_transfer"] < 1.7e6  # fast_neural_style: 1.68 M
+    assert 5e6 < counts["yolo"] < 10e6
+    wide = EXAMPLES["llama"].config(dict(SUITE)["llama"])
+    assert (wide.hidden, wide.layers, wide.hidden // wide.heads) == (2048, 4, 128)
+    assert wide.heads == 4 * wide.kv_heads
 
 
 @pytest.mark.slow
