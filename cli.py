@@ -335,18 +335,28 @@ def plan(model: Path, output: Path, shapes, **opts) -> None:
 @main.command()
 @click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--picture", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also draw the primitive graph coloured by kernel (SVG).")  # fmt: skip
+              help="Also draw the kernels as a graph: Graphviz DOT, rendered by dot for "
+                   ".svg, .png or .pdf where dot is installed.")  # fmt: skip
+@click.option("--roofline", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also chart the kernels on the device's roofline (.png, .svg or .pdf; "
+                   "needs matplotlib).")  # fmt: skip
 @click.option("--rejected", is_flag=True, help="Also list fusions that were refused, with reasons.")
 @click.option("--limit", type=int, default=40, show_default=True,
               help="Rows of the kernel table (0: all).")  # fmt: skip
 @reports_errors
-def explain(plan_file: Path, picture: Path | None, rejected: bool, limit: int) -> None:
+def explain(plan_file: Path, picture: Path | None, roofline: Path | None, rejected: bool,
+            limit: int) -> None:  # fmt: skip
     """Show PLAN.json: per-kernel table, totals against both baselines."""
     from orchestrate import explain as ex
-    from orchestrate import pipeline
+    from orchestrate import picture as pic
+    from orchestrate import pipeline, roofline_chart
 
-    if picture is not None:
-        pipeline.check_output_path(picture, plan_file, "the input plan")
+    drawn = pic.target(picture) if picture is not None else None
+    if drawn is not None:
+        pipeline.check_output_path(drawn, plan_file, "the input plan")
+    if roofline is not None:
+        roofline_chart.check(roofline)
+        pipeline.check_output_path(roofline, plan_file, "the input plan")
     result = pipeline.read_plan(plan_file)
     click.echo(ex.kernel_table(result, limit=limit))
     click.echo("")
@@ -355,9 +365,16 @@ def explain(plan_file: Path, picture: Path | None, rejected: bool, limit: int) -
     if rejected:
         click.echo("")
         click.echo(ex.rejected_table(result))
-    if picture is not None:
-        pipeline.write_atomic(picture, ex.svg(result).encode(), plan_file, "the input plan")
-        click.echo(f"wrote {picture}")
+    if drawn is not None:
+        pipeline.write_atomic(drawn, pic.picture(result, drawn), plan_file, "the input plan")
+        click.echo(f"wrote {drawn}")
+        if drawn != picture:
+            click.echo(f"Graphviz's dot is not installed: `dot -T{picture.suffix[1:].lower()} "
+                       f"{drawn} -o {picture}` renders it where it is")  # fmt: skip
+    if roofline is not None:
+        data = roofline_chart.chart(result, roofline.suffix.lower()[1:])
+        pipeline.write_atomic(roofline, data, plan_file, "the input plan")
+        click.echo(f"wrote {roofline} (predicted, not measured)")
 
 
 @main.command()

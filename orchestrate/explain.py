@@ -1,4 +1,5 @@
-"""`orchestrate explain`: a plan as tables and as a picture.
+"""`orchestrate explain`: a plan as tables (its pictures: ``picture.py``
+and ``roofline_chart.py``).
 
 Everything here reads the plan only (``orchestrate.plan.Plan``, as read
 from PLAN.json), so a plan can be explained on a machine that has neither
@@ -7,8 +8,6 @@ the model nor a GPU.
 
 from __future__ import annotations
 
-import colorsys
-import html
 from collections import Counter
 
 from orchestrate.ir import FLOATS
@@ -127,65 +126,3 @@ def rejected_table(result: Plan) -> str:
         lines += ["", "rules that matched but declined:"]
         lines += [f"  {d.rule} at {d.at}: {d.reason}" for d in result.declined]
     return "\n".join(lines)
-
-
-def _colour(i: int, n: int) -> str:
-    h = (i * 0.618033988749895) % 1.0
-    r, g, b = colorsys.hls_to_rgb(h, 0.78, 0.65)
-    return f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}"
-
-
-def svg(result: Plan) -> str:
-    """The primitive graph, one box per primitive, coloured by kernel, in
-    layers by dependency depth (inputs at the top)."""
-    prims = result.primitives
-    kernel_of: dict[str, int] = {}
-    for i, k in enumerate(result.kernels):
-        for p in k.primitives:
-            kernel_of.setdefault(p, i)
-    depth: dict[str, int] = {}
-    for p in prims:
-        depth[p.name] = 1 + max((depth.get(i, -1) for i in p.inputs), default=-1)
-    layers: dict[int, list] = {}
-    for p in prims:
-        layers.setdefault(depth[p.name], []).append(p)
-    box_w, box_h, gap_x, gap_y = 112, 26, 12, 34
-    width = max(720, max(len(v) for v in layers.values()) * (box_w + gap_x) + gap_x)
-    height = len(layers) * (box_h + gap_y) + gap_y + 40
-    pos: dict[str, tuple[float, float]] = {}
-    for d, row in sorted(layers.items()):
-        offset = (width - len(row) * (box_w + gap_x)) / 2
-        for j, p in enumerate(row):
-            pos[p.name] = (offset + j * (box_w + gap_x) + gap_x / 2, 40 + d * (box_h + gap_y))
-    n_k = max(1, len(result.kernels))
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-        f'font-family="monospace" font-size="10">',
-        f'<text x="8" y="20" font-size="13">{html.escape(result.graph.name)}: '
-        f"{result.summary.kernels} kernels (+{result.summary.views} views) "
-        f"on {html.escape(result.device)}, predicted "
-        f"{result.summary.predicted_us:.2f} us</text>",
-    ]
-    for p in prims:
-        x2, y2 = pos[p.name]
-        for i in p.inputs:
-            if i in pos:
-                x1, y1 = pos[i]
-                out.append(
-                    f'<line x1="{x1 + box_w / 2:.0f}" y1="{y1 + box_h:.0f}" '
-                    f'x2="{x2 + box_w / 2:.0f}" y2="{y2:.0f}" stroke="#999" stroke-width="0.7"/>'
-                )
-    for p in prims:
-        x, y = pos[p.name]
-        k = kernel_of.get(p.name)
-        fill = _colour(k, n_k) if k is not None else "#eeeeee"
-        kname = result.kernels[k].name if k is not None else "-"
-        title = html.escape(f"{p.name}: {p.op} {p.dtype}{list(p.shape)} in {kname}")
-        out.append(
-            f'<g><title>{title}</title><rect x="{x:.0f}" y="{y:.0f}" width="{box_w}" '
-            f'height="{box_h}" rx="4" fill="{fill}" stroke="#555"/>'
-            f'<text x="{x + 4:.0f}" y="{y + 11:.0f}">{html.escape(p.op[:17])}</text>'
-            f'<text x="{x + 4:.0f}" y="{y + 22:.0f}" fill="#333">{html.escape(kname[:17])}</text></g>'
-        )
-    out.append("</svg>")
-    return "\n".join(out) + "\n"

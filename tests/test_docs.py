@@ -35,7 +35,7 @@ def test_documented_options_exist():
                  "--max-kernel-nodes", "--reproducible", "--shape"],
         "optimize": ["--trials", "--rtol", "--atol", "--dtype"],
         "inspect": ["--dtype"],
-        "explain": ["--picture", "--rejected", "--limit"],
+        "explain": ["--picture", "--roofline", "--rejected", "--limit"],
         "run": ["--input", "--output-dir"],
         "verify": ["--model", "--trials"],
     }.items():  # fmt: skip

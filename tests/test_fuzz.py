@@ -818,7 +818,7 @@ def test_output_file_commands(root, good, command, target, extra):
             feeds = fu.feeds_for(fu.named_model())
             fu.assert_close(onnxrt.run(prim, feeds), onnxrt.run(fu.named_model(), feeds))
         else:
-            assert Path(out_path).read_text().lstrip().startswith("<")
+            assert Path(out_path).read_text().startswith("digraph plan {")
 
 
 tolerances = st.sampled_from(
