@@ -14,7 +14,7 @@ JOBS   ?= 2
 DEMO   := examples/models/tiny_bert.onnx
 
 .PHONY: install demo test test-slow test-gpu fuzz lint format examples golden-update \
-        conformance bench-plan bench bench-gpu bench-launch hf-check fit-check clean
+        conformance models bench-plan bench bench-gpu bench-launch hf-check fit-check clean
 
 install: $(STAMP)
 
@@ -66,6 +66,12 @@ golden-update: install
 # pass / bound / declined counts over the ONNX node conformance cases
 conformance: install
 	$(PY) -m tests.conformance
+
+# the benchmark suite at full size, random weights, no network (examples/suite.py
+# lists it), into out/models: ~3 GB that any checkout rebuilds, so kept in the
+# ignored out/ (make clean removes it); ARGS=--tiny writes the tiny variants
+models: install
+	$(PY) -m examples.suite $(ARGS)
 
 # plan BERT-base, GPT-2 and a 24-layer decoder; print the planner table
 bench-plan: install
