@@ -23,6 +23,7 @@ from orchestrate.emit.source import Launch, module, pointers
 from orchestrate.kernels.fit import working_set
 from orchestrate.kernels.spec import ATTENTION, VIEW
 from orchestrate.planner import PlanOptions, plan
+from orchestrate.precision import lower_precision
 from tests import graphs
 from tests.emit_util import spec_of
 from tests.test_attention import attention_fn
@@ -51,11 +52,15 @@ def _graphs(tmp_path: Path):
     """The example models, plus graph-built kernels at base sizes (full tiles)."""
     from examples import export_example
 
-    yield "tiny_bert", pipeline.fission_file(ROOT / "examples/models/tiny_bert.onnx")
+    bert = pipeline.fission_file(ROOT / "examples/models/tiny_bert.onnx")
+    yield "tiny_bert", bert
+    # --dtype fp16: half activations beside fp32 statistics and parameters
+    yield "tiny_bert_float16", lower_precision(bert, "fp16")
     for name in ("resnet", "llama"):
         src = tmp_path / f"{name}.onnx"
         export_example(name, src, dynamo=False, opset=17, size="tiny")
         yield name, pipeline.fission_file(src)
+    yield "resnet_float16", lower_precision(pipeline.fission_file(tmp_path / "resnet.onnx"), "fp16")
     for dtype in ("float32", "float16"):
         yield f"mlp_{dtype}", graphs.build(graphs.mlp, [(128, 768), (768, 3072), (3072,),
                                                         (3072, 768)], dtype=dtype)  # fmt: skip

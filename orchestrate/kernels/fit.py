@@ -31,8 +31,9 @@ fp32), ``S`` stages and ``W`` warps:
   and ``S - 1`` more copies of the K, V (and, with a K/V prologue, score
   side input) tiles when the key loop is pipelined.
 * row reduce: cross-warp partial sums (``4 x BLOCK_ROWS`` per warp along the
-  row), the layout change of a stored row value, and the conversion of a
-  per-row input loaded under the whole tile's mask.
+  row), the layout change of a stored row value, the conversion of a
+  per-row input loaded under the whole tile's mask, and of a tile whose
+  loads mix 2- and 4-byte elements (half activations, fp32 parameters).
 * pointwise, window, view: none.
 """
 
@@ -160,7 +161,10 @@ def _dot_tiles(graph: Graph, spec: KernelSpec) -> WorkingSet:
     result = min(bm, 128) * bn * it
     tiles = (a + b) * it
     if tensor_cores and bm >= 64:  # wgmma: both operand tiles in shared memory
-        smem = max(result, tiles + (stages - 1) * looped if piped else tiles)
+        body = tiles + (stages - 1) * looped if piped else tiles
+        # an operand gathered without pipelining (half im2col) keeps its
+        # buffer live while the result tile is converted: no reuse
+        smem = body + result if not a_piped else max(result, body)
     elif not piped:
         smem = tiles + result if steps == 1 else max(tiles, result)
     else:
@@ -225,7 +229,19 @@ def _row_reduce(graph: Graph, spec: KernelSpec) -> int:
         convert = max(
             convert, br * bc * 8 if item == 8 else min(4 * br * bc, 128 * warps * max(br, 4))
         )
+    if _mixed_widths(graph, spec):
+        # a 2-byte tile is loaded 8 to a thread, a 4-byte one 4: meeting in one
+        # expression, one of them changes layout through shared memory
+        convert = max(convert, min(4 * br * bc, 128 * warps * max(br, 4)))
     return max(partial, stored_row, convert)
+
+
+def _mixed_widths(graph: Graph, spec: KernelSpec) -> bool:
+    """Whether the kernel reads tensors of both 2- and 4-byte elements (a
+    half-precision activation next to fp32 parameters)."""
+    sizes = {_itemsize(graph, t) for t in spec.inputs
+             if not inlined(graph, t) and graph.types[t].size > 1}  # fmt: skip
+    return {2, 4} <= sizes
 
 
 def _per_row_loads(graph: Graph, spec: KernelSpec, rows: Rows) -> list[int]:
