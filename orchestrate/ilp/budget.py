@@ -18,8 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import pulp
-
 from orchestrate.ilp import program
 from orchestrate.ilp.partition import Partition, transplant
 from orchestrate.ilp.program import BudgetInfeasible, NoPlanInTime, Solution
@@ -70,6 +68,8 @@ def least(frontiers: Sequence[Sequence[Point]]) -> int:
 def choose(frontiers: Sequence[Sequence[Point]], budget: int) -> list[int] | None:
     """The point each partition takes: least total time with total bytes
     within ``budget``; None when even the least exceeds it."""
+    import pulp  # here: loading and running a bundle needs no PuLP
+
     if least(frontiers) > budget:
         return None
     prob = pulp.LpProblem("budget", pulp.LpMinimize)

@@ -41,8 +41,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import pulp
-
 from orchestrate.cost.roofline import Cost
 from orchestrate.errors import InputError
 from orchestrate.files import signals_held
@@ -115,6 +113,8 @@ def solve(
     ``edges`` are the (producer, consumer) pairs of the primitive graph; they
     only tighten the relaxation (see ``_add_computed_cuts``).  An infeasible
     ``budget`` raises BudgetInfeasible (ilp.budget says what would fit)."""
+    import pulp  # here, not at the top: loading and running a bundle needs no PuLP
+
     started = time.perf_counter()
     prob = pulp.LpProblem(_safe(name), pulp.LpMinimize)
     x = [pulp.LpVariable(f"x{k}", cat=pulp.LpBinary) for k in range(len(kernels))]
@@ -224,6 +224,8 @@ def _add_computed_cuts(prob, by_node, available, required, edges) -> None:
     one kernel's input from many fractional writers, each needing its own
     inputs only fractionally, and the bound collapses (a BERT layer's bound
     was a fifth of its optimum, and CBC timed out proving it)."""
+    import pulp
+
     y = {n: pulp.LpVariable(f"y{i}", cat=pulp.LpBinary) for i, n in enumerate(sorted(by_node))}
     for n, vs in sorted(by_node.items()):
         for v in vs:
@@ -256,6 +258,8 @@ def solve_cbc(prob, **options) -> str:
     solution, log) go to a private temporary folder that is removed however
     the solve ends, an interrupt included (PuLP itself removes them only when
     CBC returns)."""
+    import pulp
+
     tmp = tempfile.mkdtemp(prefix="orchestrate-cbc-")
     try:
         log = os.path.join(tmp, "cbc.log")
@@ -272,6 +276,8 @@ def solve_cbc(prob, **options) -> str:
 
 
 def _run_cbc(prob, time_limit, warm: bool) -> tuple[str | None, float]:
+    import pulp
+
     text = solve_cbc(prob, timeLimit=time_limit, warmStart=warm)
     if prob.status != pulp.LpStatusOptimal:
         return None, math.inf
@@ -303,6 +309,8 @@ def _read(x, w, kernels) -> list[Choice]:
 def _cut_cycle(prob, x, writers, kernels, stuck: list[Choice], available) -> None:
     """Forbid this set of mutually dependent kernels unless another kernel
     writes one of the tensors they wait for."""
+    import pulp
+
     members = {c.kernel for c in stuck}
     written_inside = {t for c in stuck for t in c.writes}
     needed = {
