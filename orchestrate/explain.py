@@ -39,15 +39,17 @@ def _ops(result: Plan, k: PlannedKernel) -> str:
 
 
 # block sizes that are the problem's, not the tiling's choice
-_NOT_TILES = ("GROUP_M", "BLOCK_D", "BLOCK_DV")
+_NOT_TILES = ("GROUP_M", "BLOCK_D", "BLOCK_DV", "SPLIT_K")
 
 
 def _config(c) -> str:
     """A launch configuration in a few characters: the tile, then warps and
-    stages (``64x64x32 w4 s3``; ``tf32`` when fp32 dots use TF32)."""
+    stages (``64x64x32 w4 s3``; ``k4`` for four programs per tile splitting
+    K; ``tf32`` when fp32 dots use TF32)."""
     tile = "x".join(str(v) for name, v in c.blocks if name not in _NOT_TILES)
+    split = dict(c.blocks).get("SPLIT_K")
     tf32 = " tf32" if c.precision == "tf32" else ""
-    return f"{tile} w{c.num_warps} s{c.num_stages}{tf32}"
+    return f"{tile} w{c.num_warps} s{c.num_stages}{f' k{split}' if split else ''}{tf32}"
 
 
 def kernel_table(result: Plan, limit: int = 0) -> str:

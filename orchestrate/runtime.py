@@ -11,7 +11,9 @@ order and returns the outputs: numpy arrays for numpy arrays, torch tensors
 for torch tensors (no copy through the host).  Gather indices are checked as
 onnxruntime checks them (:class:`IndexChecks`): the inputs that are indices
 before launch, and after the run the int32 flags that the kernels checking
-computed indices set (``orchestrate.bounds``).
+computed indices set (``orchestrate.bounds``).  Split-K matmuls share one
+fp32 workspace for their partial tiles and one int32 array of arrival
+counters, zeroed once: each kernel leaves its counters zero.
 
 With no GPU the same kernels run in Triton's interpreter (``TRITON_INTERPRET``
 is set before the kernels module is imported), and the runner says so once;
@@ -44,6 +46,13 @@ from orchestrate.bounds import (
     index_bounds,
 )
 from orchestrate.errors import InputError, OrchestrateError
+from orchestrate.kernels.spec import (
+    SCRATCH_DTYPES,
+    SPLIT_K_COUNTERS,
+    SPLIT_K_PARTIALS,
+    split_k,
+    split_k_scratch,
+)
 from orchestrate.plan import Planned
 
 _WARNED = threading.Event()
@@ -186,8 +195,9 @@ class IndexChecks:
     the rules, not again here), and ``device_error`` says what a flag means."""
 
     def __init__(self, graph: ir.Graph, planned: Planned):
-        if INDEX_ERROR in graph.types:
-            raise InputError(f"the tensor name {INDEX_ERROR!r} is reserved")
+        for reserved in (INDEX_ERROR, *SCRATCH_DTYPES):
+            if reserved in graph.types:
+                raise InputError(f"the tensor name {reserved!r} is reserved")
         found = index_bounds(graph)
         for b in found:
             if b.source in graph.constants:
@@ -250,6 +260,15 @@ class Program:
         checked = list(self.indices.kernels)
         self._flags = torch.zeros(max(1, len(checked)), dtype=torch.int32, device=self.device)
         self._flag_of = {k: self._flags[i : i + 1] for i, k in enumerate(checked)}
+        # split-K matmuls' scratch, shared (kernels run one at a time): fp32
+        # partials, and arrival counters zeroed once (each kernel leaves them zero)
+        scratch = [split_k_scratch(graph, s) for s in planned.specs if split_k(s.config) > 1]
+        self._scratch = {
+            SPLIT_K_PARTIALS: torch.empty(max((p for p, _ in scratch), default=0),
+                                          dtype=torch.float32, device=self.device),
+            SPLIT_K_COUNTERS: torch.zeros(max((c for _, c in scratch), default=0),
+                                          dtype=torch.int32, device=self.device),
+        }  # fmt: skip
         self._lifetimes()
         self._bind()
         self.use_cuda_graph = cuda_graph and not self.interpret
@@ -321,8 +340,14 @@ class Program:
                     base[t], view = self._buffer(pool, t)
                     place(t, view)
                 launch, tensors = self.launches[k.name]
-                at = [place(f"{k.name}/{INDEX_ERROR}", self._flag_of[k.name])
-                      if t == INDEX_ERROR else slot[t] for t in tensors]  # fmt: skip
+                at = []
+                for t in tensors:
+                    if t == INDEX_ERROR:
+                        at.append(place(f"{k.name}/{INDEX_ERROR}", self._flag_of[k.name]))
+                    elif t in self._scratch:
+                        at.append(slot[t] if t in slot else place(t, self._scratch[t]))
+                    else:
+                        at.append(slot[t])
                 steps.append((launch, _getter(at)))
             for r in self.free_after.get(i, ()):
                 if r in base:

@@ -316,3 +316,40 @@ def test_example_bundles_compile_for_hopper(tmp_path):
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-4000:]
     assert run.stdout.count("compile for sm_90") == 3
+
+
+# -- split-K: the atomics and the fix-up compile for Hopper --------------------------------
+
+
+def test_a_split_k_matmul_compiles_for_hopper_within_its_limits(tmp_path):
+    """BERT-base's FFN down-projection with its bias and residual, fp16 for an
+    H200: the planner splits K (tests/test_cost.py), and the kernel, with
+    its atomic counter and fix-up, compiles for sm_90 within the limits,
+    without spills."""
+    if not has_nvidia_backend():
+        pytest.skip("triton has no NVIDIA backend")
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+               for n, s in (("w", (3072, 768)), ("b", (768,)))]  # fmt: skip
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+             helper.make_node("Add", ["a", "r"], ["y"])]  # fmt: skip
+    graph = helper.make_graph(nodes, "ffn_down",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [128, 3072]),
+                               helper.make_tensor_value_info("r", TensorProto.FLOAT, [128, 768])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [128, 768])],
+                              weights)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, tmp_path / "ffn.onnx")
+    folder = orchestrate.optimize(tmp_path / "ffn.onnx", tmp_path / "ffn.orch", dtype="fp16",
+                                  device="h200", trials=0).path  # fmt: skip
+    source = (folder / "kernels.py").read_text()
+    assert "SPLIT_K = " in source and "tl.atomic_add(" in source
+    run = _compile_check(str(folder), "--json")
+    if run.returncode and "ptxas" in run.stderr and "not found" in run.stderr:
+        pytest.skip("no ptxas to compile with")
+    assert run.returncode == 0, run.stderr[-4000:]
+    rows = json.loads(run.stdout)
+    functions = {f.split("(")[0]: f for f in source.split("@triton.jit\ndef ")[1:]}
+    split = [r for r in rows if "SPLIT_K: tl.constexpr" in functions[r["kernel"]]]
+    assert split and all(r["within_limits"] and r["spill_bytes"] == 0 for r in split), rows

@@ -7,10 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrate import ir, type_rules
+from orchestrate import ir, reference, type_rules
 from orchestrate.decompose.builder import Builder, Value
+from orchestrate.emit import emit
 from orchestrate.kernels import config
-from orchestrate.kernels.spec import MATMUL, KernelSpec
+from orchestrate.kernels.spec import MATMUL, SPLIT_K_COUNTERS, KernelSpec
+from orchestrate.runtime import Program, load_kernels
 from tests import graphs
 from tests.emit_util import (
     assert_matches_reference,
@@ -231,3 +233,92 @@ def test_a_batch_beyond_grid_axis_1_joins_grid_axis_0(monkeypatch):
     g = graphs.build(lambda b, x, y: b.add(b.matmul(x, y), 1.0), [(5, 3, 4), (4, 3)])
     src = assert_matches_reference(g, one_kernel(g), graphs.random_inputs(g), atol=1e-5)
     assert "pid_b = pid // tiles" in src
+
+
+# -- split-K: SPLIT_K programs per tile, the last sums the partials in order ----------
+
+
+@pytest.fixture
+def split_k(monkeypatch, small_tiles):
+    """Only the configurations with ``SPLIT_K`` = the number asked for."""
+    offered = config.matmul
+
+    def only(s):
+        def space(*args):
+            found = tuple(c for c in offered(*args) if dict(c.blocks).get("SPLIT_K") == s)
+            assert found, f"no SPLIT_K {s} configuration for {args}"
+            return found
+
+        monkeypatch.setattr(config, "matmul", space)
+
+    return only
+
+
+def _run_twice(g: ir.Graph, planned) -> tuple[dict, dict, Program]:
+    """Two runs of one program (its counters must be zero again after the first)."""
+    program = Program(planned, g, load_kernels(emit(g, planned), interpret=True), interpret=True)
+    inputs = graphs.random_inputs(g)
+    return program.run(inputs), program.run(inputs), program
+
+
+def _gelu_bias_residual(b, x, w, bias, res):
+    h = b.add(b.matmul(x, w), bias)
+    act = b.mul(b.mul(h, 0.5), b.add(b.erf(b.mul(h, 0.7071067811865476)), 1.0))
+    return b.add(act, res)
+
+
+@pytest.mark.parametrize(
+    "fn, shapes, splits",
+    [
+        (lambda b, x, w: b.matmul(x, w), [(20, 300), (300, 24)], 2),
+        (lambda b, x, w: b.matmul(x, w), [(20, 300), (300, 24)], 4),
+        (_gelu_bias_residual, [(2, 20, 300), (300, 24), (24,), (20, 1)], 4),
+        (lambda b, x, w, r: b.add(b.matmul(x, w), r), [(3, 17, 520), (520, 40), (3, 17, 40)], 8),
+    ],
+)
+def test_split_k_sums_partials_once_and_resets_its_counters(fn, shapes, splits, split_k):
+    """SPLIT_K programs per tile, K = 300 in 16-wide steps split 5 + 5 + 5 + 4
+    (or 10 + 9): the float64 reference, the epilogue (bias, GELU, residual)
+    applied once to the whole sum, the same bits on the second run, and every
+    arrival counter back to zero."""
+    split_k(splits)
+    g = graphs.build(fn, shapes)
+    planned = one_kernel(g)
+    assert dict(planned.specs[0].config.blocks)["SPLIT_K"] == splits
+    first, second, program = _run_twice(g, planned)
+    want = reference.run(g, graphs.random_inputs(g), float64=True)
+    for name in g.outputs:
+        np.testing.assert_allclose(first[name], want[name], rtol=1e-5, atol=1e-5)
+        assert first[name].tobytes() == second[name].tobytes(), name
+    counters = program._scratch[SPLIT_K_COUNTERS]
+    assert counters.numel() > 0 and not counters.any()
+    src = emit(g, planned)
+    assert src.count("tl.atomic_add(") == 1 and "if arrived == SPLIT_K - 1:" in src
+    assert "tl.static_range(SPLIT_K)" in src  # slot order, not arrival order
+
+
+def test_split_k_with_a_batch_beyond_grid_axis_1(monkeypatch, split_k):
+    """The tile's counter counts the batch entry too when the batch shares grid axis 0."""
+    from orchestrate.emit import matmul as matmul_module
+
+    monkeypatch.setattr(matmul_module, "MAX_GRID_AXIS1", 2)
+    split_k(2)
+    g = graphs.build(lambda b, x, y: b.add(b.matmul(x, y), 1.0), [(5, 18, 160), (160, 20)])
+    planned = one_kernel(g)
+    first, second, _ = _run_twice(g, planned)
+    want = reference.run(g, graphs.random_inputs(g), float64=True)
+    (out,) = g.outputs
+    np.testing.assert_allclose(first[out], want[out], rtol=1e-5, atol=1e-5)
+    assert first[out].tobytes() == second[out].tobytes()
+    assert "pid_b = pid // tiles" in emit(g, planned)
+
+
+def test_split_k_is_offered_only_to_underfilled_long_k_gemms():
+    def splits(*args):
+        return {dict(c.blocks).get("SPLIT_K", 1) for c in config.matmul(*args)}
+
+    assert splits(128, 768, 3072, "float16", False, 1, 132) == {1, 2, 4, 8}
+    assert splits(128, 768, 3072, "float16", False, 1, 0) == {1}  # no device: none
+    assert splits(4096, 4096, 4096, "float16", False, 1, 132) == {1}  # tiles fill the GPU
+    assert splits(128, 768, 64, "float16", False, 1, 132) == {1}  # K too short to share
+    assert splits(128, 768, 3072, "float64", False, 1, 132) == {1}  # no tl.dot

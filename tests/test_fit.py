@@ -21,7 +21,7 @@ from orchestrate import pipeline
 from orchestrate.emit import kernel_source
 from orchestrate.emit.source import Launch, module, pointers
 from orchestrate.kernels.fit import working_set
-from orchestrate.kernels.spec import ATTENTION, VIEW
+from orchestrate.kernels.spec import ATTENTION, SCRATCH_DTYPES, VIEW
 from orchestrate.planner import PlanOptions, plan
 from orchestrate.precision import lower_precision
 from tests import graphs
@@ -98,7 +98,8 @@ def test_the_shared_memory_model_brackets_the_compiled_kernels(tmp_path):
         slots = {v: k for k, v in pointers(g, spec, writes).slots.items()}
         launch = Launch("k", ks.name, tuple(slots[p] for p in ks.params))
         path.write_text(module([ks], [launch], label))
-        jobs.append((str(path), {t: g.types[t].dtype for t in (*spec.inputs, *writes)}))
+        dtypes = {t: g.types[t].dtype for t in (*spec.inputs, *writes)} | SCRATCH_DTYPES
+        jobs.append((str(path), dtypes))
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", _COMPILE, str(tmp_path / "jobs.json")], cwd=ROOT,

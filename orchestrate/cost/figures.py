@@ -42,6 +42,13 @@ BYTES_IN_FLIGHT_PER_SM = 64 * 1024
 # 8.9, where this overestimates occupancy).
 WARPS_PER_SM = 64
 
+# Dependent device-memory accesses a split-K matmul adds after its last wave:
+# the tile's last program waits for its arrival counter's atomic (a round trip
+# to L2), then loads the other programs' partial tiles (issued together, one
+# more round trip).  Estimate, from the kernel's structure: each taken as a
+# DRAM_LATENCY_US, though both are mostly served by L2 (about half as long).
+FIXUP_LATENCIES = 2
+
 # -- arithmetic -----------------------------------------------------------------
 
 # Fraction of the dense tensor-core peak a tiled GEMM reaches.  Estimate:

@@ -40,6 +40,19 @@ what makes a small GEMM cost microseconds rather than nothing.
 
 **launch** = ``LAUNCH_US`` per kernel (CUDA-graph replay; see figures.py).
 
+Split-K (a matmul whose configuration has ``SPLIT_K`` = S > 1; see
+``emit/matmul.py``): S programs per output tile, each walking 1/S of the K
+steps, so the grid has S times the blocks (more SMs busy, more bytes in
+flight, fuller waves) and each block a chain 1/S as long.  What it costs:
+
+* bytes: the fp32 partial tiles, S x M x N x 4 bytes written and the same
+  read back by each tile's last program (priced at DRAM bandwidth, though
+  most of it stays in L2), on top of what the kernel moves anyway; the bytes
+  a block keeps in flight are its operand loads only;
+* flops: S additions per output element in the fix-up (CUDA cores);
+* latency: ``FIXUP_LATENCIES`` dependent accesses after the last wave (the
+  arrival counter's atomic, then the partial tiles' loads).
+
 ``attention`` (flash attention, one kernel for softmax(scores) @ V):
 
 * bytes: Q, K, V and every other external input (a mask, a bias) read once,
@@ -76,6 +89,7 @@ from orchestrate.cost.figures import (
     ACHIEVABLE_BANDWIDTH,
     BYTES_IN_FLIGHT_PER_SM,
     DRAM_LATENCY_US,
+    FIXUP_LATENCIES,
     LAUNCH_US,
     SFU_FLOPS,
     TENSOR_CORE_EFFICIENCY,
@@ -98,6 +112,8 @@ from orchestrate.kernels.spec import (
     KernelSpec,
     Operand,
     Rows,
+    split_k,
+    split_k_scratch,
 )
 
 SFU_OPS = frozenset(
@@ -270,6 +286,7 @@ def split_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
         anchor = graph.producer[roles.anchor]
         dots, prologue, epilogue = _anchored_flops(graph, spec)
         other = prologue * _reuse(spec, anchor) + epilogue
+        other += split_k_scratch(graph, spec)[0]  # the fix-up adds the partials
         if anchor.op in (Op.MATMUL, Op.CONV):
             return dots, other
         return 0, dots + other  # a pool's window sums run on CUDA cores
@@ -359,7 +376,8 @@ def grid(graph: Graph, spec: KernelSpec) -> int:
         return math.ceil(rows.rows / c["BLOCK_ROWS"])
     if spec.template == MATMUL:
         *batch, m, n = graph.producer[spec.anchor].shape
-        return math.ceil(m / c["BLOCK_M"]) * math.ceil(n / c["BLOCK_N"]) * math.prod(batch)
+        tiles = math.ceil(m / c["BLOCK_M"]) * math.ceil(n / c["BLOCK_N"]) * math.prod(batch)
+        return tiles * split_k(c)
     if spec.template == CONV:
         cv = graph.producer[spec.anchor]
         nb, m, *spatial = cv.shape
@@ -378,9 +396,9 @@ def loop_steps(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
     """(dependent loop steps per block, steps in flight at once)."""
     c = spec.config
     piped = max(1, c.num_stages - 1)
-    if spec.template == MATMUL:
+    if spec.template == MATMUL:  # split-K: each program walks its share of the steps
         k = graph.types[graph.producer[spec.anchor].inputs[0]].shape[-1]
-        return math.ceil(k / c["BLOCK_K"]), piped
+        return math.ceil(math.ceil(k / c["BLOCK_K"]) / split_k(c)), piped
     if spec.template == CONV:
         w = graph.types[graph.producer[spec.anchor].inputs[1]]
         return math.ceil(math.prod(w.shape[1:]) / c["BLOCK_K"]), piped
@@ -409,14 +427,15 @@ def cost(graph: Graph, spec: KernelSpec, device: Device) -> Cost:
     by ``Prices.price``)."""
     if spec.template == VIEW:
         return Cost(0, 0, 0.0, 0.0, 0.0)
-    nbytes = _moved(graph, spec)
+    loaded = _moved(graph, spec)
+    nbytes = loaded + 2 * 4 * split_k_scratch(graph, spec)[0]  # split-K partials: out and in
     blocks = max(1, grid(graph, spec))
     per_sm = resident(graph, spec, device)
     busy = min(blocks, device.sms)
     steps, ahead = loop_steps(graph, spec)
     # memory: the device's achievable bandwidth, or what the busy SMs keep in
     # flight: each block issues one step's loads (``ahead`` steps when pipelined)
-    per_block = nbytes / blocks / max(1, steps) * min(ahead, max(1, steps))
+    per_block = loaded / blocks / max(1, steps) * min(ahead, max(1, steps))
     in_flight = min(BYTES_IN_FLIGHT_PER_SM, min(per_sm, math.ceil(blocks / busy)) * per_block)
     bandwidth = min(device.bandwidth_gbs * 1e3 * ACHIEVABLE_BANDWIDTH,
                     busy * in_flight / DRAM_LATENCY_US)  # fmt: skip  # bytes per µs
@@ -429,6 +448,8 @@ def cost(graph: Graph, spec: KernelSpec, device: Device) -> Cost:
     # latency: each wave of blocks waits for its chain of dependent loads
     waves = math.ceil(blocks / (device.sms * per_sm))
     latency_us = waves * DRAM_LATENCY_US * (1 + steps / ahead)
+    if split_k(spec.config) > 1:  # the last program's atomic, then its loads of the partials
+        latency_us += FIXUP_LATENCIES * DRAM_LATENCY_US
     return Cost(nbytes, dots + other, memory_us, compute_us, LAUNCH_US, latency_us, blocks)
 
 

@@ -37,6 +37,7 @@ from orchestrate.decompose import (
 )
 from orchestrate.decompose.builder import Builder, Value, onnx_dtype_name
 from orchestrate.errors import GraphError, InputError, UnsupportedError
+from orchestrate.kernels.spec import SCRATCH_DTYPES
 
 Decomposition = Callable[..., Value | tuple[Value | None, ...]]
 
@@ -74,8 +75,9 @@ def fission(model: onnx.ModelProto, source: str = "<model>", *, consume: bool = 
     _check_supported(g, source)
     reserved = {i.name for i in g.input} | {t.name for t in g.initializer}
     reserved |= {o for n in g.node for o in n.output} | {o.name for o in g.output}
-    if INDEX_ERROR in reserved:
-        raise InputError(f"{source}: the tensor name {INDEX_ERROR!r} is reserved")
+    for name in (INDEX_ERROR, *SCRATCH_DTYPES):
+        if name in reserved:
+            raise InputError(f"{source}: the tensor name {name!r} is reserved")
     b = Builder(reserved, opset)
     env: dict[str, Value] = {}
     inits = {t.name for t in g.initializer}

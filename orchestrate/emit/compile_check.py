@@ -94,6 +94,9 @@ def tensor_dtypes(folder: Path) -> dict[str, str]:
     from orchestrate.bounds import INDEX_ERROR  # numpy only
 
     dtypes[INDEX_ERROR] = "int32"  # the index error flag the runner binds
+    from orchestrate.kernels.spec import SCRATCH_DTYPES
+
+    dtypes.update(SCRATCH_DTYPES)  # a split-K matmul's workspace and counters
     return dtypes
 
 

@@ -23,6 +23,19 @@ stored once.
 Memory traffic: A and B strips are each read once per tile column / row of
 tiles (L2 keeps the re-reads off DRAM under grouped ordering), epilogue
 inputs read once, outputs written once.
+
+Split-K (``SPLIT_K`` > 1 in the configuration, for tiles too few to fill the
+GPU): grid axis 2 gives each tile SPLIT_K programs, program ``pid_k`` walking
+the ``pid_k``-th share of the K steps.  Each stores its fp32 partial tile in
+slot ``pid_k`` of a workspace and counts its arrival on the tile's int32
+counter (``tl.atomic_add``, acquire-release); the program that arrives last
+sums the SPLIT_K partials in slot order 0, 1, ... (the same additions in the
+same order on every run, whichever program arrives last: bit-identical
+results, unlike fp32 atomics into the output), resets the counter to zero
+for the next launch (and CUDA-graph replays), and alone runs the epilogue
+and the stores, once on the full sum.  The workspace and counters are the
+runner's (``SPLIT_K_PARTIALS``, ``SPLIT_K_COUNTERS`` in ``kernels/spec.py``).
+Extra traffic: SPLIT_K x M x N fp32 written and read back (mostly in L2).
 """
 
 from __future__ import annotations
@@ -42,7 +55,7 @@ from orchestrate.emit.codegen import (
 from orchestrate.emit.expr import Sym
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph
-from orchestrate.kernels.spec import KernelSpec
+from orchestrate.kernels.spec import SPLIT_K_COUNTERS, SPLIT_K_PARTIALS, KernelSpec, split_k
 
 WIDE = 2**31  # tensors this large need 64-bit offsets
 MAX_GRID_AXIS1 = 65535  # a larger batch is counted on grid axis 0 with the tiles
@@ -100,11 +113,12 @@ def traffic_note(m: int, n: int, spec: KernelSpec) -> list[str]:
 
 
 def epilogue(graph: Graph, k: KernelSpec, body: Body, ptrs: Pointers, dims, itype: str,
-             writes, name: str) -> dict[str, str]:  # fmt: skip
-    """Open the epilogue on the accumulator tile (its mask and block zero) and
-    return each written tensor's value at the output index ``dims``; the
-    anchor reads as ``acc``."""
-    body.raw("mask_c = mask_m[:, None] & mask_n[None, :]")
+             writes, name: str, masked: bool = False) -> dict[str, str]:  # fmt: skip
+    """Open the epilogue on the accumulator tile (its mask, unless ``masked``
+    says it is defined, and block zero) and return each written tensor's
+    value at the output index ``dims``; the anchor reads as ``acc``."""
+    if not masked:
+        body.raw("mask_c = mask_m[:, None] & mask_n[None, :]")
     zero_c = body.lazy("zero_c", f"tl.zeros((BLOCK_M, BLOCK_N), dtype={itype})")
     out_index = Index(tuple(dims), Sym("mask_c"))
     ev = Evaluator(graph, set(k.nodes), body, ptrs, zero=zero_c, broadcast_all=True)
@@ -121,7 +135,8 @@ def matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> K
     kk = a_t.shape[-1]
     nbatch = math.prod(batch)
     kernel_tensors = set(k.inputs) | set(k.nodes)
-    wide = any(graph.types[t].size >= WIDE for t in kernel_tensors)
+    splits = split_k(k.config)
+    wide = any(graph.types[t].size >= WIDE for t in kernel_tensors) or splits * mm.type.size >= WIDE
     itype = "tl.int64" if wide else "tl.int32"
 
     body = Body()
@@ -155,8 +170,17 @@ def matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> K
     body.raw(f"acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={TL_DTYPE[acc_dtype]})")
 
     # -- K loop: operand tiles through the prologue -----------------------------
-    body.comment(f"walk K = {kk} in BLOCK_K steps; the prologue runs on the loaded tiles")
-    body.raw(f"for k0 in range(0, {kk}, BLOCK_K):")
+    if splits > 1:
+        body.comment(f"split-K: program pid_k of the tile's SPLIT_K walks its share of K = {kk}")
+        body.raw(f"pid_k = tl.program_id(2){wid}")
+        body.raw(f"k_share = tl.cdiv(tl.cdiv({kk}, BLOCK_K), SPLIT_K) * BLOCK_K")
+        body.raw("k_lo = pid_k * k_share")
+        body.raw(f"k_hi = tl.minimum(k_lo + k_share, {kk})")
+        body.comment("the prologue runs on the loaded tiles")
+        body.raw("for k0 in range(k_lo, k_hi, BLOCK_K):")
+    else:
+        body.comment(f"walk K = {kk} in BLOCK_K steps; the prologue runs on the loaded tiles")
+        body.raw(f"for k0 in range(0, {kk}, BLOCK_K):")
     loop = body.fork(body.indent + "    ")
     loop.raw(
         f"rk = (k0 + tl.arange(0, BLOCK_K)){wid}" if wide else "rk = k0 + tl.arange(0, BLOCK_K)"
@@ -183,17 +207,30 @@ def matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> K
     body.lines += loop.lines
 
     # -- epilogue on the accumulator ----------------------------------------
-    body.comment("epilogue on the accumulator tile, then store")
-    out_dims = bdims + (rm, rn)
-    results = epilogue(graph, k, body, ptrs, out_dims, itype, writes, name)
     batch_off = f"pid_b * {m * n} + " if nbatch > 1 else ""
     col = "rn[None, :]"
     row = f"rm[:, None] * {n}" if n > 1 else "rm[:, None]"
-    body.raw(f"offs_c = {batch_off}{row} + {col}")
+    last = body
+    if splits > 1:
+        body.raw("mask_c = mask_m[:, None] & mask_n[None, :]")
+        body.raw(f"offs_c = {batch_off}{row} + {col}")
+        last = fix_up(body, ptrs, nbatch * m * n,
+                      "pid" if nbatch == 1 else "pid_b * num_pid_m * num_pid_n + pid")  # fmt: skip
+    last.comment("epilogue on the accumulator tile, then store")
+    out_dims = bdims + (rm, rn)
+    results = epilogue(graph, k, last, ptrs, out_dims, itype, writes, name, masked=splits > 1)
+    if splits == 1:
+        last.raw(f"offs_c = {batch_off}{row} + {col}")
     for t in writes:
-        store(body, graph, ptrs, t, "offs_c", results[t], "mask_c")
+        store(last, graph, ptrs, t, "offs_c", results[t], "mask_c")
+    if last is not body:
+        body.lines += last.lines
 
     doc = describe(graph, k, writes, ptrs) + traffic_note(m, n, k)
+    if splits > 1:
+        doc.append(f"  split-K: {splits} programs per tile; partials {ptrs.name(SPLIT_K_PARTIALS)}: "
+                   f"fp32[{splits}, {nbatch * m * n}] written and read back, arrivals counted "
+                   f"in {ptrs.name(SPLIT_K_COUNTERS)}: int32 per tile")  # fmt: skip
     return KernelSource(
         name=name,
         doc=doc,
@@ -201,12 +238,39 @@ def matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> K
         config=k.config,
         helpers=body.helpers,
         body=body.code(),
-        grid=[
-            f"    grid = (triton.cdiv({m}, BLOCK_M) * triton.cdiv({n}, BLOCK_N) * {nbatch}, 1)"
-            if fold
-            else f"    grid = (triton.cdiv({m}, BLOCK_M) * triton.cdiv({n}, BLOCK_N), {nbatch})",
-        ],
+        grid=[_grid(m, n, nbatch, fold, splits)],
     )
+
+
+def _grid(m: int, n: int, nbatch: int, fold: bool, splits: int) -> str:
+    tiles = f"triton.cdiv({m}, BLOCK_M) * triton.cdiv({n}, BLOCK_N)"
+    axes = [f"{tiles} * {nbatch}", "1"] if fold else [tiles, str(nbatch)]
+    if splits > 1:
+        axes.append("SPLIT_K")
+    return f"    grid = ({', '.join(axes)})"
+
+
+def fix_up(body: Body, ptrs: Pointers, size: int, tile: str) -> Body:
+    """Split-K: store this program's partial tile (at ``offs_c`` under
+    ``mask_c``) in its workspace slot and count its arrival; return the body
+    of the branch the tile's last program takes, where ``acc`` is the sum of
+    the SPLIT_K partials, added in slot order (``size``: the output's
+    elements, one slot; ``tile``: the tile's counter)."""
+    partials, counters = ptrs.get(SPLIT_K_PARTIALS), ptrs.get(SPLIT_K_COUNTERS)
+    body.comment("split-K: this program's partial sum to its slot; the tile's last program")
+    body.comment("adds the SPLIT_K slots in order (the same bits whoever arrives last)")
+    body.raw(f"tl.store({partials} + pid_k * {size} + offs_c, acc, mask=mask_c)")
+    body.raw("tl.debug_barrier()  # every thread's partial stored before the arrival counts")
+    body.raw(f"counter = {counters} + {tile}")
+    body.raw('arrived = tl.atomic_add(counter, 1, sem="acq_rel")')
+    body.raw("if arrived == SPLIT_K - 1:")
+    last = body.fork(body.indent + "    ")
+    last.raw(f"acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={TL_DTYPE['float32']})")
+    last.raw("for s in tl.static_range(SPLIT_K):")
+    last.raw(f"    acc += tl.load({partials} + s * {size} + offs_c, mask=mask_c, other=0.0,")
+    last.raw('                   cache_modifier=".cg")  # from L2: other SMs wrote them')
+    last.raw("tl.atomic_xchg(counter, 0)  # zero for the next launch")
+    return last
 
 
 def _accumulator(index: Index, expected: Index, name: str) -> str:

@@ -26,7 +26,14 @@ from orchestrate.emit.codegen import TL_DTYPE, Pointers
 from orchestrate.emit.helpers import HELPERS, Helper
 from orchestrate.emit.text import comment, docstring, string
 from orchestrate.ir import HALF, Graph
-from orchestrate.kernels.spec import KernelSpec, LaunchConfig, inlined
+from orchestrate.kernels.spec import (
+    SPLIT_K_COUNTERS,
+    SPLIT_K_PARTIALS,
+    KernelSpec,
+    LaunchConfig,
+    inlined,
+    split_k,
+)
 
 
 @dataclass
@@ -75,12 +82,15 @@ def pointers(graph: Graph, spec: KernelSpec, writes: Sequence[str]) -> Pointers:
     """The pointer names of a kernel: ``in<j>`` for the inputs read from
     memory (scalar constants are literals), ``out<j>`` for what it writes,
     ``err`` for the index error flag of a kernel that checks gathers on the
-    device (bound to ``bounds.INDEX_ERROR`` in the KERNELS table)."""
+    device (bound to ``bounds.INDEX_ERROR`` in the KERNELS table), and
+    ``partials`` and ``counters`` for a split-K matmul's scratch."""
     reads = [t for t in spec.inputs if not inlined(graph, t)]
     slots = {t: f"in{j}" for j, t in enumerate(reads)}
     slots |= {t: f"out{j}" for j, t in enumerate(writes)}
     if spec.checks:  # the index error flag, last
         slots[INDEX_ERROR] = "err"
+    if split_k(spec.config) > 1:  # a split-K matmul's scratch (kernels/spec.py)
+        slots |= {SPLIT_K_PARTIALS: "partials", SPLIT_K_COUNTERS: "counters"}
     return Pointers(slots, spec.checks)
 
 

@@ -94,8 +94,9 @@ def matmul(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection:
     if isinstance(found, Rejection):
         return found
     a = graph.types[mm.inputs[0]]
-    *_, m, n = mm.shape
-    configs = config.matmul(m, n, a.shape[-1], a.dtype, target.tf32)
+    *batch, m, n = mm.shape
+    configs = config.matmul(m, n, a.shape[-1], a.dtype, target.tf32, math.prod(batch),
+                            target.device.sms)  # fmt: skip
     return accept(graph, MATMUL, r, mm.shape, found, _optional(r, found), configs, target)
 
 

@@ -21,8 +21,16 @@ The spaces:
 * pointwise, row reduce, window: one configuration each (their time is
   bandwidth: the block size only needs enough bytes in flight).
 
-Not yet: split-K for skinny or long-K GEMMs and persistent (stream-K)
-kernels, which need their own emission.
+* matmul split-K: when the output tiles alone underfill the device (fewer
+  blocks than SMs, batch included) each dot configuration also comes with
+  SPLIT_K 2, 4 and 8 programs per tile, each walking its share of the K
+  steps, while that share stays at least ``MIN_SPLIT_STEPS``; the cost model
+  prices the better SM fill against the fp32 partials written and read back
+  and the fix-up's latency, so the rank takes one only where it pays.  The
+  generator (``emit/matmul.py``) sums the partials in a fixed order in the
+  tile's last program, which applies the epilogue once.
+
+Not yet: persistent (stream-K) kernels, which need their own emission.
 
 Each configuration also carries the block sizes used under Triton's
 interpreter (no GPU): the interpreter's cost grows with the number of
@@ -35,6 +43,7 @@ Tests shrink the ``INTERPRET_*`` figures to force several blocks.
 from __future__ import annotations
 
 import functools
+import math
 
 from orchestrate.kernels.spec import LaunchConfig, launch_config
 
@@ -68,6 +77,8 @@ DOT_TILES = (
     (16, 32, 128),
 )
 DOT_STAGES = (2, 3, 4)
+# matmul split-K: programs per output tile, and the fewest K steps each may get
+SPLIT_KS, MIN_SPLIT_STEPS = (2, 4, 8), 2
 
 
 def dot_warps(bm: int, bn: int) -> int:
@@ -149,8 +160,10 @@ def row_reduce(rows: int, length: int, looped: bool) -> list[LaunchConfig]:
 
 
 @_space
-def matmul(m: int, n: int, k: int, dtype: str, tf32: bool) -> list[LaunchConfig]:
-    """C[m, n] = A[m, k] @ B[k, n] in ``dtype``."""
+def matmul(m: int, n: int, k: int, dtype: str, tf32: bool, batch: int = 1,
+           sms: int = 0) -> list[LaunchConfig]:  # fmt: skip
+    """C[m, n] = A[m, k] @ B[k, n] in ``dtype``, ``batch`` times, on a device
+    of ``sms`` SMs (0: no split-K)."""
     precision = _precision(dtype, tf32)
     if not uses_dot(dtype):
         gpu = {"BLOCK_M": clamp_pow2(m, 1, SLOW_BLOCK_MN), "BLOCK_N": clamp_pow2(n, 1, SLOW_BLOCK_MN),
@@ -165,7 +178,25 @@ def matmul(m: int, n: int, k: int, dtype: str, tf32: bool) -> list[LaunchConfig]
     hi = MATMUL_INTERPRET_BLOCK
     fast = {"BLOCK_M": clamp_pow2(m, MIN_DOT, hi), "BLOCK_N": clamp_pow2(n, MIN_DOT, hi),
             "BLOCK_K": clamp_pow2(k, MIN_DOT, hi)}  # fmt: skip
-    return _dot_space((m, n, k), fast, precision, {"GROUP_M": GROUP_M})
+    space = _dot_space((m, n, k), fast, precision, {"GROUP_M": GROUP_M})
+    return space + _split_k(space, m, n, k, batch, sms)
+
+
+def _split_k(space: list[LaunchConfig], m: int, n: int, k: int, batch: int,
+             sms: int) -> list[LaunchConfig]:  # fmt: skip
+    """Each configuration of ``space`` whose tiles underfill ``sms`` SMs
+    again, with SPLIT_K programs per tile for every SPLIT_K that leaves each
+    at least MIN_SPLIT_STEPS steps of K."""
+    out = []
+    for c in space:
+        blocks = dict(c.blocks)
+        tiles = math.ceil(m / blocks["BLOCK_M"]) * math.ceil(n / blocks["BLOCK_N"]) * batch
+        steps = math.ceil(k / blocks["BLOCK_K"])
+        for s in SPLIT_KS:
+            if tiles < sms and steps >= MIN_SPLIT_STEPS * s:
+                out.append(LaunchConfig((*c.blocks, ("SPLIT_K", s)), c.num_warps,
+                                        c.num_stages, c.interpret, c.precision))  # fmt: skip
+    return out
 
 
 @_space

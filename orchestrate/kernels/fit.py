@@ -27,6 +27,8 @@ fp32), ``S`` stages and ``W`` warps:
   than one K step and ``S >= 2``); wgmma (fp16, bf16 and TF32, BLOCK_M >=
   64) keeps both tiles in shared memory, IEEE fp32 only computed tiles; the result tile
   is converted to the store layout through ``min(BLOCK_M, 128) x BLOCK_N``.
+  Split-K adds no shared memory (its partial tiles go through the result
+  tile's layout conversion) but registers: ``SPLIT_K_SPILL``.
 * attention: the Q, K and probability tiles, a row of fp32 running state,
   and ``S - 1`` more copies of the K, V (and, with a K/V prologue, score
   side input) tiles when the key loop is pipelined.
@@ -58,7 +60,17 @@ from orchestrate.kernels.spec import (
     Rejection,
     Rows,
     inlined,
+    split_k,
 )
+
+# split-K (a matmul's SPLIT_K programs per tile): the tile's last program
+# loads all SPLIT_K fp32 partial tiles at once (an unrolled loop) beside
+# their sum, (SPLIT_K + 1) values per output element it holds.  ptxas spills
+# from 288 such values per thread (fp16 with a GELU epilogue, sm_90: 64 x 64
+# tiles at 4 warps, SPLIT_K 8: 128 B; 128 x 64, SPLIT_K 4: 168 B) and does
+# not at 192 (128 x 64, SPLIT_K 2: 148 registers) or 160 (64 x 64, SPLIT_K 4:
+# 144 registers): refused from 256.
+SPLIT_K_SPILL = 256
 
 
 @dataclass(frozen=True)
@@ -171,14 +183,17 @@ def _dot_tiles(graph: Graph, spec: KernelSpec) -> WorkingSet:
         computed = a * it * (not a_direct or not a_piped) + b * it * (not b_direct or not b_piped)
         smem = max(result, (stages - 1) * looped + computed)
     per_thread = 32 * warps
+    # split-K's fix-up loads the SPLIT_K partial tiles at once beside their sum
+    fix_up = (split_k(c) + 1) * bm * bn / per_thread if split_k(c) > 1 else 0
     if tensor_cores:
-        spills = bm * bn / per_thread >= 128
+        spills = bm * bn / per_thread >= 128 or fix_up >= SPLIT_K_SPILL
     else:
         # IEEE fp32: the FMA loop over BLOCK_K is unrolled with its operand
         # slices in registers; at BLOCK_K >= 64 ptxas spills kilobytes once an
         # epilogue adds pressure (16 x 128 x 64 with a GELU: 11 KB at 4 warps,
         # 4.7 KB at 8; 16 x 64 x 64 with one: none), so 64 is refused outright
         spills = bk >= 64 or (bm * bn + (bm + bn) * bk) / per_thread >= 128
+        spills = spills or fix_up >= SPLIT_K_SPILL
     return WorkingSet(smem, spills)
 
 

@@ -112,6 +112,42 @@ class LaunchConfig:
         )
 
 
+def split_k(config: LaunchConfig) -> int:
+    """How many programs share each output tile's K loop (``SPLIT_K``; 1
+    when the configuration does not split K)."""
+    return dict(config.blocks).get("SPLIT_K", 1)
+
+
+# The names under which a kernels module's KERNELS table binds the scratch a
+# split-K matmul needs (``emit/matmul.py``): an fp32 workspace of SPLIT_K
+# partial tiles per output element, and one int32 arrival counter per output
+# tile, zero between launches (the last program of a tile resets it).  The
+# runner allocates one of each, as large as the largest kernel's, and binds
+# it to every split-K kernel (kernels run one after another).
+SPLIT_K_PARTIALS = "<split-k partials>"
+SPLIT_K_COUNTERS = "<split-k counters>"
+SCRATCH_DTYPES = {SPLIT_K_PARTIALS: "float32", SPLIT_K_COUNTERS: "int32"}
+
+
+def split_k_scratch(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
+    """(workspace elements, counters) a split-K matmul needs: SPLIT_K x the
+    output's elements, and one counter per output tile under the GPU's or the
+    interpreter's block sizes, whichever has more tiles.  (0, 0) otherwise."""
+    s = split_k(spec.config)
+    if s == 1:
+        return 0, 0
+    *batch, m, n = graph.producer[spec.anchor].shape
+    b = 1
+    for d in batch:
+        b *= d
+    tiles = 0
+    for blocks in (dict(spec.config.blocks), {**dict(spec.config.blocks),
+                                              **dict(spec.config.interpret)}):  # fmt: skip
+        bm, bn = blocks["BLOCK_M"], blocks["BLOCK_N"]
+        tiles = max(tiles, -(-m // bm) * -(-n // bn))
+    return s * b * m * n, b * tiles
+
+
 def launch_config(blocks: Mapping[str, int], interpret: Mapping[str, int] | None = None,
                   **options) -> LaunchConfig:  # fmt: skip
     """A LaunchConfig from dicts (interpreter block sizes equal to the GPU's
