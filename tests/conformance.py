@@ -11,6 +11,12 @@ the case's expected outputs at the case's tolerances.  A case is either
 * ``declined`` - refused with UnsupportedError (the reason is kept);
 * ``wrong`` / ``crashed`` - a bug.
 
+Two exceptions for bfloat16: its outputs are compared at ``BF16_RTOL`` (8
+significant bits: a float32 computation rounded once and the case's data,
+which ONNX makes by truncating float32, differ by an ulp or two), and a
+primitive graph holding bfloat16 is not run by onnxruntime, whose CPU
+provider has no bfloat16 kernel for most ops (the reference check stands).
+
 ``python -m tests.conformance`` prints the counts and the decline reasons.
 """
 
@@ -31,6 +37,7 @@ from orchestrate.decompose import fission
 from orchestrate.errors import OrchestrateError, UnsupportedError
 from orchestrate.export import to_onnx
 from orchestrate.frontend import graph_inputs, prepare
+from orchestrate.ir import BFLOAT16
 
 
 @dataclass(frozen=True)
@@ -70,11 +77,16 @@ def _bind(model: onnx.ModelProto, feeds: dict[str, np.ndarray], bound: set[str])
     return m
 
 
+BF16_RTOL = 2.0**-6  # two units in the last place of bfloat16's 8 bits
+
+
 def _compare(got: dict, want: list, names: list[str], rtol: float, atol: float) -> str | None:
     for name, w in zip(names, want):
         w = _array(w)
         if not isinstance(w, np.ndarray):
             return f"{name}: expected a {type(w).__name__}"
+        if w.dtype == BFLOAT16:
+            rtol = max(rtol, BF16_RTOL)
         g = got[name]
         if g.shape != w.shape or g.dtype != w.dtype:
             return f"{name}: got {g.dtype}{list(g.shape)}, expected {w.dtype}{list(w.shape)}"
@@ -99,6 +111,8 @@ def _attempt(case, model: onnx.ModelProto, data_sets) -> str | None:
         problem = _compare(reference.run(graph, feeds), outputs, names, case.rtol, case.atol)
         if problem:
             return "reference " + problem
+        if any(t.dtype == "bfloat16" for t in graph.types.values()):
+            continue  # onnxruntime's CPU provider has no bfloat16 kernels
         prim = to_onnx(graph)
         problem = _compare(onnxrt.run(prim, feeds), outputs, names, case.rtol, case.atol)
         if problem:
