@@ -176,7 +176,7 @@ def main(debug: bool) -> None:
       optimize   all of it: fission, plan, Triton emission, verification -> bundle
       run        run a bundle on .npy inputs
       verify     compare a bundle with onnxruntime on random inputs
-      bench      time a bundle side by side with onnxruntime
+      bench      time the bundle against torch eager, torch.compile, onnxruntime
     """
 
 
@@ -506,23 +506,74 @@ def verify(bundle_dir: Path, model: Path, shapes, trials, rtol, atol) -> None:
 
 
 @main.command()
-@click.argument("bundle_dir", metavar="OUT", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--model", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="The ONNX model to time onnxruntime on.")  # fmt: skip
+@click.argument("target", metavar="MODEL.onnx|OUT", type=click.Path(path_type=Path))
+@click.option("--model", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="For a bundle OUT: the ONNX model it was made from (the baselines run it).")  # fmt: skip
+@click.option("--against", default=None, metavar="LIST",
+              help="Baselines, comma-separated: eager, compile, compile-max-autotune, ort-cuda, "
+                   "ort-cpu. Default: all (ort-cpu only without a GPU).")  # fmt: skip
+@click.option("--dtype", default=None, metavar="fp16|bf16|fp32",
+              help="Optimize MODEL.onnx at this precision; the baselines run at it too.")  # fmt: skip
+@click.option("--device", default=None, help="Plan for this GPU (default: the one present).")
 @shape_option
 @click.option("--runs", type=click.IntRange(1, 10000), default=20, show_default=True)
 @click.option("--warmup", type=click.IntRange(0, 1000), default=3, show_default=True)
+@click.option("--inputs", "sets", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Random input sets, rotated through the timed calls.")  # fmt: skip
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the results document here.")  # fmt: skip
+@click.option("--chart", "chart_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Draw the results as a PNG here (needs matplotlib).")  # fmt: skip
 @reports_errors
-def bench(bundle_dir: Path, model: Path, shapes, runs: int, warmup: int) -> None:
-    """Time bundle OUT against onnxruntime running MODEL (same inputs)."""
-    from orchestrate import api
-    from orchestrate import bench as benchmark
+def bench(target: Path, model, against, dtype, device, shapes, runs, warmup, sets, json_path,
+          chart_path) -> None:  # fmt: skip
+    """Time MODEL.onnx optimized (or bundle OUT) against torch eager, torch.compile and
+    onnxruntime, on the same inputs and clock; report latency, memory, ready time and
+    the roofline floor."""
+    import json
 
-    loaded, onnx_model, graph = api.bundle_and_model(bundle_dir, model, _shapes(shapes) or None,
-                                                     _shape_option="--shape")  # fmt: skip
-    timings = benchmark.bench(loaded, onnx_model, graph, runs=runs, warmup=warmup)
-    for line in benchmark.table(timings, loaded.interpret):
+    from orchestrate.bench import clock, report, runtimes
+    from orchestrate.bench.run import Settings, bench_model
+    from orchestrate.bench.target import resolve
+    from orchestrate.errors import InputError
+    from orchestrate.precision import check_dtype
+
+    check_dtype(dtype, "--dtype")
+    on_gpu = clock.cuda()
+    try:
+        keys = (runtimes.against(against.split(",")) if against is not None
+                else runtimes.DEFAULT_GPU if on_gpu else runtimes.DEFAULT_CPU)  # fmt: skip
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    for path, suffix in ((json_path, ".json"), (chart_path, ".png")):
+        if path is not None and path.suffix.lower() != suffix:
+            raise InputError(f"{path}: expected a {suffix} file name")
+    t = resolve(target, model, _shapes(shapes), dtype=dtype, device=device)
+    try:
+        result = bench_model(t.name, t.bundle, t.model, t.graph, keys,
+                             Settings(runs, warmup, sets, on_gpu), optimize_s=t.optimize_s,
+                             verified=t.verified, verify_note=t.verify_note)  # fmt: skip
+    finally:
+        t.close()
+    interpreter = bool(t.bundle.interpret)
+    for line in report.table(result, interpreter):
         click.echo(line)
+    doc = report.document([report.model_record(result)], device=_device_name(on_gpu),
+                          clock=clock.clock_name(on_gpu), interpreter=interpreter)  # fmt: skip
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(doc, indent=2) + "\n")
+        click.echo(f"wrote {json_path}")
+    if chart_path is not None:
+        click.echo(report.chart(doc, chart_path))
+
+
+def _device_name(on_gpu: bool) -> str:
+    if on_gpu:
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    return "CPU (Triton interpreter)"
 
 
 if __name__ == "__main__":
