@@ -48,6 +48,11 @@ print(json.dumps(out))
 """
 
 
+def _conv_bias(b, x, w, bias):
+    y = b.conv(x, w, strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1), group=1)
+    return b.add(y, bias)
+
+
 def _graphs(tmp_path: Path):
     """The example models, plus graph-built kernels at base sizes (full tiles)."""
     from examples import export_example
@@ -61,6 +66,11 @@ def _graphs(tmp_path: Path):
         export_example(name, src, dynamo=False, opset=17, size="tiny")
         yield name, pipeline.fission_file(src)
     yield "resnet_float16", lower_precision(pipeline.fission_file(tmp_path / "resnet.onnx"), "fp16")
+    # a UNet stem (K = 27 in one step) and a ResNet stage-4 conv (K = 4,608)
+    yield "conv_stem_float32", graphs.build(_conv_bias, [(1, 3, 256, 256), (64, 3, 3, 3),
+                                                          (64, 1, 1)])  # fmt: skip
+    yield "conv_deep_float16", graphs.build(_conv_bias, [(1, 512, 7, 7), (512, 512, 3, 3),
+                                                          (512, 1, 1)], dtype="float16")  # fmt: skip
     for dtype in ("float32", "float16"):
         yield f"mlp_{dtype}", graphs.build(graphs.mlp, [(128, 768), (768, 3072), (3072,),
                                                         (3072, 768)], dtype=dtype)  # fmt: skip

@@ -76,6 +76,15 @@ DOT_TILES = (
     (16, 64, 128),
     (16, 32, 128),
 )
+# IEEE fp32 dots run as FMAs on CUDA cores: short K steps and at most 512
+# FMAs a thread per step (kernels/fit.py refuses more: ptxas spills)
+FMA_TILES = (
+    (64, 64, 16),
+    (64, 32, 32),
+    (32, 64, 32),
+    (32, 32, 32),
+    (16, 64, 32),
+)
 DOT_STAGES = (2, 3, 4)
 # matmul split-K: programs per output tile, and the fewest K steps each may get
 SPLIT_KS, MIN_SPLIT_STEPS = (2, 4, 8), 2
@@ -178,7 +187,8 @@ def matmul(m: int, n: int, k: int, dtype: str, tf32: bool, batch: int = 1,
     hi = MATMUL_INTERPRET_BLOCK
     fast = {"BLOCK_M": clamp_pow2(m, MIN_DOT, hi), "BLOCK_N": clamp_pow2(n, MIN_DOT, hi),
             "BLOCK_K": clamp_pow2(k, MIN_DOT, hi)}  # fmt: skip
-    space = _dot_space((m, n, k), fast, precision, {"GROUP_M": GROUP_M})
+    space = _dot_space((m, n, k), fast, precision, {"GROUP_M": GROUP_M},
+                       fma=dtype == "float32" and precision == "ieee")  # fmt: skip
     return space + _split_k(space, m, n, k, batch, sms)
 
 
@@ -205,19 +215,21 @@ def conv(gemm_m: int, gemm_n: int, gemm_k: int, dtype: str, tf32: bool) -> list[
     fast = {"BLOCK_M": clamp_pow2(gemm_m, MIN_DOT, CONV_INTERPRET_BLOCK_M),
             "BLOCK_N": clamp_pow2(gemm_n, MIN_DOT, CONV_INTERPRET_BLOCK),
             "BLOCK_K": clamp_pow2(gemm_k, MIN_DOT, CONV_INTERPRET_BLOCK)}  # fmt: skip
-    return _dot_space((gemm_m, gemm_n, gemm_k), fast, _precision(dtype, tf32),
-                      {"GROUP_M": GROUP_M})  # fmt: skip
+    precision = _precision(dtype, tf32)
+    return _dot_space((gemm_m, gemm_n, gemm_k), fast, precision, {"GROUP_M": GROUP_M},
+                      fma=dtype == "float32" and precision == "ieee")  # fmt: skip
 
 
 def _dot_space(mnk: tuple[int, int, int], fast: dict, precision: str,
-               extra: dict) -> list[LaunchConfig]:  # fmt: skip
+               extra: dict, fma: bool = False) -> list[LaunchConfig]:  # fmt: skip
     """The dot tiles x warps x stages, clamped to the problem, without repeats;
-    the default (64 x 64 x 32, 4 warps, 3 stages, then fewer stages) first."""
+    the default (64 x 64 x 32, 4 warps, 3 stages, then fewer stages) first,
+    and with ``fma`` (IEEE fp32 on CUDA cores) the FMA tiles too."""
     m, n, k = mnk
     default = (clamp_pow2(m, MIN_DOT, MATMUL_TILE[0]), clamp_pow2(n, MIN_DOT, MATMUL_TILE[1]),
                clamp_pow2(k, MIN_DOT, MATMUL_TILE[2]))  # fmt: skip
     out = [(default, NUM_WARPS, stages) for stages in range(NUM_STAGES, 0, -1)]
-    for bm, bn, bk in DOT_TILES:
+    for bm, bn, bk in DOT_TILES + (FMA_TILES if fma else ()):
         tile = (clamp_pow2(m, MIN_DOT, bm), clamp_pow2(n, MIN_DOT, bn), clamp_pow2(k, MIN_DOT, bk))
         out += [(tile, dot_warps(*tile[:2]), stages) for stages in DOT_STAGES]
     return [

@@ -187,12 +187,19 @@ def _dot_tiles(graph: Graph, spec: KernelSpec) -> WorkingSet:
     fix_up = (split_k(c) + 1) * bm * bn / per_thread if split_k(c) > 1 else 0
     if tensor_cores:
         spills = bm * bn / per_thread >= 128 or fix_up >= SPLIT_K_SPILL
+        # a half im2col tile is gathered into registers, unpipelined: at 64
+        # values a thread (64 x 128 tiles, 4 warps) ResNet-50's and
+        # Inception's deep convs spilled 1.3-2.1 KB
+        spills = spills or (anchor.op is Op.CONV and half and a / per_thread >= 64)
     else:
         # IEEE fp32: the FMA loop over BLOCK_K is unrolled with its operand
-        # slices in registers; at BLOCK_K >= 64 ptxas spills kilobytes once an
+        # slices in registers.  At BLOCK_K >= 64 ptxas spills kilobytes once an
         # epilogue adds pressure (16 x 128 x 64 with a GELU: 11 KB at 4 warps,
-        # 4.7 KB at 8; 16 x 64 x 64 with one: none), so 64 is refused outright
-        spills = bk >= 64 or (bm * bn + (bm + bn) * bk) / per_thread >= 128
+        # 4.7 KB at 8; 16 x 64 x 64 with one: none), so 64 is refused
+        # outright; and past 512 FMAs a thread per K step (a UNet stem's
+        # 64 x 64 x 32 at 4 warps: 12 KB; MobileNet's 128 x 64 x 32: 21 KB)
+        spills = bk >= 64 or bm * bn * bk / per_thread > 512
+        spills = spills or (bm * bn + (bm + bn) * bk) / per_thread >= 128
         spills = spills or fix_up >= SPLIT_K_SPILL
     return WorkingSet(smem, spills)
 
