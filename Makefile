@@ -14,7 +14,8 @@ JOBS   ?= 2
 DEMO   := examples/models/tiny_bert.onnx
 
 .PHONY: install demo test test-slow test-gpu fuzz lint format examples golden-update \
-        conformance models bench-plan bench bench-gpu bench-launch hf-check fit-check clean
+        conformance models bench-plan bench bench-gpu bench-gpu-dry gpu-wheels bench-launch \
+        hf-check fit-check clean
 
 install: $(STAMP)
 
@@ -77,13 +78,36 @@ models: install
 bench-plan: install
 	$(PY) -m examples.bench_plan
 
-# the demo bundle against onnxruntime (on a CPU: interpreter, for the mechanics only)
-bench: demo
-	$(BIN)/orchestrate bench out/tiny_bert.orch --model $(DEMO) --runs 5
+# the demo model optimized, against torch eager / torch.compile / onnxruntime
+# (on a CPU: interpreter and CPU timings, for the mechanics only)
+bench: install
+	$(BIN)/orchestrate bench $(DEMO) --runs 5 --against eager,ort-cuda,ort-cpu
 
-# base transformers against onnxruntime's CUDA provider (needs a GPU)
-bench-gpu: install
-	$(PY) -m examples.bench_runtime
+# the wheels a GPU machine without network needs (this project, PuLP, onnx2torch,
+# click, and the test tier's), into the ignored wheels/, checked to fit 60 MiB
+GPU_WHEELS := pulp onnx2torch click pytest pluggy iniconfig pytest-xdist execnet hypothesis \
+              sortedcontainers
+gpu-wheels: install
+	mkdir -p wheels
+	rm -f wheels/orchestrate-*.whl
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w wheels .
+	$(PY) -m pip download -q --no-deps --only-binary :all: -d wheels $(GPU_WHEELS)
+	$(PY) -m examples.gpu_wheels wheels
+
+# the suite optimized at fp16 and bf16 (fp32 for three), verified and timed against
+# every baseline on a GPU, within 9 minutes; writes bench/results/<device>-<date>.json
+# and .png.  Without .venv (a GPU machine offline) it runs python3 from make gpu-wheels'
+# folder (pip install --no-index --target, no venv)
+bench-gpu:
+	@if [ ! -x $(PY) ] && ls wheels/orchestrate-*.whl >/dev/null 2>&1; then \
+		echo "$(PYTHON) -m examples.bench_gpu $(ARGS)"; $(PYTHON) -m examples.bench_gpu $(ARGS); \
+	else $(MAKE) install && $(PY) -m examples.bench_gpu $(ARGS); fi
+
+# the same script on this CPU: the tiny suite in the interpreter, every baseline a CPU
+# runs, the offline install from wheels/ proven; writes out/bench-dry/results.json and
+# chart.png (under 10 minutes on 2 cores)
+bench-gpu-dry: gpu-wheels
+	$(PY) -m examples.bench_gpu --dry-run $(ARGS)
 
 # the runner's own host cost per kernel launch, kernels replaced by no-ops (fails over 3 µs)
 bench-launch: install

@@ -6,10 +6,9 @@
 #
 # The device machine has python3 with torch, triton, onnx and onnxruntime, but
 # no network, no pulp and not this project.  So build the wheels here first
-# (pure-Python ones, from pip's cache or the registry), and carry them along:
+# (make gpu-wheels: pure-Python ones and this project, under 60 MiB), and carry them along:
 #
-#   .venv/bin/python -m pip wheel --no-deps -w wheels . pulp click pytest pluggy \
-#       iniconfig pytest-xdist execnet hypothesis sortedcontainers onnxscript onnx-ir
+#   make gpu-wheels
 #   device tool: run(command="examples/gpu_session.sh", carry=["wheels"], timeout_s=600)
 #
 # Each wheel is installed on its own, without dependencies, and one that does
@@ -78,7 +77,7 @@ step compile 60 'env -u TRITON_INTERPRET $PY -m orchestrate.emit.compile_check -
     $OUT/bundles/*.orch >$OUT/compile_check.json && \
 env -u TRITON_INTERPRET $PY -m orchestrate.emit.compile_check $OUT/bundles/*.orch'
 
-# make bench-gpu, on base BERT only (GPT-2 and the decoder take longer than is left)
-step bench-gpu 150 '$PY -m examples.bench_runtime --models bert --runs 20'
+# make bench-gpu on two models (the whole suite takes a call of its own: make bench-gpu)
+step bench-gpu 150 '$PY -m examples.bench_gpu --only bert resnet50 --budget 130'
 
 echo "results in $OUT (summary.txt, one log per step)"
