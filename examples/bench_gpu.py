@@ -43,6 +43,10 @@ ROOT = Path(__file__).resolve().parents[1]
 NEEDED = ("pulp", "onnx2torch", "orchestrate")  # what the reference GPU machine lacks
 WHEELS_LIMIT_MB = 60
 FP32_DEFAULT = ("bert", "resnet50", "llama")
+# the dry run proves each path once rather than timing everything: fp16 for
+# every model, bf16 and fp32 for one each, torch.compile (25-30 s a process
+# on 2 cores) for one model through the torch source and one through onnx2torch
+DRY_BF16, DRY_FP32, DRY_COMPILE = ("bert",), ("resnet50",), ("bert", "resnet50")
 TRANSFORMER_TYPES = {"bert": "bert", "gpt2": "gpt2", "vit": "vit"}  # onnxruntime model_type
 
 
@@ -204,8 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="the tiny suite on this CPU")
     p.add_argument("--budget", type=float, default=None, help="seconds in all (540; dry 420)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="models of the suite to run")
-    p.add_argument("--dtypes", nargs="+", default=["fp16", "bf16"])
-    p.add_argument("--fp32", nargs="*", default=list(FP32_DEFAULT), metavar="NAME")
+    p.add_argument("--dtypes", nargs="+", default=None, help="fp16 bf16 (dry run: fp16, and bf16 "
+                   f"for {', '.join(DRY_BF16)})")  # fmt: skip
+    p.add_argument("--fp32", nargs="*", default=None, metavar="NAME",
+                   help=f"models also run at fp32 (default {' '.join(FP32_DEFAULT)}; "
+                        f"dry run: {' '.join(DRY_FP32)})")  # fmt: skip
     p.add_argument("--wheels", type=Path, default=ROOT / "wheels")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--onnx2torch", nargs="*", default=None, metavar="NAME",
@@ -234,7 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-work-", dir=ROOT / "out" if dry else None))
     print("bench-gpu: " + bootstrap(args.wheels, ROOT / "out/bench-site"), flush=True)
     from orchestrate.bench import clock, report
-    from orchestrate.bench.runtimes import DEFAULT_CPU, DEFAULT_GPU
+    from orchestrate.bench.runtimes import (
+        DEFAULT_CPU,
+        DEFAULT_GPU,
+        TORCH_COMPILE,
+        TORCH_MAX_AUTOTUNE,
+    )
 
     if not dry and not clock.cuda():
         print("bench-gpu: no CUDA GPU here (make bench-gpu-dry runs the same script on a CPU)",
@@ -256,12 +268,24 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run(cmd + (["--tiny"] if dry else []), cwd=ROOT, check=True)
     print(f"bench-gpu: suite ready in {time.time() - started:.0f} s", flush=True)
     # 3. each model in a child, with its share of what is left
-    against = DEFAULT_CPU if dry else DEFAULT_GPU
+    fp32 = args.fp32 if args.fp32 is not None else list(DRY_FP32 if dry else FP32_DEFAULT)
+
+    def plan_for(name: str) -> tuple[list[str], tuple[str, ...]]:
+        """The dtypes and runtimes one model is run with."""
+        if args.dtypes:
+            dtypes = list(args.dtypes)
+        else:
+            dtypes = ["fp16", "bf16"] if not dry or name in DRY_BF16 else ["fp16"]
+        if not dry or name in DRY_COMPILE:
+            return dtypes + (["fp32"] if name in fp32 else []), DEFAULT_CPU if dry else DEFAULT_GPU
+        quick = tuple(r for r in DEFAULT_CPU if r not in (TORCH_COMPILE, TORCH_MAX_AUTOTUNE))
+        return dtypes + (["fp32"] if name in fp32 else []), quick
+
     onnx2torch = args.onnx2torch if args.onnx2torch is not None else (["resnet50"] if dry else [])
     part = work / "results.jsonl"
     skipped = []
     for i, name in enumerate(names):
-        dtypes = list(args.dtypes) + (["fp32"] if name in args.fp32 else [])
+        dtypes, against = plan_for(name)
         left = started + budget - time.time()
         share = left / (len(names) - i)
         if share < 10:
@@ -289,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
     # 4. the files
     entries = [json.loads(x) for x in _lines(part)]
     records = [e["model"] for e in entries if "model" in e]
+    for rec in records:
+        for key in set(DEFAULT_CPU if dry else DEFAULT_GPU) - set(plan_for(rec["name"])[1]):
+            rec["unavailable"].setdefault(key, "not run in the dry run: it proves torch.compile "
+                                               f"on {' and '.join(DRY_COMPILE)} only")  # fmt: skip
     skipped = [e["skip"] for e in entries if "skip" in e] + skipped
     device = device_name(dry)
     doc = report.document(records, device=device, clock=clock.clock_name(not dry),
