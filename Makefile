@@ -107,6 +107,7 @@ bench-gpu:
 # runs, the offline install from wheels/ proven; writes out/bench-dry/results.json and
 # chart.png (under 10 minutes on 2 cores)
 bench-gpu-dry: gpu-wheels
+	$(PY) -m pip install -q 'matplotlib>=3.7'
 	$(PY) -m examples.bench_gpu --dry-run $(ARGS)
 
 # the runner's own host cost per kernel launch, kernels replaced by no-ops (fails over 3 µs)
