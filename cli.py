@@ -488,11 +488,32 @@ def run(bundle_dir: Path, inputs, output_dir: Path | None) -> None:
 @shape_option
 @click.option("--trials", type=click.IntRange(1, 1000), default=3, show_default=True)
 @tolerance_options
+@click.option("--exact", is_flag=True,
+              help="Instead: check exactly, in modular arithmetic, that the plan computes the "
+                   "function of MODEL's primitive graph (Mirage's fingerprint) where the "
+                   "fragment of add, mul, matmul, sums and one exp reaches.")  # fmt: skip
 @reports_errors
-def verify(bundle_dir: Path, model: Path, shapes, trials, rtol, atol) -> None:
+def verify(bundle_dir: Path, model: Path, shapes, trials, rtol, atol, exact) -> None:
     """Check that bundle OUT computes what MODEL computes (exit 1 if not)."""
     from orchestrate import api
 
+    if exact:
+        from orchestrate.exact.bundle import verify_exact
+
+        result = verify_exact(bundle_dir, model, _shapes(shapes) or None)
+        for line in result.lines():
+            click.echo(line)
+        bad = result.mismatch
+        if bad is not None:
+            _fail(f"{bundle_dir} does not compute what {model} computes: tensor {bad.tensor!r}"
+                  f"{f' (trial {bad.trial})' if bad.trial >= 0 else ''}: {bad.detail}",
+                  EXIT_MISMATCH)  # fmt: skip
+        if not result.ok:
+            _fail(f"the false-pass bound {result.bound:.3g} did not fall below 1e-9 in "
+                  f"{result.trials} trials", EXIT_MISMATCH)  # fmt: skip
+        click.echo(f"OK: the plan computes the original's function on the fragment "
+                   f"(false-pass bound {result.bound:.3g})")  # fmt: skip
+        return
     rtol, atol = _tolerances(rtol, atol)
     report = api.verify_bundle(bundle_dir, model, shapes=_shapes(shapes) or None, trials=trials,
                                rtol=rtol, atol=atol, _shape_option="--shape")  # fmt: skip

@@ -1,0 +1,33 @@
+"""``orchestrate verify OUT --model MODEL.onnx --exact``: a bundle's plan
+against the primitive graph fission makes of the model."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from orchestrate import bundle, pipeline, regenerate
+from orchestrate.errors import InputError
+from orchestrate.exact.check import Result, check, kernels_of
+
+
+def verify_exact(out_dir: str | os.PathLike, model_path: str | os.PathLike,
+                 shapes: Mapping[str, tuple[int, ...]] | None = None, *,
+                 seed: int | None = None, option: str = "--shape") -> Result:  # fmt: skip
+    """The plan as the bundle's plan.json and weights rebuild it (the graph
+    type-checked, every kernel matched again by the rules, as
+    ``orchestrate.regenerate`` does to load it) against fission of the
+    model at the bundle's shapes (or ``shapes``)."""
+    contents = bundle.read(out_dir)
+    plan_graph = regenerate.primitive_graph(contents.plan, contents.constants, str(out_dir))
+    made = regenerate.planned(contents.plan, plan_graph, str(out_dir))
+    if shapes is None:
+        shapes = {k: tuple(v) for k, v in contents.manifest.get("shapes", {}).items()}
+    original = pipeline.fission_model(pipeline.load(model_path), shapes, str(model_path),
+                                      option=option)  # fmt: skip
+    mine = [(i.name, i.type) for i in original.inputs]
+    theirs = [(i.name, i.type) for i in plan_graph.inputs]
+    if mine != theirs or tuple(original.outputs) != tuple(plan_graph.outputs):
+        raise InputError(f"{model_path} does not match the bundle {out_dir}: their inputs or "
+                         "outputs differ (pass the shapes the bundle was built with)")  # fmt: skip
+    return check(original, plan_graph, kernels_of(made.plan, plan_graph), seed=seed)
