@@ -137,12 +137,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--half", action="store_true", help="export the models in fp16")
     p.add_argument("--one", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--export", choices=MODELS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one:
         print(json.dumps(plan_one(args.one, args.device)))
         return 0
+    if args.export:
+        export_cached(args.export, args.cache, args.half)
+        return 0
     rows = []
     for name in args.models:
+        # exported in a child too: a child forked from a parent that held the
+        # torch model would start from the parent's peak RSS (Linux keeps
+        # ru_maxrss across fork), and the planner's figure would include it
+        half = ["--half"] if args.half else []
+        subprocess.run([sys.executable, "-m", "examples.bench_plan", "--export", name,
+                        "--cache", str(args.cache), *half], check=True)  # fmt: skip
         path = export_cached(name, args.cache, args.half)
         device = ["--device", args.device] if args.device else []
         out = subprocess.run(
