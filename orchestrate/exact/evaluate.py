@@ -57,11 +57,13 @@ class Trial:
                 self.rng.integers(0, f.q, size=shape, dtype=F.U64))  # fmt: skip
 
     def constant(self, name: str, arr: np.ndarray) -> Value:
-        if name not in self.values:
+        """A constant's image (by array: each side reads its own constants)."""
+        key = f"constant:{name}:{id(arr)}"
+        if key not in self.values:
             f = self.field
-            self.values[name] = (F.residues(arr, f.p, self.special),
+            self.values[key] = (F.residues(arr, f.p, self.special),
                                  F.residues(arr, f.q, self.special))  # fmt: skip
-        return self.values[name]
+        return self.values[key]
 
     def variable(self, name: str, shape: tuple[int, ...]) -> Value:
         """The fresh variable standing for the output of a node outside."""

@@ -94,7 +94,9 @@ def analyse(graph: ir.Graph) -> Fragment:
     info.update({c: Info(0, 0, 0) for c in graph.constants})
     outside: dict[str, str] = {}
     for n in graph.nodes:
-        why = why_outside(graph, n, info)
+        early = next((i for i in n.inputs if i not in info), None)
+        why = (f"reads {early!r} before it is computed" if early is not None
+               else why_outside(graph, n, info))  # fmt: skip
         if why is not None:
             outside[n.name] = why
             info[n.name] = Info(0, 1, 0)  # a fresh variable
