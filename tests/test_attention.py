@@ -25,9 +25,12 @@ from tests.util import node_model
 # -- graphs ---------------------------------------------------------------------------
 
 
-def attention_fn(scale=None, mask=None, kv_heads=None, split_heads=None, where=False):
+def attention_fn(scale=None, mask=None, kv_heads=None, split_heads=None, where=False,
+                 guard=None):  # fmt: skip
     """softmax(Q @ K^T * scale + mask) @ V from 4-D (or, with ``split_heads``,
-    3-D [B, L, H*D]) inputs; ``kv_heads``: K and V repeated as grouped-query."""
+    3-D [B, L, H*D]) inputs; ``kv_heads``: K and V repeated as grouped-query;
+    ``guard``: P = WHERE(ISNAN(P), guard, P) as transformers' SDPA exports
+    (``guard=0.0``)."""
 
     def fn(b, q, k, v, *extra):
         if split_heads:
@@ -40,7 +43,10 @@ def attention_fn(scale=None, mask=None, kv_heads=None, split_heads=None, where=F
         if mask is not None:
             m = extra[0] if extra else b.constant(mask)
             s = b.where(m, s, float("-inf")) if where else b.add(s, m)
-        return b.matmul(graphs.softmax(b, s), v)
+        p = graphs.softmax(b, s)
+        if guard is not None:
+            p = b.where(b.unary(Op.ISNAN, p), guard, p)
+        return b.matmul(p, v)
 
     return fn
 
@@ -204,6 +210,24 @@ def test_values_computed_from_the_scores_are_rejected(value):
     assert attention_specs(g, _names(g)) == []
 
 
+def test_nan_guard_replacing_nan_by_another_value_is_declined():
+    g = graphs.build(attention_fn(guard=1.0), [(1, 2, 8, 4)] * 3)
+    r = spec_of(g, _names(g))
+    assert isinstance(r, Rejection) and "replaces NaN probabilities by" in r.reason, r
+    assert "not by 0" in r.reason and attention_specs(g, _names(g)) == []
+
+
+def test_where_on_the_probabilities_that_is_no_nan_guard_is_declined():
+    def fn(b, q, k, v, c):
+        p = graphs.softmax(b, b.matmul(q, b.transpose(k, (0, 1, 3, 2))))
+        return b.matmul(b.where(b.unary(Op.ISNAN, c), 0.0, p), v)
+
+    g = graphs.build(fn, [(1, 2, 8, 4)] * 3 + [(1, 2, 8, 8)])
+    r = spec_of(g, _names(g))
+    assert isinstance(r, Rejection) and "not WHERE(ISNAN(p), 0, p)" in r.reason, r
+    assert attention_specs(g, _names(g)) == []
+
+
 def test_two_matmuls_without_a_softmax_are_rejected():
     g = graphs.build(lambda b, x, y, z: b.matmul(b.matmul(x, y), z), [(4, 4)] * 3)
     r = spec_of(g, _names(g))
@@ -317,6 +341,25 @@ def test_padding_mask_minus_inf_with_fully_masked_rows(small_blocks):
     mask[1] = -np.inf
     inputs["x3"] = mask
     _check(g, inputs)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide")
+def test_nan_guard_gives_zero_for_fully_masked_rows(small_blocks):
+    """transformers' SDPA export: WHERE(ISNAN(P), 0, P) after the softmax.
+    Batch 1 hides every key: the reference's NaN rows become 0, and so do
+    the kernel's (its running max ends at -inf there)."""
+    fn = attention_fn(scale=0.3, mask=True, guard=0.0)
+    g = graphs.build(fn, [(2, 2, 21, 8), (2, 2, 37, 8), (2, 2, 37, 8), (2, 1, 1, 37)])
+    k = _kernel(g)
+    assert k.roles.nan_guard
+    assert {graph_op(g, n) for n in k.roles.softmax} >= {Op.WHERE, Op.ISNAN, Op.DIV, Op.RMAX}
+    inputs = graphs.random_inputs(g)
+    mask = np.zeros((2, 1, 1, 37), np.float32)
+    mask[0, ..., :20] = -np.inf
+    mask[1] = -np.inf
+    inputs["x3"] = mask
+    src = _check(g, inputs)
+    assert 'm_i == float("-inf")' in src
 
 
 def test_padding_mask_large_negative(small_blocks):

@@ -24,7 +24,9 @@ two (at least 16, as ``tl.dot`` needs) and masked.
 Rows whose every score is -inf give NaN, as the reference's max-subtracted
 softmax does (``exp(-inf - -inf)``); ONNX Attention's guard (``max(M, c)``,
 ``max(Z, c)``) starts the running maximum at c and floors the final sum, so
-those rows give zeros there, also as the reference does.  NaN scores are not
+those rows give zeros there, also as the reference does; so does the NaN
+guard ``WHERE(ISNAN(P), 0, P)`` of transformers' SDPA exports (a row whose
+running maximum ends at -inf stores 0).  NaN scores are not
 propagated the way numpy does (``tl.max`` may skip them).
 
 Memory traffic: Q read once, K and V once per block of query rows (the
@@ -146,6 +148,9 @@ def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
     body.comment("normalise (a row of only -inf gives 0 / 0 = NaN, as the reference) and store")
     body.raw("l_i = tl.where(mask_m, l_i, 1.0)  # rows past the end: nothing to divide")
     body.raw("out = acc / l_i[:, None]")
+    if a.nan_guard:
+        body.comment("the NaN guard WHERE(ISNAN(P), 0, P): a row of only -inf gives 0")
+        body.raw('out = tl.where((m_i == float("-inf"))[:, None], 0.0, out)')
     body.raw("mask_o = mask_m[:, None] & mask_dv[None, :]")
     batch_off = f"pid_b * {lq * dv} + " if nbatch > 1 else ""
     row = f"offs_m[:, None] * {dv}" if dv > 1 else "offs_m[:, None]"

@@ -12,7 +12,8 @@ ONNX Attention (``decompose/reduce.py`` Softmax, ``decompose/linalg.py``):
     M = RMAX(X, last axis, keepdims)   optionally MAX(M, c): ONNX Attention's guard
     E = EXP(SUB(X, M))
     Z = SUM(E, last axis, keepdims)    optionally MAX(Z, c)
-    P = DIV(E, Z)                      optionally CASTs
+    P = DIV(E, Z)                      optionally CASTs and the NaN guard
+                                       WHERE(ISNAN(P), 0, P) of transformers' SDPA
     O = MATMUL(P, V)                   m2, the anchor and the only output
 
 Prologue: the elementwise / layout nodes computing Q, K, V and the score
@@ -113,15 +114,17 @@ def analyse(graph: Graph, r: Region) -> AttentionRoles | Rejection:
         _check_scores(graph, m1, m2, x, scores, parts, inside)
         or _check_prologue(graph, prologue, roles, down, inside)
         or _check_outputs(graph, names, m2, inside)
-        or _check_types(graph, m1, m2, [*scores, *parts])
+        or _check_types(
+            graph, m1, m2, [n for n in (*scores, *parts) if graph.producer[n].op is not Op.ISNAN]
+        )
     )
     if reason:
         return Rejection(reason)
     operands = _operands(graph, m1, m2, prologue)
     return AttentionRoles(
         m1.name, m2.name, tuple(n for n in names if n in scores and n != m1.name), x,
-        tuple(n for n in names if n in parts), *floors,
-        tuple((n, operands[n]) for n in prologue),
+        tuple(n for n in names if n in parts), *floors[:2],
+        tuple((n, operands[n]) for n in prologue), floors[2],
     )  # fmt: skip
 
 
@@ -144,14 +147,27 @@ def _operands(graph: Graph, m1: Node, m2: Node, prologue: Iterable[str]) -> dict
 
 
 def _softmax(graph: Graph, m2: Node, inside: set[str]):
-    """From m2's first operand back to the softmax input: (x, nodes, floors)."""
+    """From m2's first operand back to the softmax input: (x, nodes, (max
+    floor, sum floor, whether P is guarded against NaN))."""
     p = m2.inputs[0]
-    casts = []  # from m2 backwards
-    while p in inside and graph.producer[p].op is Op.CAST:
-        if graph.types[graph.producer[p].inputs[0]].dtype not in ir.FLOATS:
+    casts = []  # from m2 backwards: CASTs and at most one NaN guard
+    guard = None  # (WHERE, ISNAN) of P = WHERE(ISNAN(P), 0, P)
+    while p in inside and graph.producer[p].op in (Op.CAST, Op.WHERE):
+        node = graph.producer[p]
+        if node.op is Op.WHERE:
+            found = _nan_guard(graph, node, inside)
+            if isinstance(found, Rejection):
+                return found
+            if guard is not None:
+                return Rejection(f"{p} guards the probabilities against NaN twice")
+            guard = (p, found)
+            casts.append(p)
+            p = node.inputs[2]
+            continue
+        if graph.types[node.inputs[0]].dtype not in ir.FLOATS:
             return Rejection(f"{p} casts a non-float value into {m2.name}")
         casts.append(p)
-        p = graph.producer[p].inputs[0]
+        p = node.inputs[0]
     div = graph.producer.get(p) if p in inside else None
     if div is None or div.op is not Op.DIV:
         return Rejection(f"{m2.name}'s first operand is not a softmax (no division)")
@@ -184,6 +200,11 @@ def _softmax(graph: Graph, m2: Node, inside: set[str]):
     readers |= _link(rmax.name, mx, sub.name) | _link(rsum.name, z, div.name)
     path = [div.name, *reversed(casts), m2.name]
     readers |= {a: {b} for a, b in zip(path, path[1:])}
+    if guard is not None:  # the guarded value is read by the ISNAN too
+        where, isnan = guard
+        guarded = graph.producer[where].inputs[2]
+        readers[guarded] = readers[guarded] | {isnan}
+        readers[isnan] = {where}
     for t, want in readers.items():
         got = {c.name for c in graph.consumers.get(t, ())}
         if got != want:
@@ -191,7 +212,25 @@ def _softmax(graph: Graph, m2: Node, inside: set[str]):
             return Rejection(_read_elsewhere(what, t, got - want, inside))
     parts = [*casts, div.name, exp.name, sub.name, rmax.name, rsum.name]
     parts += [f for f in (mx, z) if f not in parts]
-    return x, parts, (max_floor, sum_floor)
+    parts += [guard[1]] if guard else []
+    return x, parts, (max_floor, sum_floor, guard is not None)
+
+
+def _nan_guard(graph: Graph, where: Node, inside: set[str]) -> str | Rejection:
+    """The ISNAN of ``where`` = WHERE(ISNAN(p), 0, p), the guard transformers'
+    SDPA export puts after the softmax for rows with every key masked."""
+    cond, zero, p = where.inputs
+    isnan = graph.producer.get(cond) if cond in inside else None
+    const = graph.constants.get(zero)
+    if isnan is None or isnan.op is not Op.ISNAN or isnan.inputs[0] != p:
+        return Rejection(
+            f"{where.name} is a where on the probabilities but not WHERE(ISNAN(p), 0, p)"
+        )
+    if const is None or const.size != 1 or float(const.reshape(())) != 0.0:
+        return Rejection(f"{where.name} replaces NaN probabilities by {zero}, not by 0")
+    if where.shape != graph.types[p].shape:
+        return Rejection(f"{where.name} broadcasts the probabilities {list(where.shape)}")
+    return isnan.name
 
 
 def _link(reduction: str, floored: str, reader: str) -> dict[str, set[str]]:

@@ -227,6 +227,7 @@ class AttentionRoles:
     max_floor: float | None  # M = max(RMAX, c): the running max starts at c
     sum_floor: float | None  # Z = max(SUM, c)
     prologue: tuple[tuple[str, Operand], ...]  # computes Q, K, V or the score side inputs
+    nan_guard: bool = False  # P = WHERE(ISNAN(P), 0, P): a row of only -inf gives 0
 
     @property
     def anchor(self) -> str:
