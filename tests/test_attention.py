@@ -410,6 +410,23 @@ def test_float16(small_blocks):
     _check(g, rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide")
+def test_float16_grouped_query_nan_guard(small_blocks):
+    """The SDPA decoder form in fp16: K and V expanded from 1 to 2 heads, an
+    additive mask hiding every key of batch 1, the NaN guard giving 0 there."""
+    fn = attention_fn(scale=0.25, mask=True, kv_heads=1, guard=0.0)
+    g = graphs.build(fn, [(2, 2, 19, 16), (2, 1, 21, 16), (2, 1, 21, 16), (2, 1, 1, 21)],
+                     dtype="float16")  # fmt: skip
+    k = _kernel(g)
+    assert k.roles.nan_guard and Op.EXPAND in {graph_op(g, n) for n, _ in k.roles.prologue}
+    inputs = graphs.random_inputs(g)
+    mask = np.zeros((2, 1, 1, 21), np.float16)
+    mask[0, ..., 3:9] = -np.inf
+    mask[1] = -np.inf
+    inputs["x3"] = mask
+    _check(g, inputs, rtol=2e-3, atol=2e-3)
+
+
 # -- end to end ---------------------------------------------------------------------------
 
 
