@@ -172,6 +172,7 @@ def test_softmax_over_another_axis_is_rejected():
     r = spec_of(g, _names(g))
     assert isinstance(r, Rejection) and "softmax not over the key axis" in r.reason
     assert attention_specs(g, _names(g)) == []
+    assert any("not over the key axis" in d.reason for d in plan(g).plan.declined)
 
 
 def test_scores_read_outside_the_kernel_are_rejected():
@@ -215,6 +216,9 @@ def test_nan_guard_replacing_nan_by_another_value_is_declined():
     r = spec_of(g, _names(g))
     assert isinstance(r, Rejection) and "replaces NaN probabilities by" in r.reason, r
     assert "not by 0" in r.reason and attention_specs(g, _names(g)) == []
+    # the near miss is proposed and judged, so explain --rejected gives the reason
+    declined = plan(g).plan.declined
+    assert [d.rule for d in declined] == [ATTENTION] and "not by 0" in declined[0].reason
 
 
 def test_where_on_the_probabilities_that_is_no_nan_guard_is_declined():

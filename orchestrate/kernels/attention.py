@@ -89,6 +89,10 @@ def propose(graph: Graph, nodes: Sequence[str]) -> list[tuple[str, ...]]:
         if core is not None:
             grown = _with_prologue(graph, core, allowed)
             out.append(tuple(sorted(grown, key=graph.position.__getitem__)))
+        else:
+            near = _near_miss(graph, node, allowed)
+            if near is not None:  # judged, so explain --rejected says why not
+                out.append(tuple(sorted(near, key=graph.position.__getitem__)))
     return out
 
 
@@ -347,6 +351,35 @@ def _match(graph: Graph, m2: Node, allowed: set[str]) -> set[str] | None:
     m1 = m1s.pop()
     scores = (descendants_within(graph, m1, chain) & chain) | {m1}
     return scores | set(parts) | {m2.name}
+
+
+def _near_miss(graph: Graph, m2: Node, allowed: set[str]) -> set[str] | None:
+    """A matmul whose first operand is computed from another matmul's output
+    through elementwise nodes and row reductions including an EXP and a RMAX,
+    but is not the pattern: those nodes and both matmuls, which the rule
+    then declines with its reason."""
+    p = m2.inputs[0]
+    shape = graph.types[p].shape
+    seen, stack, m1s = set(), [p], set()
+    while stack:
+        t = stack.pop()
+        node = graph.producer.get(t)
+        if node is None or t not in allowed or t in seen:
+            continue
+        if node.op is Op.MATMUL:
+            if node.shape == shape:
+                m1s.add(t)
+            continue
+        if node.op not in ir.ELEMENTWISE and node.op not in (Op.RMAX, Op.SUM):
+            continue
+        seen.add(t)
+        stack += node.inputs
+    ops = {graph.producer[n].op for n in seen}
+    if len(m1s) != 1 or not {Op.EXP, Op.RMAX} <= ops:
+        return None
+    (m1,) = m1s
+    between = descendants_within(graph, m1, seen) & seen
+    return between | {m1, m2.name}
 
 
 def _with_prologue(graph: Graph, core: set[str], allowed: set[str]) -> set[str]:
