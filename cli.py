@@ -355,8 +355,8 @@ def explain(plan_file: Path, picture: Path | None, roofline: Path | None, reject
     if drawn is not None:
         pipeline.check_output_path(drawn, plan_file, "the input plan")
     if roofline is not None:
-        roofline_chart.check(roofline)
         pipeline.check_output_path(roofline, plan_file, "the input plan")
+        roofline_chart.check(roofline)
     result = pipeline.read_plan(plan_file)
     click.echo(ex.kernel_table(result, limit=limit))
     click.echo("")

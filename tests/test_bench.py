@@ -5,6 +5,7 @@ the command's one-line errors."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import numpy as np
@@ -156,13 +157,18 @@ def test_bench_an_onnx_model_writes_table_json_and_chart(model_file, tmp_path):
                "--against", "eager,ort-cuda,ort-cpu", "--json", tmp_path / "r.json",
                "--chart", tmp_path / "r.png")  # fmt: skip
     assert r.exit_code == 0, r.output
-    assert "orchestrate (Triton interpreter)" in r.output and "torch eager" in r.output
+    assert "orchestrate (Triton interpreter)" in r.output
     assert "onnxruntime-cuda" in r.output and "unavailable: no CUDA GPU" in r.output
     doc = json.loads((tmp_path / "r.json").read_text())
     assert report.check_document(doc) == []
     (m,) = doc["models"]
-    assert m["verified"] is True and m["latency_ms"]["torch-eager"] > 0
-    assert m["notes"]["torch-eager"].startswith("model from onnx2torch")
+    assert m["verified"] is True
+    if importlib.util.find_spec("onnx2torch") is None:  # not a dependency (make test's venv)
+        assert "onnx2torch is not installed" in m["unavailable"]["torch-eager"]
+        assert m["latency_ms"]["torch-eager"] is None
+    else:
+        assert m["latency_ms"]["torch-eager"] > 0
+        assert m["notes"]["torch-eager"].startswith("model from onnx2torch")
 
 
 @pytest.mark.parametrize(
