@@ -77,6 +77,14 @@ def conv_bn(cin: int, cout: int, k: int, stride: int = 1, groups: int = 1) -> nn
 # ---------------------------------------------------------------- ResNet
 
 
+def resnet_stem(channels: int, width: int) -> nn.Sequential:
+    """ResNet's stem: a 7x7 stride-2 conv, batch norm, ReLU, 3x3 stride-2 max pool."""
+    return nn.Sequential(
+        nn.Conv2d(channels, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+        nn.MaxPool2d(3, 2, padding=1),
+    )  # fmt: skip
+
+
 class BasicBlock(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int):
         super().__init__()
@@ -95,10 +103,7 @@ class ResNet(nn.Module):
     def __init__(self, c: CnnConfig):
         super().__init__()
         w = c.widths[0]
-        self.stem = nn.Sequential(
-            nn.Conv2d(c.channels, w, 7, 2, 3, bias=False), nn.BatchNorm2d(w), nn.ReLU(),
-            nn.MaxPool2d(3, 2, padding=1),
-        )  # fmt: skip
+        self.stem = resnet_stem(c.channels, w)
         blocks = []
         for k, width in enumerate(c.widths):
             for d in range(c.depth):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from examples.cnns import conv_bn
+from examples.cnns import conv_bn, resnet_stem
 from examples.export import Input
 
 
@@ -57,10 +57,7 @@ class ResNet50(nn.Module):
     def __init__(self, c: ResNet50Config):
         super().__init__()
         w = c.widths[0]
-        self.stem = nn.Sequential(
-            nn.Conv2d(c.channels, w, 7, 2, 3, bias=False), nn.BatchNorm2d(w), nn.ReLU(),
-            nn.MaxPool2d(3, 2, padding=1),
-        )  # fmt: skip
+        self.stem = resnet_stem(c.channels, w)
         blocks = []
         for k, (width, depth) in enumerate(zip(c.widths, c.depths, strict=True)):
             for d in range(depth):
