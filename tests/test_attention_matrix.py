@@ -28,6 +28,7 @@ head dims, dtypes and head layouts.
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -59,6 +60,9 @@ CASES = [
     C("causal_where", 33, 64, kv_heads=1, gqa="broadcast"),
     C("none", 17, 64, scale="div"),
     C("causal_where", 17, 64, scale="split"),
+    # head dim 256 in fp32 (its IEEE dots fit only 16 x 16 tiles at 8 warps)
+    C("causal_inf", 17, 256),
+    C("padding", 33, 256, batch=2),
     # fp16: --dtype fp16 and a model written in fp16
     C("none", 17, 64, "fp16"),
     C("causal_min", 33, 256, "fp16"),
@@ -72,7 +76,7 @@ CASES = [
 ]
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def blocks_of_16(monkeypatch):
     """Interpreter blocks of 16 query rows and keys (the configuration space
     is cached per problem size, so the cache is cleared around the change)."""
@@ -113,6 +117,7 @@ def check(case: Case) -> float:
     return float(np.max(np.abs(out[finite] - want[finite])) / np.max(np.abs(want[finite])))
 
 
+@pytest.mark.usefixtures("blocks_of_16")
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_attention_matches_the_reference(case):
     check(case)
@@ -136,11 +141,64 @@ SLOW = [
          guard=mask == "padding_causal")
     for i, (mask, d, dtype, gqa) in enumerate(
         itertools.product(MASKS, (64, 128, 256), tuple(TOLERANCE), (None, "expand", "broadcast")))
-    if not (d == 256 and dtype == "fp32")
 ]  # fmt: skip
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("blocks_of_16")
 @pytest.mark.parametrize("case", SLOW, ids=lambda c: c.id)
 def test_attention_matrix_product(case):
     check(case)
+
+
+# -- on chip: large head dims compiled for the device they were planned for -------------------
+
+
+def test_large_head_dims_compile_within_the_device_limits(tmp_path):
+    """Causal attention over 2048 keys (full tiles, many key steps) with
+    head dims 128 and 256 in fp16 and 256 in fp32, optimized for an H200,
+    and head dim 256 in fp16 for an L4 (99 KB of shared memory a block,
+    where it gets smaller tiles): each attention kernel compiles for its
+    device (sm_90, sm_89) within the device's limits, spilling at most the
+    fit model's documented miss (head dim 256 fp16 on the H200, 64 x 64
+    tiles at 8 warps: 255 registers and 8 B of spills)."""
+    import onnx
+
+    import orchestrate
+    from tests.test_compile_check import _compile_check
+    from tests.test_fit import SPILL_TOLERANCE
+    from tests.util import has_nvidia_backend
+
+    if not has_nvidia_backend():
+        pytest.skip("triton has no NVIDIA backend")
+    bundles = []
+    for d, dtype, device in ((128, "fp16", "h200"), (256, "fp16", "h200"), (256, "fp32", "h200"),
+                             (256, "fp16", "l4")):  # fmt: skip
+        path = tmp_path / f"causal-d{d}.onnx"
+        onnx.save(model(Case("causal_min", 2048, d)), path)
+        result = orchestrate.optimize(path, tmp_path / f"{path.stem}-{dtype}-{device}.orch", device=device,
+                                      dtype=dtype, trials=0)  # fmt: skip
+        assert [k.template for k in result.plan.kernels].count(ATTENTION) == 1
+        bundles.append((result.path, device))
+    run = _compile_check(*(str(b) for b, _ in bundles), "--json")
+    if run.returncode and "ptxas" in run.stderr and "not found" in run.stderr:
+        pytest.skip("no ptxas to compile with")
+    assert run.returncode == 0, run.stderr[-4000:]
+    rows = json.loads(run.stdout)
+    print(
+        *(
+            f"{r['bundle'].rsplit('/', 1)[-1]} {r['kernel']}: {r['shared_bytes']} B shared, "
+            f"{r['registers']} registers, {r['spill_bytes']} B spilled"
+            for r in rows
+        ),
+        sep="\n",
+    )
+    for folder, device in bundles:
+        mine = [r for r in rows if r["bundle"] == str(folder)]
+        assert any(r["kernel"].startswith(ATTENTION) for r in mine), mine
+        assert all(r["device"] == device and r["arch"] == (90 if device == "h200" else 89)
+                   for r in mine)  # fmt: skip
+        assert all(r["within_limits"] and r["spill_bytes"] <= SPILL_TOLERANCE for r in mine), [
+            {k: r[k] for k in ("kernel", "shared_bytes", "registers", "spill_bytes", "violations")}
+            for r in mine
+        ]

@@ -232,8 +232,13 @@ def _attention(graph: Graph, spec: KernelSpec) -> WorkingSet:
     if half:
         spills = bm * (bn + bdv) / per_thread >= 128
     else:
-        # IEEE fp32 dots: whatever the warps, 32 x 32 tiles of head dim 64 spill
-        spills = bm * bn * bd >= 32 * 32 * 64
+        # IEEE fp32 dots run as FMAs with each key step's products unrolled:
+        # from 512 products a thread (BLOCK_M x BLOCK_N x head dim / threads)
+        # ptxas spills (sm_90, Triton 3.9: head dim 128 at 32 x 16 tiles and
+        # 4 warps 556-656 B, at 32 x 32 and 8 warps 304-412 B; head dim 64 at
+        # 16 x 64, 4 warps, 1 stage 524 B); below it none did, masked or not
+        # (16 x 16 tiles of head dim 256 at 8 warps, 32 x 16 of 128 at 8: 0 B)
+        spills = bm * bn * max(bd, bdv) / per_thread >= 512
     return WorkingSet(smem, spills)
 
 
