@@ -177,6 +177,7 @@ def main(debug: bool) -> None:
       run        run a bundle on .npy inputs
       verify     compare a bundle with onnxruntime on random inputs
       bench      time the bundle against torch eager, torch.compile, onnxruntime
+      records    export the kernel timings optimize --tune measured (JSON lines)
     """
 
 
@@ -293,6 +294,45 @@ def _dtype_flag():
         raise InputError(f"{e.source}: --dtype {e.value}: {e.problem}") from None
 
 
+def tune_options(fn):
+    """--tune and --tune-configs (plan and optimize)."""
+    fn = click.option("--tune-configs", type=int, default=None, metavar="N",
+                      help="With --tune: configurations timed per kernel, the cost model's best "
+                           "N (default 3).")(fn)  # fmt: skip
+    fn = click.option("--tune", is_flag=True,
+                      help="Time each candidate kernel's best configurations on the GPU present "
+                           "(cached) and plan with the measured times. GPU only.")(fn)  # fmt: skip
+    return fn
+
+
+def _tuning(tune: bool, configs: int | None, device: str | None):
+    """The Tune of --tune, checked before any work: a GPU must be here, and
+    be the --device planned for."""
+    from orchestrate.errors import InputError
+
+    if not tune:
+        if configs is not None:
+            raise InputError(f"--tune-configs {configs}: only with --tune")
+        return None
+    if configs is not None and configs < 1:
+        raise InputError(f"--tune-configs {configs}: must be an integer >= 1")
+    from orchestrate.devices import detect
+    from orchestrate.runtime import gpu_available
+
+    if not gpu_available():
+        raise InputError("--tune: no CUDA GPU here (torch.cuda.is_available() is false); "
+                         "tuning times kernels on a GPU")  # fmt: skip
+    present = detect()
+    if device is not None and present is not None and device.lower() != present:
+        raise InputError(f"--tune measures the GPU present ({present}); --device {device} plans "
+                         "for another")  # fmt: skip
+    from orchestrate.tune import Tune
+    from orchestrate.tune.gpu import GpuTimer
+    from orchestrate.tune.tuner import CONFIGS
+
+    return Tune(GpuTimer(progress=StageProgress()), configs or CONFIGS)
+
+
 class StageProgress:
     """One line per stage on stderr, rewritten in place on a terminal."""
 
@@ -316,16 +356,18 @@ class StageProgress:
               help="Where to write PLAN.json.")  # fmt: skip
 @shape_option
 @plan_options
+@tune_options
 @reports_errors
-def plan(model: Path, output: Path, shapes, **opts) -> None:
+def plan(model: Path, output: Path, shapes, tune, tune_configs, **opts) -> None:
     """Choose the kernels for MODEL: fission, candidates, costs, linear program."""
     from orchestrate import pipeline
     from orchestrate.explain import summary_lines
 
+    tuning = _tuning(tune, tune_configs, opts["device"])
     options = _plan_options(**opts)
     pipeline.check_output_path(output, model)
     graph = _lowered(pipeline.fission_file(model, _shapes(shapes)), options.dtype, model)
-    result = pipeline.plan_graph(graph, options, progress=StageProgress()).plan
+    result = pipeline.plan_graph(graph, options, progress=StageProgress(), tune=tuning).plan
     pipeline.write_plan(result, output)
     for line in summary_lines(result):
         click.echo(line)
@@ -412,16 +454,19 @@ def tolerance_options(fn):
 @click.option("--trials", type=click.IntRange(0, 100), default=2, show_default=True,
               help="Random-input verification trials before success (0 skips).")  # fmt: skip
 @tolerance_options
+@tune_options
 @reports_errors
-def optimize(model: Path, out_dir: Path, shapes, trials, rtol, atol, **opts) -> None:
+def optimize(model: Path, out_dir: Path, shapes, trials, rtol, atol, tune, tune_configs,
+             **opts) -> None:  # fmt: skip
     """Optimize MODEL into a bundle of Triton kernels, verified against onnxruntime."""
     from orchestrate import api, explain
 
+    tuning = _tuning(tune, tune_configs, opts["device"])
     rtol, atol = _tolerances(rtol, atol)
     with _dtype_flag():
         result = api.optimize(
             model, out_dir, shapes=_shapes(shapes), options=_plan_options(**opts), trials=trials,
-            rtol=rtol, atol=atol, progress=StageProgress(), _shape_option="--shape",
+            rtol=rtol, atol=atol, progress=StageProgress(), tune=tuning, _shape_option="--shape",
         )  # fmt: skip
     click.echo(explain.kernel_table(result.plan, limit=25))
     click.echo("")
@@ -433,6 +478,28 @@ def optimize(model: Path, out_dir: Path, shapes, trials, rtol, atol, **opts) -> 
             click.echo(line)
         click.echo(result.report.verdict(trials))
     click.echo(f"wrote {result.path}/")
+
+
+@main.group()
+def records() -> None:
+    """The kernel timings optimize --tune measured (its cache), as training data."""
+
+
+@records.command("export")
+@click.argument("out", metavar="OUT.jsonl", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--device", default=None,
+              help="Only this GPU's measurements (its name, or a device row such as h200).")  # fmt: skip
+@click.option("--cache", "cache_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="The measurement cache (default: the user's cache directory, "
+                                 "$ORCHESTRATE_CACHE_DIR or $XDG_CACHE_HOME/orchestrate).")  # fmt: skip
+@reports_errors
+def records_export(out: Path, device: str | None, cache_path: Path | None) -> None:
+    """Write one JSON line per measurement to OUT.jsonl (schema in orchestrate/tune/records.py)."""
+    from orchestrate.tune.export import export
+    from orchestrate.tune.records import RECORDS_SCHEMA
+
+    n = export(out, device, cache_path)
+    click.echo(f"wrote {out}: {n} measurement{'s' if n != 1 else ''} ({RECORDS_SCHEMA})")
 
 
 def _parse_inputs(texts) -> dict[str, Path]:

@@ -32,6 +32,7 @@ from orchestrate.runtime import (
     interpreter_refusal,
     load_kernels,
 )
+from orchestrate.tune import Tune
 from orchestrate.verify import Report, check_tolerance, verify
 from orchestrate.version import __version__
 
@@ -136,6 +137,7 @@ def optimize(
     rtol: float | None = None,
     atol: float | None = None,
     progress=None,
+    tune: Tune | None = None,
     _shape_option: str = "shapes",
     **plan_options,
 ) -> Optimized:
@@ -147,8 +149,10 @@ def optimize(
     skips verification).  Where the kernels cannot run (bf16 matmuls without
     a GPU: ``runtime.interpreter_refusal``) the plan is simulated in numpy
     instead, and the report says so (``Report.simulated``): the bundle is
-    written if the simulation is within tolerance, not called verified.  A
-    bad argument is an InputError that names it (``_shape_option`` is the
+    written if the simulation is within tolerance, not called verified.
+    ``tune`` (``orchestrate.tune.Tune``: a timer, configurations per spec,
+    a cache file) prices the candidates by measurement (``optimize --tune``).
+    A bad argument is an InputError that names it (``_shape_option`` is the
     name shape errors give ``shapes``)."""
     model_path = _path(model_path, "model_path")
     out_dir = _path(out_dir, "out_dir")
@@ -159,6 +163,8 @@ def optimize(
         raise InputError(f"progress: expected a function (stage, done, total), got "
                          f"{type(progress).__name__}")  # fmt: skip
     options = _plan_options(options, plan_options)
+    if tune is not None and not isinstance(tune, Tune):
+        raise InputError(f"tune: expected an orchestrate.tune.Tune, got {type(tune).__name__}")
     out = Path(out_dir)
     bundle.check_destination(out, model_path)
     if rtol is None:
@@ -169,7 +175,7 @@ def optimize(
     session = onnxrt.reference(model, str(model_path)) if trials > 0 else None
     graph = pipeline.fission_model(model, shapes, str(model_path), option=_shape_option)
     graph = precision.lower_precision(graph, options.dtype, str(model_path))
-    planned = pipeline.plan_graph(graph, options, progress=progress)
+    planned = pipeline.plan_graph(graph, options, progress=progress, tune=tune)
     plan = planned.plan
     report_step("emit", 1, 1)
     source = emit(graph, planned, title=regenerate.title(Path(model_path).name))

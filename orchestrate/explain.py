@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 
 from orchestrate.ir import FLOATS
-from orchestrate.plan import Plan, PlannedKernel
+from orchestrate.plan import Plan, PlannedKernel, Tuning
 
 
 def _us(x: float) -> str:
@@ -98,12 +98,27 @@ def summary_lines(result: Plan) -> list[str]:
         "",
         f"{'plan':<13}{'kernels':>8}{'bytes':>12}{'predicted us':>14}{'speedup':>9}",
     ]  # fmt: skip
+    if result.tuning is not None:
+        lines[2:2] = tuning_lines(result.tuning)
     for label, row in rows:
         speed = row.predicted_us / best if best else 1.0
         lines.append(
             f"{label:<13}{row.kernels:>8}{_bytes(row.bytes):>12}"
             f"{_us(row.predicted_us):>14}{speed:>8.2f}x"
         )
+    return lines
+
+
+def tuning_lines(t: Tuning) -> list[str]:
+    """What --tune measured, on what, and how the rest was scaled."""
+    on = (f"FAKE timer ({t.gpu}): figures made up, not measurements" if t.fake
+          else f"{t.gpu}, driver {t.driver}, triton {t.triton}")  # fmt: skip
+    lines = [f"tuning: {t.seconds} s, {t.specs} specs x up to {t.configs} configurations: "
+             f"{t.measured} timed, {t.cached} from the cache, {t.failed} failed"
+             + (f", {t.skipped} specs not timeable" if t.skipped else "") + f" ({on})"]  # fmt: skip
+    scales = ", ".join(f"{k} {v:.3g}" for k, v in t.scales.items())
+    lines.append("tuning: kernel times are measured where timed; the rest are the model's x "
+                 f"measured/predicted ({scales or 'nothing measured'}; else {t.overall:.3g})")  # fmt: skip
     return lines
 
 

@@ -38,11 +38,12 @@ def fission_file(path: str | os.PathLike, shapes=None) -> ir.Graph:
     return fission(prepared, str(path), consume=True)
 
 
-def plan_graph(graph: ir.Graph, options=None, progress=None):
-    """The planner's result (``orchestrate.plan.Planned``)."""
+def plan_graph(graph: ir.Graph, options=None, progress=None, tune=None):
+    """The planner's result (``orchestrate.plan.Planned``); ``tune`` (a
+    ``tune.Tune``) prices by measurement."""
     from orchestrate.planner import PlanOptions, plan
 
-    return plan(graph, options or PlanOptions(), progress)
+    return plan(graph, options or PlanOptions(), progress, tune)
 
 
 def write_plan(result, output: str | os.PathLike) -> None:

@@ -15,7 +15,7 @@ prints those); a plan read back from a file is matched again to get them
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
@@ -147,6 +147,31 @@ class Options:
 
 
 @dataclass(frozen=True)
+class Tuning:
+    """How ``--tune`` priced the plan (absent from a plan made without it):
+    seconds spent, distinct specs timed, configurations per spec,
+    configurations timed now, found in the measurement cache and failed,
+    specs the timer cannot time (a library call, say), what they were
+    measured on, and the scales applied to the specs not timed
+    (``cost/measured.py``).  ``fake``: figures from a stand-in timer, not
+    measurements."""
+
+    seconds: float
+    specs: int
+    configs: int
+    measured: int
+    cached: int
+    failed: int
+    skipped: int
+    gpu: str
+    driver: str
+    triton: str
+    fake: bool
+    scales: Mapping[str, float]  # template -> measured / predicted (geometric mean)
+    overall: float  # the scale of a template with no measured spec
+
+
+@dataclass(frozen=True)
 class Plan:
     device: str
     options: Options
@@ -158,6 +183,7 @@ class Plan:
     rejected: tuple[Unfused, ...]
     declined: tuple[Declined, ...]
     primitives: tuple[Primitive, ...]
+    tuning: Tuning | None = None  # optional in the file: only a tuned plan has it
 
     @property
     def types(self) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -173,6 +199,8 @@ class Plan:
         data["baselines"] = {k: _plain(v) for k, v in self.baselines.items()}
         for k, entry in zip(self.kernels, data["kernels"]):
             entry["config"] = k.config.to_json()
+        if self.tuning is None:
+            del data["tuning"]
         return {"format": PLAN_FORMAT, **data}
 
     @staticmethod
@@ -278,7 +306,10 @@ def _read(cls, data, where: str):
     if unknown:
         raise _Malformed(f"{where}: unknown field {unknown[0]!r}")
     values = {}
+    optional = {f.name for f in fields(cls) if f.default is not MISSING}
     for name, tp in hints.items():
+        if name not in data and name in optional:
+            continue
         if name not in data:
             raise _Malformed(f"{where}: missing field {name!r}")
         at = f"{where}.{name}"

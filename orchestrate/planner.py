@@ -42,11 +42,14 @@ from orchestrate.plan import (
     Solver,
     Summary,
     Totals,
+    Tuning,
     graph_info,
     kernel_name,
     materialized,
     primitive,
 )
+from orchestrate.tune import tuner
+from orchestrate.tune.tuner import Tune
 
 Progress = Callable[[str, int, int], None]
 MAX_KERNEL_NODES = 64  # the most primitives in one candidate kernel (--max-kernel-nodes)
@@ -129,20 +132,29 @@ class PlanOptions:
 
 
 def plan(
-    graph: ir.Graph, options: PlanOptions = PlanOptions(), progress: Progress | None = None
+    graph: ir.Graph,
+    options: PlanOptions = PlanOptions(),
+    progress: Progress | None = None,
+    tune: Tune | None = None,
 ) -> Planned:
-    """The optimal plan for ``graph``."""
+    """The optimal plan for ``graph``; under ``tune``, priced by measurement
+    where it measured (``orchestrate/tune/``, ``cost/measured.py``)."""
     started = time.perf_counter()
     report = progress or (lambda stage, i, n: None)
     target = options.target()
-    prices = Prices(graph, target.device)
     parts = partition(graph)
     groups = group_identical(graph, parts)  # representative partition -> its copies
-    problems: dict[int, Problem] = {}
+    found = {}
     for i, rep in enumerate(groups):
         report("enumerate", i + 1, len(groups))
-        found = enumerate_kernels(graph, rep.nodes, target, options.limits)
-        problems[rep.index] = problem(graph, rep, found, prices)
+        found[rep.index] = enumerate_kernels(graph, rep.nodes, target, options.limits)
+    tuned = None
+    if tune is not None:  # time the candidates' best configurations (cache first)
+        every = (k for f in found.values() for k in f.kernels)
+        tuned = tuner.tune(graph, every, target, tune, report, options.reproducible)
+    prices = Prices(graph, target.device, tuned.measured if tuned is not None else None)
+    problems: dict[int, Problem] = {rep.index: problem(graph, rep, found[rep.index], prices)
+                                    for rep in groups}  # fmt: skip
     unfused_plan = unfused(graph, target, prices)
     part_of = {n: p.index for p in parts for n in p.nodes}
     greedy_plan: list[Priced] = []
@@ -173,7 +185,9 @@ def plan(
         # (a fastest plan that fits is the optimum under the budget too)
         solutions = budget.within_budget(graph, groups, problems, fastest, prices, options, stats,
                                          report)  # fmt: skip
-    chosen = [(k, ws, p.index) for p in parts for k, ws in solutions[p.index]]
+    # under --tune, each kernel at the fastest configuration measured
+    chosen = [(k if tuned is None else tuned.apply(k), ws, p.index)
+              for p in parts for k, ws in solutions[p.index]]  # fmt: skip
     seconds = 0.0 if options.reproducible else round(time.perf_counter() - started, 1)
     solver = Solver(
         stats.status, _r(stats.gap), seconds, len(parts), len(groups),
@@ -185,7 +199,8 @@ def plan(
     )  # fmt: skip
     declined = tuple(Declined(*d) for p in problems.values() for d in p.found.declined)
     baselines = {"unfused": _totals(unfused_plan), "greedy": _totals(greedy_plan)}
-    return assemble(graph, chosen, target, prices, options.record(), solver, baselines, declined)
+    return assemble(graph, chosen, target, prices, options.record(), solver, baselines, declined,
+                    tuning=tuned.report if tuned is not None else None)  # fmt: skip
 
 
 def plan_sets(graph: ir.Graph, sets: Sequence[Sequence[str]], options: PlanOptions = PlanOptions(),
@@ -216,7 +231,8 @@ def plan_sets(graph: ir.Graph, sets: Sequence[Sequence[str]], options: PlanOptio
 
 def assemble(graph: ir.Graph, chosen: Sequence[tuple[KernelSpec, tuple[str, ...], int]],
              target: Target, prices: Prices, options: Options, solver: Solver,
-             baselines: dict[str, Totals], declined: tuple[Declined, ...]) -> Planned:  # fmt: skip
+             baselines: dict[str, Totals], declined: tuple[Declined, ...],
+             tuning: Tuning | None = None) -> Planned:  # fmt: skip
     """Name, price and check the chosen kernels; the plan around them."""
     kernels, raw_us = [], []
     for i, (spec, writes, part) in enumerate(chosen):
@@ -236,7 +252,7 @@ def assemble(graph: ir.Graph, chosen: Sequence[tuple[KernelSpec, tuple[str, ...]
     result = Plan(
         target.device.name, options, graph_info(graph), tuple(kernels), summary, baselines,
         solver, unfused_neighbours(graph, kernels, target, prices), declined,
-        tuple(primitive(n) for n in graph.nodes),
+        tuple(primitive(n) for n in graph.nodes), tuning,
     )  # fmt: skip
     return Planned(result, tuple(spec for spec, _, _ in chosen))
 

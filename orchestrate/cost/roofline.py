@@ -71,6 +71,12 @@ flight, fuller waves) and each block a chain 1/S as long.  What it costs:
 
 A ``view`` (reshapes only) costs nothing and launches nothing.
 
+**measured** (``optimize --tune``, ``cost/measured.py``): a spec timed on the
+GPU costs its measured time instead of all of the above (plus the model's
+price of optional outputs it also writes); one not timed costs the model's
+time x a scale learnt from the measured ones (per template, the geometric
+mean of measured / predicted; stated in full there).
+
 Everything is read from the kernel spec: the template's roles (anchor,
 prologue, epilogue, row space and phases, attention roles) and its launch
 configuration.  Whether the working set fits on chip is the rules' check
@@ -83,7 +89,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchestrate.cost.figures import (
     ACHIEVABLE_BANDWIDTH,
@@ -95,6 +101,7 @@ from orchestrate.cost.figures import (
     TENSOR_CORE_EFFICIENCY,
     WARPS_PER_SM,
 )
+from orchestrate.cost.measured import Measured
 from orchestrate.devices import Device
 from orchestrate.ir import Graph, Node, Op
 from orchestrate.kernels.fit import working_set
@@ -132,10 +139,14 @@ class Cost:
     launch_us: float
     latency_us: float = 0.0
     blocks: int = 0  # thread blocks in the grid
+    measured_us: float | None = None  # timed on the GPU (--tune): replaces the model's time
+    scale: float = 1.0  # not timed, under --tune: the model's time x this (cost/measured.py)
 
     @property
     def time_us(self) -> float:
-        return max(self.memory_us, self.compute_us, self.latency_us) + self.launch_us
+        if self.measured_us is not None:
+            return self.measured_us
+        return (max(self.memory_us, self.compute_us, self.latency_us) + self.launch_us) * self.scale
 
 
 @dataclass(frozen=True)
@@ -159,15 +170,22 @@ def us_for_flops(flops: float, tflops: float) -> float:
 
 class Prices:
     """The cost of each distinct spec on one device, computed once per
-    structural hash (a transformer's layers share theirs)."""
+    structural hash (a transformer's layers share theirs); under ``--tune``
+    measured, or scaled by what the measurements taught (``measured``)."""
 
-    def __init__(self, graph: Graph, device: Device):
-        self.graph, self.device = graph, device
+    def __init__(self, graph: Graph, device: Device, measured: Measured | None = None):
+        self.graph, self.device, self.measured = graph, device, measured
         self._cache: dict[str, Cost] = {}
 
     def cost(self, spec: KernelSpec) -> Cost:
         if spec.hash not in self._cache:
-            self._cache[spec.hash] = cost(self.graph, spec, self.device)
+            c = cost(self.graph, spec, self.device)
+            m = self.measured
+            if m is not None and spec.template != VIEW:
+                us = m.times.get(spec.hash)
+                c = replace(c, measured_us=us) if us is not None else replace(
+                    c, scale=m.scale(spec.template))  # fmt: skip
+            self._cache[spec.hash] = c
         return self._cache[spec.hash]
 
     def price(self, spec: KernelSpec, writes: Sequence[str]) -> Price:
@@ -184,7 +202,10 @@ class Prices:
             bound = "compute"
         else:
             bound = "memory" if mem >= c.latency_us else "latency"
-        return Price(c.bytes + extra, c.flops, roof + c.launch_us, bound)
+        if c.measured_us is not None:  # the bound stays the model's reading of the kernel
+            return Price(c.bytes + extra, c.flops, c.measured_us + us_for_bytes(extra, self.device),
+                         bound)  # fmt: skip
+        return Price(c.bytes + extra, c.flops, (roof + c.launch_us) * c.scale, bound)
 
     def write_us(self, tensor: str) -> float:
         return us_for_bytes(self.graph.types[tensor].nbytes, self.device)

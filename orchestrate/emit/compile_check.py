@@ -210,17 +210,19 @@ def slowdowns(c: Compiled) -> list[str]:
     return notes
 
 
-def compile_module(module, dtypes: dict[str, str], arch: int = 90) -> list[Compiled]:
+def compile_module(module, dtypes: dict[str, str], arch: int = 90,
+                   usage: bool = True) -> list[Compiled]:  # fmt: skip
     """Compile each distinct jitted function of a generated module (one
     launch per function, with the first planned kernel's tensors).  Registers,
-    spills and stack are None when there is no cuobjdump."""
+    spills and stack are None when there is no cuobjdump, or not asked for
+    (``usage`` false: compiling ahead of a launch, ``tune/gpu.py``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     if os.environ.get("TRITON_INTERPRET"):
         raise RuntimeError("unset TRITON_INTERPRET: the interpreter does not compile")
-    tool = cuobjdump_path()
+    tool = cuobjdump_path() if usage else None
     done: dict[str, Compiled] = {}
     for launcher, tensors in module.KERNELS.values():
         fname = launcher.__name__.removeprefix("launch_")

@@ -1,0 +1,163 @@
+"""The measurement cache: one SQLite file in the user's cache directory.
+
+    $ORCHESTRATE_CACHE_DIR/measurements.sqlite, else
+    $XDG_CACHE_HOME/orchestrate/measurements.sqlite, else
+    ~/.cache/orchestrate/measurements.sqlite
+
+One row per measurement, keyed by what makes a figure valid: the spec's
+structural hash (its ops, shapes, dtypes and launch configuration), the
+GPU's name, the spec's dtype, Triton's version and the driver's.  A run
+that finds its key measures nothing.  Each row also holds what
+``orchestrate records export`` writes (the record: template, nodes,
+shapes, configuration, bytes, flops, the device's figures, the model's
+prediction), so the cache is the training data.
+
+Several processes may tune at once: the file is in WAL mode (readers do
+not block the writer), every connection waits up to ``BUSY_TIMEOUT_S`` for
+a lock, and each batch of rows is one ``BEGIN IMMEDIATE`` transaction, so a
+run killed part-way leaves every batch it committed and nothing of the one
+it was writing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrate.errors import InputError
+
+SCHEMA_VERSION = 1  # PRAGMA user_version
+BUSY_TIMEOUT_S = 60.0
+FILE_NAME = "measurements.sqlite"
+
+_TABLE = """
+CREATE TABLE IF NOT EXISTS measurements (
+    spec_hash    TEXT NOT NULL,
+    device       TEXT NOT NULL,
+    dtype        TEXT NOT NULL,
+    triton       TEXT NOT NULL,
+    driver       TEXT NOT NULL,
+    measured_us  REAL NOT NULL,
+    predicted_us REAL NOT NULL,
+    fake         INTEGER NOT NULL,
+    created      TEXT NOT NULL,
+    record       TEXT NOT NULL,
+    PRIMARY KEY (spec_hash, device, dtype, triton, driver)
+)
+"""
+
+
+def directory() -> Path:
+    """The user's cache directory for orchestrate."""
+    if os.environ.get("ORCHESTRATE_CACHE_DIR"):
+        return Path(os.environ["ORCHESTRATE_CACHE_DIR"])
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "orchestrate"
+    return Path.home() / ".cache" / "orchestrate"
+
+
+def default_path() -> Path:
+    return directory() / FILE_NAME
+
+
+@dataclass(frozen=True)
+class Key:
+    spec_hash: str
+    device: str
+    dtype: str
+    triton: str
+    driver: str
+
+
+@dataclass(frozen=True)
+class Row:
+    key: Key
+    measured_us: float
+    predicted_us: float
+    fake: bool
+    created: str  # ISO 8601, UTC
+    record: dict[str, Any]  # what records export writes beyond the columns
+
+
+class Cache:
+    """An open measurement cache (one connection: one per thread or process)."""
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = Path(path) if path is not None else default_path()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                self._db.close()
+                raise InputError(f"{self.path}: a measurement cache of schema {version}, written "
+                                 f"by a newer orchestrate (this one reads {SCHEMA_VERSION})")  # fmt: skip
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._write(lambda db: (db.execute(_TABLE),
+                                    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")))  # fmt: skip
+        except (OSError, sqlite3.Error) as e:
+            raise InputError(f"{self.path}: cannot open the measurement cache: {e}") from None
+
+    def __enter__(self) -> Cache:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _write(self, work) -> None:
+        """``work(db)`` as one transaction, taken with the write lock up front."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            work(self._db)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def get(self, keys: Iterable[Key]) -> dict[Key, float]:
+        """The measured µs of each key found."""
+        found = {}
+        for k in keys:
+            row = self._db.execute(
+                "SELECT measured_us FROM measurements WHERE spec_hash = ? AND device = ? AND "
+                "dtype = ? AND triton = ? AND driver = ?",
+                (k.spec_hash, k.device, k.dtype, k.triton, k.driver),
+            ).fetchone()
+            if row is not None:
+                found[k] = float(row[0])
+        return found
+
+    def put(self, rows: Sequence[Row]) -> None:
+        """Store ``rows`` in one transaction (a row with a key already there replaces it)."""
+        if not rows:
+            return
+        values = [(r.key.spec_hash, r.key.device, r.key.dtype, r.key.triton, r.key.driver,
+                   r.measured_us, r.predicted_us, int(r.fake), r.created,
+                   json.dumps(r.record, sort_keys=True)) for r in rows]  # fmt: skip
+        try:
+            self._write(lambda db: db.executemany(
+                "INSERT OR REPLACE INTO measurements VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values))  # fmt: skip
+        except sqlite3.Error as e:
+            raise InputError(f"{self.path}: cannot write the measurement cache: {e}") from None
+
+    def rows(self) -> list[Row]:
+        """Every row, oldest first."""
+        out = []
+        for (h, dev, dtype, triton, driver, measured, predicted, fake, created,
+             record) in self._db.execute(
+                 "SELECT * FROM measurements ORDER BY created, spec_hash, device"):  # fmt: skip
+            out.append(Row(Key(h, dev, dtype, triton, driver), float(measured), float(predicted),
+                           bool(fake), created, json.loads(record)))  # fmt: skip
+        return out
+
+    def count(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM measurements").fetchone()[0])

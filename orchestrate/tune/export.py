@@ -1,0 +1,42 @@
+"""``orchestrate records export OUT.jsonl``: the measurement cache as JSON lines
+(one per measurement; the fields are ``tune/records.py``'s)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from orchestrate import pipeline
+from orchestrate.errors import InputError
+from orchestrate.tune.cache import Cache, default_path
+from orchestrate.tune.records import line
+
+
+def export(out: str | os.PathLike, device: str | None = None,
+           cache_path: str | os.PathLike | None = None) -> int:  # fmt: skip
+    """Write every measurement (of ``device``: a GPU's name or a
+    ``devices.py`` row, any case) to ``out`` as JSON lines; how many.
+    InputError, nothing written, when there is none or ``out`` cannot be
+    written."""
+    out = Path(out)
+    pipeline.check_output_path(out)
+    path = Path(cache_path) if cache_path is not None else default_path()
+    if not path.is_file():
+        raise InputError(f"{path}: no measurement cache (orchestrate optimize --tune on a GPU "
+                         "makes one)")  # fmt: skip
+    with Cache(path) as cache:
+        rows = cache.rows()
+    if not rows:
+        raise InputError(f"{path}: the measurement cache is empty")
+    if device is not None:
+        want = device.lower()
+        chosen = [r for r in rows if want in (r.key.device.lower(), r.record["device"]["name"])]
+        if not chosen:
+            have = sorted({f"{r.key.device} ({r.record['device']['name']})" for r in rows})
+            raise InputError(f"--device {device}: no measurements of it in {path} (it holds "
+                             f"{', '.join(have)})")  # fmt: skip
+        rows = chosen
+    text = "".join(json.dumps(line(r), sort_keys=True) + "\n" for r in rows)
+    pipeline.write_atomic(out, text.encode())
+    return len(rows)
