@@ -13,11 +13,12 @@ kernels then run in Triton's interpreter, with query and key blocks of 16 so
 executor in float64.
 
 Tolerances: fp32 kernels compute in IEEE fp32 against a float64 reference:
-rtol 1e-5, atol 1e-6 (errors measured at most 1.2e-6 of the output's
-scale).  fp16: the inputs are rounded to fp16 before both run, so what is
-left is the kernel's own rounding (P to fp16 for the second dot, O to fp16
-when stored: 2**-11 each): rtol and atol 2e-3 (errors measured at most
-1.1e-3).
+rtol 1e-5, atol 1e-6 (the largest error measured over all 241 cases,
+over the output's largest magnitude: 1.2e-6, at head dim 256).  fp16: the
+inputs are rounded to fp16 before both run, so what is left is the
+kernel's own rounding (P to fp16 for the second dot, O to fp16 when
+stored: 2**-11 each): rtol and atol 2e-3 (measured at most 4.3e-4 of the
+output's scale; 1e-3 of a single element).
 
 The default tier covers every value of every axis and the risky pairs
 (head dim 256 with fp16 and masks, grouped-query heads with causal masks,
