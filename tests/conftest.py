@@ -33,3 +33,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Attention interpreter blocks of 16: several query blocks and key
+    steps.  The configuration space is cached per problem size, so the cache
+    is cleared around the change (else a size seen before keeps its large
+    blocks)."""
+    from orchestrate.kernels import config
+
+    config.attention.cache_clear()
+    monkeypatch.setattr(config, "ATTENTION_INTERPRET_BLOCK", 16)
+    yield
+    config.attention.cache_clear()

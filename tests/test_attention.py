@@ -14,7 +14,6 @@ from orchestrate.decompose import fission
 from orchestrate.devices import get_device
 from orchestrate.frontend import prepare
 from orchestrate.ir import Op
-from orchestrate.kernels import config
 from orchestrate.kernels.spec import ATTENTION, KernelSpec, Rejection
 from orchestrate.plan import Planned
 from orchestrate.planner import PlanOptions, plan
@@ -77,12 +76,6 @@ def _plan(g: ir.Graph, k: KernelSpec) -> Planned:
 def _check(g, inputs=None, rtol=1e-5, atol=1e-6) -> str:
     inputs = inputs or graphs.random_inputs(g)
     return assert_matches_reference(g, _plan(g, _kernel(g)), inputs, rtol, atol)
-
-
-@pytest.fixture
-def small_blocks(monkeypatch):
-    """Interpreter blocks of 16: several query blocks and key steps."""
-    monkeypatch.setattr(config, "ATTENTION_INTERPRET_BLOCK", 16)
 
 
 # -- the rule on exported models ------------------------------------------------------

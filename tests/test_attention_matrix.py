@@ -36,7 +36,6 @@ import pytest
 
 from orchestrate import pipeline, precision, reference
 from orchestrate.ir import Op
-from orchestrate.kernels import config
 from orchestrate.kernels.spec import ATTENTION
 from orchestrate.planner import PlanOptions, plan
 from tests.attention_models import MASKS, Case, inputs, model
@@ -77,16 +76,6 @@ CASES = [
 ]
 
 
-@pytest.fixture
-def blocks_of_16(monkeypatch):
-    """Interpreter blocks of 16 query rows and keys (the configuration space
-    is cached per problem size, so the cache is cleared around the change)."""
-    config.attention.cache_clear()
-    monkeypatch.setattr(config, "ATTENTION_INTERPRET_BLOCK", 16)
-    yield
-    config.attention.cache_clear()
-
-
 def planned(case: Case):
     """The case's primitive graph (at its dtype) and the planner's plan for an H200."""
     g = pipeline.fission_model(model(case), None, case.id)
@@ -118,7 +107,7 @@ def check(case: Case) -> float:
     return float(np.max(np.abs(out[finite] - want[finite])) / np.max(np.abs(want[finite])))
 
 
-@pytest.mark.usefixtures("blocks_of_16")
+@pytest.mark.usefixtures("small_blocks")
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_attention_matches_the_reference(case):
     check(case)
@@ -146,7 +135,7 @@ SLOW = [
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("blocks_of_16")
+@pytest.mark.usefixtures("small_blocks")
 @pytest.mark.parametrize("case", SLOW, ids=lambda c: c.id)
 def test_attention_matrix_product(case):
     check(case)
