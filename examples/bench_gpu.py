@@ -14,21 +14,33 @@ minutes on the reference H200):
    among the models still to run: optimized at fp16 and bf16 (and fp32 for
    ``--fp32``), verified on one random trial, and timed with
    ``orchestrate.bench`` against torch eager, torch.compile (default and
-   max-autotune) and onnxruntime's CUDA provider.  What the budget does not
-   reach is skipped with the reason, never overrun;
+   max-autotune) and onnxruntime's CUDA provider.  Planning is tuned
+   (``optimize --tune``: each candidate's best ``--tune-configs`` configurations
+   under the cost model timed on the GPU, cached in the user's measurement
+   cache, so a second run times nothing); ``--no-tune`` plans by the model
+   alone.  What the budget does not reach is skipped with the reason, never
+   overrun;
 4. ``bench/results/<device>-<date>.json`` (``orchestrate.bench.report``'s
-   schema) and its PNG.
+   schema, each entry with its ``tuning``) and its PNG, and
+   ``bench/records/<device>.jsonl``: every measurement of this GPU in the
+   cache, as ``orchestrate records export`` writes them.
 
 ``--dry-run`` is the same script on a CPU (``make bench-gpu-dry``): the
 tiny suite, the Triton interpreter, fewer timed calls, every baseline that
 can run on a CPU (onnxruntime's CPU provider too), the offline install
 proven into a temporary folder and imported from a child process, and the
-files written to out/bench-dry/ (results.json, chart.png).
+files written to out/bench-dry/ (results.json, chart.png).  There is no GPU
+to time kernels on, so the tuning and records path runs with a fake timer
+(the cost model's time x a factor drawn from each spec's hash), its cache in
+the run's work folder, never the user's: the entries' ``tuning`` and every
+line of out/bench-dry/records/fake.jsonl say ``fake``, and none of it is a
+measurement.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -124,6 +136,7 @@ def run_model(args) -> int:
 
     src = Path(args.model_path)
     name = args.one
+    tune = _tune(args)
     settings = Settings(args.runs, args.warmup, args.sets, deadline=args.deadline - 3)
     for dtype in args.dtypes:
         left = args.deadline - time.time()
@@ -134,7 +147,7 @@ def run_model(args) -> int:
         out = Path(args.work) / f"{name}-{dtype}.orch"
         started = time.perf_counter()
         try:
-            made = api.optimize(src, out, dtype=dtype, trials=1, time_limit=20)
+            made = api.optimize(src, out, dtype=dtype, trials=1, time_limit=20, tune=tune)
         except Exception as e:  # noqa: BLE001 - a failure is this entry's reason
             _emit(args.part, {"skip": {"name": name, "dtype": dtype,
                                        "reason": f"optimize failed: {type(e).__name__}: {e}"[:300]}})  # fmt: skip
@@ -165,10 +178,42 @@ def run_model(args) -> int:
                              verified=verified, verify_note=note, torch_module=torch_module,
                              model_type=_ort_type(name, src))  # fmt: skip
         rec = report.model_record(result)
+        tuning = made.plan.tuning  # None under --no-tune
+        rec["tuning"] = dataclasses.asdict(tuning) if tuning is not None else None
         _emit(args.part, {"model": rec})
         for line in report.table(result, bool(bundle.interpret)):
             print("  " + line, flush=True)
     return 0
+
+
+def _tune(args):
+    """The Tune of a child: the GPU's timer and the user's cache, a fake
+    timer and the run's own cache (the dry run), or none (--no-tune)."""
+    if args.tune_mode == "off":
+        return None
+    from orchestrate.tune import Tune
+
+    if args.tune_mode == "gpu":
+        from orchestrate.tune.gpu import GpuTimer
+
+        return Tune(GpuTimer(), args.tune_configs)
+    return Tune(fake_timer(), args.tune_configs, Path(args.tune_cache))
+
+
+def fake_timer():
+    """The dry run's stand-in: the cost model's time (for the device
+    planned for) x a factor in [0.5, 2) drawn from the spec's hash, so that
+    tuning moves some choices; labelled fake everywhere it goes."""
+    from orchestrate.cost.roofline import cost
+    from orchestrate.devices import get_device
+    from orchestrate.tune import FakeTimer
+
+    device = get_device(None)
+
+    def figure(graph, spec):
+        return cost(graph, spec, device).time_us * 2 ** (int(spec.hash[:4], 16) / 65536 * 2 - 1)
+
+    return FakeTimer(figure, device=f"fake ({device.name} cost model x hash factor)")
 
 
 def _ort_type(name: str, src: Path) -> tuple[str, int, int] | None:
@@ -230,6 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--sets", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--torch-from", choices=("source", "onnx"), help=argparse.SUPPRESS)
+    p.add_argument("--no-tune", action="store_true",
+                   help="plan by the cost model alone (no --tune, no records)")  # fmt: skip
+    p.add_argument("--tune-configs", type=int, default=3,
+                   help="configurations timed per kernel (optimize --tune-configs)")  # fmt: skip
+    p.add_argument("--tune-mode", choices=("gpu", "fake", "off"), help=argparse.SUPPRESS)
+    p.add_argument("--tune-cache", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one:
         return run_model(args)
@@ -283,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
 
     onnx2torch = args.onnx2torch if args.onnx2torch is not None else (["resnet50"] if dry else [])
     part = work / "results.jsonl"
+    tune_mode = "off" if args.no_tune else "fake" if dry else "gpu"
+    fake_cache = work / "fake-measurements.sqlite"  # the dry run's: never the user's cache
     skipped = []
     for i, name in enumerate(names):
         dtypes, against = plan_for(name)
@@ -299,7 +352,9 @@ def main(argv: list[str] | None = None) -> int:
                "--runs", str(args.runs or (5 if dry else 50)),
                "--warmup", str(args.warmup or (1 if dry else 10)),
                "--sets", str(args.sets or (2 if dry else 4)),
-               "--torch-from", "onnx" if name in onnx2torch else "source"]  # fmt: skip
+               "--torch-from", "onnx" if name in onnx2torch else "source",
+               "--tune-mode", tune_mode, "--tune-configs", str(args.tune_configs),
+               "--tune-cache", str(fake_cache)]  # fmt: skip
         print(f"bench-gpu: {name} {' '.join(dtypes)} within {share:.0f} s", flush=True)
         before = _lines(part)
         try:
@@ -331,10 +386,29 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench-gpu: wrote {out / f'{stem}.json'} ({len(records)} measured, {len(skipped)} "
           f"skipped, {doc['wall_s']} s)")  # fmt: skip
     print("bench-gpu: " + report.chart(doc, out / ("chart.png" if dry else f"{stem}.png")))
+    if tune_mode != "off":
+        print("bench-gpu: " + write_records(dry, device, out, fake_cache), flush=True)
     for line in problems:
         print(f"bench-gpu: schema: {line}", file=sys.stderr)
     ok = not problems and (install is None or install["ok"]) and bool(records)
     return 0 if ok else 1
+
+
+def write_records(dry: bool, device: str, out: Path, fake_cache: Path) -> str:
+    """Every measurement of this GPU in the user's cache to
+    bench/records/<device>.jsonl (the dry run: its fake cache to
+    out/bench-dry/records/fake.jsonl); what was written, or why not."""
+    from orchestrate.errors import OrchestrateError
+    from orchestrate.tune.export import export
+
+    folder = (out if dry else ROOT / "bench") / "records"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / ("fake.jsonl" if dry else f"{slug(device)}.jsonl")
+    try:
+        n = export(path, None if dry else device, fake_cache if dry else None)
+    except OrchestrateError as e:
+        return f"no records written: {e}"
+    return f"wrote {path}: {n} records" + (" (FAKE timer: not measurements)" if dry else "")
 
 
 def _lines(path: Path) -> list[str]:

@@ -206,8 +206,9 @@ def test_concurrent_writers_lose_nothing(tmp_path):
         try:
             with Cache(db) as c:
                 for b in range(15):
-                    c.put([Row(Key(f"t{k}-{b}-{i}", "gpu", "float32", "t", "d"), 1.0, 1.0,
-                               False, "2026-01-01T00:00:00+00:00", {}) for i in range(10)])  # fmt: skip
+                    keys = [Key(f"t{k}-{b}-{i}", "gpu", "float32", "t", "d") for i in range(10)]
+                    c.put([Row(key, 1.0, 1.0, False, "2026-01-01T00:00:00+00:00", {})
+                           for key in keys])  # fmt: skip
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 

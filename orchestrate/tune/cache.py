@@ -96,11 +96,11 @@ class Cache:
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 self._db.close()
-                raise InputError(f"{self.path}: a measurement cache of schema {version}, written "
-                                 f"by a newer orchestrate (this one reads {SCHEMA_VERSION})")  # fmt: skip
+                raise InputError(f"{self.path}: a measurement cache of schema {version}, "
+                                 "written by a newer orchestrate (this one reads "
+                                 f"{SCHEMA_VERSION})")  # fmt: skip
             self._db.execute("PRAGMA journal_mode = WAL")
-            self._write(lambda db: (db.execute(_TABLE),
-                                    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")))  # fmt: skip
+            self._write(self._create)
         except (OSError, sqlite3.Error) as e:
             raise InputError(f"{self.path}: cannot open the measurement cache: {e}") from None
 
@@ -112,6 +112,11 @@ class Cache:
 
     def close(self) -> None:
         self._db.close()
+
+    @staticmethod
+    def _create(db: sqlite3.Connection) -> None:
+        db.execute(_TABLE)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _write(self, work) -> None:
         """``work(db)`` as one transaction, taken with the write lock up front."""
@@ -143,9 +148,9 @@ class Cache:
         values = [(r.key.spec_hash, r.key.device, r.key.dtype, r.key.triton, r.key.driver,
                    r.measured_us, r.predicted_us, int(r.fake), r.created,
                    json.dumps(r.record, sort_keys=True)) for r in rows]  # fmt: skip
+        insert = "INSERT OR REPLACE INTO measurements VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         try:
-            self._write(lambda db: db.executemany(
-                "INSERT OR REPLACE INTO measurements VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values))  # fmt: skip
+            self._write(lambda db: db.executemany(insert, values))
         except sqlite3.Error as e:
             raise InputError(f"{self.path}: cannot write the measurement cache: {e}") from None
 

@@ -11,7 +11,8 @@ training data of a learned cost model.  Every line carries:
 ``ops``           the primitives' ops, in graph order
 ``nodes``         per primitive: op, inputs (``n<i>``: the i-th primitive,
                   ``x<j>``: the j-th kernel input), shape, dtype, attributes
-``inputs``        per tensor read: shape, dtype, whether it is a weight
+``inputs``        per tensor read: shape, dtype, whether it is a weight (and
+                  a scalar weight's ``value``, written into the source)
 ``outputs``       per tensor written: the primitive (``n<i>``), shape, dtype
 ``space``         the iteration space; ``dtype`` the spec's (its anchor's
                   operands', else its first output's)
@@ -42,7 +43,7 @@ from typing import Any
 from orchestrate.cost.roofline import cost, split_flops
 from orchestrate.devices import Device
 from orchestrate.ir import Graph
-from orchestrate.kernels.spec import KernelSpec
+from orchestrate.kernels.spec import KernelSpec, inlined
 from orchestrate.tune.cache import Row
 
 RECORDS_SCHEMA = "orchestrate-records/1"
@@ -64,8 +65,8 @@ def describe(graph: Graph, spec: KernelSpec, device: Device, rank: int) -> dict[
     nodes = []
     for n in spec.nodes:
         node = graph.producer[n]
-        nodes.append({"op": node.op.value,
-                      "inputs": [f"n{local[i]}" if i in local else f"x{ext[i]}" for i in node.inputs],
+        refs = [f"n{local[i]}" if i in local else f"x{ext[i]}" for i in node.inputs]
+        nodes.append({"op": node.op.value, "inputs": refs,
                       "shape": list(node.shape), "dtype": node.dtype,
                       "attrs": {k: _plain(v) for k, v in sorted(node.attrs.items())}})  # fmt: skip
     c = cost(graph, spec, device)
@@ -74,14 +75,7 @@ def describe(graph: Graph, spec: KernelSpec, device: Device, rank: int) -> dict[
         "template": spec.template,
         "ops": [x["op"] for x in nodes],
         "nodes": nodes,
-        "inputs": [
-            {
-                "shape": list(graph.types[t].shape),
-                "dtype": graph.types[t].dtype,
-                "weight": t in graph.constants,
-            }
-            for t in spec.inputs
-        ],  # fmt: skip
+        "inputs": [_input(graph, t) for t in spec.inputs],
         "outputs": [
             {
                 "node": f"n{local[t]}",
@@ -89,7 +83,7 @@ def describe(graph: Graph, spec: KernelSpec, device: Device, rank: int) -> dict[
                 "dtype": graph.types[t].dtype,
             }
             for t in spec.outputs
-        ],  # fmt: skip
+        ],
         "space": list(spec.space),
         "dtype": spec_dtype(graph, spec),
         "config": spec.config.to_json(),
@@ -103,9 +97,19 @@ def describe(graph: Graph, spec: KernelSpec, device: Device, rank: int) -> dict[
             "compute_us": c.compute_us,
             "latency_us": c.latency_us,
             "launch_us": c.launch_us,
-        },  # fmt: skip
+        },
         "device": dataclasses.asdict(device),
     }
+
+
+def _input(graph: Graph, t: str) -> dict[str, Any]:
+    """A tensor the kernel reads: a weight's scalar value is written into
+    the kernel's source, so it is part of the record."""
+    out = {"shape": list(graph.types[t].shape), "dtype": graph.types[t].dtype,
+           "weight": t in graph.constants}  # fmt: skip
+    if inlined(graph, t):
+        out["value"] = _plain(graph.constants[t].reshape(()).item())
+    return out
 
 
 def line(row: Row) -> dict[str, Any]:

@@ -52,7 +52,8 @@ class FakeTimer:
     ``fail``: hashes whose timing raises (a configuration that does not run)."""
 
     def __init__(self, figure: Callable[[Graph, KernelSpec], float], *, device: str = "fake GPU",
-                 driver: str = "fake", triton: str = "fake", fail: frozenset[str] = frozenset()):  # fmt: skip
+                 driver: str = "fake", triton: str = "fake",
+                 fail: frozenset[str] = frozenset()):  # fmt: skip
         self.figure = figure
         self.info = TimerInfo(device, driver, triton, "fake: figures from a function, not measured",
                               fake=True)  # fmt: skip
