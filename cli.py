@@ -235,6 +235,11 @@ def plan_options(fn):
     fn = click.option("--max-kernel-nodes", type=click.IntRange(1, 64), default=16,
                       show_default=True, help="Most primitives in one candidate kernel.")(fn)  # fmt: skip
     fn = click.option("--tf32", is_flag=True, help="Let fp32 matmuls use TF32 tensor cores.")(fn)
+    fn = click.option("--gemm-backends", "gemm_backends", default="triton,library",
+                      show_default=True, metavar="LIST",
+                      help="Who may run matmuls, convolutions and attention: generated Triton "
+                           "kernels, library calls (cuBLAS, cuDNN, SDPA through torch), or both "
+                           "competing in the linear program.")(fn)  # fmt: skip
     fn = click.option("--dtype", default=None, metavar="fp16|bf16|fp32",
                       help="Run an fp32 model in half precision (fp16 or bf16 storage and tensor "
                            "cores; fp32 accumulation, softmax and normalisation). Default: the "
@@ -252,7 +257,15 @@ def plan_options(fn):
 
 
 def _plan_options(
-    device, memory_budget, time_limit, tf32, max_kernel_nodes, reproducible, no_recompute, dtype
+    device,
+    memory_budget,
+    time_limit,
+    tf32,
+    max_kernel_nodes,
+    reproducible,
+    no_recompute,
+    dtype,
+    gemm_backends,
 ):
     from orchestrate.errors import InputError
     from orchestrate.kernels.enumerate import Limits
@@ -262,7 +275,7 @@ def _plan_options(
         return PlanOptions(
             device=device, memory_budget=memory_budget, time_limit=time_limit, tf32=tf32,
             limits=Limits(max_nodes=max_kernel_nodes), reproducible=reproducible,
-            recompute=not no_recompute, dtype=dtype,
+            recompute=not no_recompute, dtype=dtype, gemm_backends=gemm_backends,
         )  # fmt: skip
     except PlanOptionError as e:  # name the flag, not the field
         flag = _PLAN_FLAGS.get(e.field, e.field)
@@ -271,7 +284,7 @@ def _plan_options(
 
 _PLAN_FLAGS = {"device": "--device", "memory_budget": "--memory-budget",
                "time_limit": "--time-limit", "limits.max_nodes": "--max-kernel-nodes",
-               "dtype": "--dtype"}  # fmt: skip
+               "dtype": "--dtype", "gemm_backends": "--gemm-backends"}  # fmt: skip
 
 
 def _lowered(graph, dtype, model: Path):

@@ -47,12 +47,13 @@ from orchestrate.files import (
 from orchestrate.ir import ALL_DTYPES, BFLOAT16
 from orchestrate.plan import Plan
 
-BUNDLE_FORMAT = "orchestrate-bundle/4"
+BUNDLE_FORMAT = "orchestrate-bundle/5"
 # what each earlier format lacks, for the message that refuses it
 _OLDER = {
     "orchestrate-bundle/1": "one jitted function per distinct kernel spec",
     "orchestrate-bundle/2": "the plan from which load regenerates kernels.py instead of importing it",
     "orchestrate-bundle/3": "the list of bfloat16 constants, stored as uint16 bit patterns",
+    "orchestrate-bundle/4": "library kernels (cuBLAS, cuDNN, SDPA) among its kernels",
 }
 FILES = ("plan.json", "kernels.py", "weights.npz", "report.md")
 

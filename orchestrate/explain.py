@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 
 from orchestrate.ir import FLOATS
+from orchestrate.kernels.spec import LIBRARY
 from orchestrate.plan import Plan, PlannedKernel, Tuning
 
 
@@ -60,13 +61,16 @@ def kernel_table(result: Plan, limit: int = 0) -> str:
     shown = rows if not limit else sorted(rows, key=lambda k: -k.predicted_us)[:limit]
     if limit and len(rows) > limit:
         shown = sorted(shown, key=lambda k: k.name)
-    head = (f"{'kernel':<18}{'template':<12}{'bytes':>11}{'flops':>11}{'us':>10}  {'bound':<8} "
-            f"{'config':<20} primitives")  # fmt: skip
+    nw = max([18, *(len(k.name) + 1 for k in shown)])  # library templates' names are longer
+    tw = max([12, *(len(k.template) + 1 for k in shown)])
+    head = (f"{'kernel':<{nw}}{'template':<{tw}}{'bytes':>11}{'flops':>11}{'us':>10}  "
+            f"{'bound':<8} {'config':<20} primitives")  # fmt: skip
     lines = [head, "-" * len(head)]
     for k in shown:
+        config = "torch call" if k.template in LIBRARY else _config(k.config)
         lines.append(
-            f"{k.name:<18}{k.template:<12}{_bytes(k.bytes):>11}{_flops(k.flops):>11}"
-            f"{_us(k.predicted_us):>10}  {k.bound:<8} {_config(k.config):<20} {_ops(result, k)}"
+            f"{k.name:<{nw}}{k.template:<{tw}}{_bytes(k.bytes):>11}{_flops(k.flops):>11}"
+            f"{_us(k.predicted_us):>10}  {k.bound:<8} {config:<20} {_ops(result, k)}"
         )
     if limit and len(rows) > limit:
         lines.append(

@@ -23,12 +23,13 @@ from orchestrate.errors import InputError, check_format
 from orchestrate.ir import Attrs, Graph, Node
 from orchestrate.kernels.spec import VIEW, KernelSpec, LaunchConfig
 
-PLAN_FORMAT = "orchestrate-plan/4"
+PLAN_FORMAT = "orchestrate-plan/5"
 # what each earlier format lacks, for the message that refuses it
 _OLDER = {
     "orchestrate-plan/1": "launch configurations per kernel",
     "orchestrate-plan/2": "the primitives' attributes, from which a bundle's kernels are regenerated",
     "orchestrate-plan/3": "the precision it was planned at (--dtype)",
+    "orchestrate-plan/4": "library kernels and which backends ran its matmuls (--gemm-backends)",
 }
 
 
@@ -144,6 +145,7 @@ class Options:
     recompute: bool
     max_kernel_nodes: int
     dtype: str | None  # --dtype: fp32, fp16 or bf16; None: the model's own precision
+    gemm_backends: tuple[str, ...]  # --gemm-backends: triton, library or both
 
 
 @dataclass(frozen=True)

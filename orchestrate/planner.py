@@ -32,7 +32,7 @@ from orchestrate.ilp.partition import group_identical, partition, transplant
 from orchestrate.ilp.problem import Problem, problem
 from orchestrate.kernels.enumerate import Limits, enumerate_kernels
 from orchestrate.kernels.rules import match
-from orchestrate.kernels.spec import VIEW, KernelSpec, Rejection, Target
+from orchestrate.kernels.spec import GEMM_BACKENDS, VIEW, KernelSpec, Rejection, Target
 from orchestrate.plan import (
     Declined,
     Options,
@@ -82,6 +82,9 @@ class PlanOptions:
     limits: Limits = field(default_factory=Limits)
     reproducible: bool = False  # write 0 for wall-clock fields
     dtype: str | None = None  # fp32, fp16, bf16 (precision.lower_precision); None: the model's
+    # who may run matmuls, convolutions and attention: generated Triton kernels,
+    # library calls (cuBLAS, cuDNN, SDPA through torch), or both competing
+    gemm_backends: tuple[str, ...] = GEMM_BACKENDS
 
     def __post_init__(self):
         d = self.device
@@ -106,6 +109,14 @@ class PlanOptions:
             object.__setattr__(self, name, bool(v))
         if self.dtype is not None and self.dtype not in precision.SUPPORTED:
             raise PlanOptionError("dtype", self.dtype, precision.unsupported(self.dtype))
+        g = self.gemm_backends
+        names = g.split(",") if isinstance(g, str) else g
+        if not isinstance(names, (tuple, list)) or not names or any(
+                n not in GEMM_BACKENDS for n in names) or len(set(names)) != len(names):  # fmt: skip
+            raise PlanOptionError("gemm_backends", g, "expected one or both of "
+                                  f"{', '.join(GEMM_BACKENDS)}, each once")  # fmt: skip
+        object.__setattr__(self, "gemm_backends",
+                           tuple(b for b in GEMM_BACKENDS if b in names))  # fmt: skip
         if not isinstance(self.limits, Limits):
             raise PlanOptionError(
                 "limits", self.limits, "expected an orchestrate.kernels.enumerate.Limits"
@@ -124,11 +135,11 @@ class PlanOptions:
     def target(self) -> Target:
         """The rules' target: configurations ranked by predicted time."""
         device = get_device(self.device)
-        return Target(device, self.tf32, rank=Ranker(device))
+        return Target(device, self.tf32, rank=Ranker(device), gemm_backends=self.gemm_backends)
 
     def record(self) -> Options:
         return Options(self.memory_budget, self.time_limit, self.tf32, self.recompute,
-                       self.limits.max_nodes, self.dtype)  # fmt: skip
+                       self.limits.max_nodes, self.dtype, self.gemm_backends)  # fmt: skip
 
 
 def plan(

@@ -24,7 +24,7 @@ from orchestrate import ir, type_rules
 from orchestrate.devices import get_device
 from orchestrate.emit import emit
 from orchestrate.errors import GraphError, InputError, OrchestrateError, UnsupportedError
-from orchestrate.kernels.rules import match
+from orchestrate.kernels.rules import match_all
 from orchestrate.kernels.spec import VIEW, Rejection, Target
 from orchestrate.plan import Plan, Planned
 
@@ -77,7 +77,9 @@ def planned(plan: Plan, graph: ir.Graph, source: str) -> Planned:
     """The plan with the spec of every kernel, matched again by the rules and
     checked against the structural hash and launch configuration recorded."""
     try:
-        target = Target(get_device(plan.device), plan.options.tf32)
+        target = Target(
+            get_device(plan.device), plan.options.tf32, gemm_backends=plan.options.gemm_backends
+        )
     except OrchestrateError as e:
         raise InputError(f"{source}: {e}") from None
     specs = []
@@ -88,7 +90,10 @@ def planned(plan: Plan, graph: ir.Graph, source: str) -> Planned:
             raise InputError(f"{where}: expected the name k{i:03d}_{k.template}")
         # the recorded configuration first: the rules still check that it fits
         recorded = replace(target, rank=lambda _, s, c=k.config: 0 if s.config == c else 1)
-        spec = match(graph, k.primitives, recorded)
+        found = match_all(graph, k.primitives, recorded)
+        # the generated kernel or the library call, as the plan says
+        spec = found if isinstance(found, Rejection) else next(
+            (s for s in found if s.template == k.template), found[0])  # fmt: skip
         if isinstance(spec, Rejection):
             raise InputError(f"{where}: its primitives are not one kernel ({spec.reason})")
         if spec.template != k.template or (k.template != VIEW and spec.hash != k.hash):

@@ -190,8 +190,8 @@ def test_weights_with_objects_or_foreign_dtypes_are_one_line(good, tmp_path):
 
 
 def test_explain_of_a_json_file_that_is_not_a_plan_is_one_line(tmp_path):
-    for i, text in enumerate(["[1, 2]", '{"format": "orchestrate-plan/4", "kernels": 5}', "{",
-                              '{"format": "orchestrate-plan/4"}']):  # fmt: skip
+    for i, text in enumerate(["[1, 2]", '{"format": "orchestrate-plan/5", "kernels": 5}', "{",
+                              '{"format": "orchestrate-plan/5"}']):  # fmt: skip
         path = tmp_path / f"p{i}.json"
         path.write_text(text)
         r = CliRunner().invoke(cli.main, ["explain", str(path)])

@@ -72,3 +72,49 @@ SFU_FLOPS = 8
 # Another 0.5 µs is estimated for a grid's ramp-up and drain (the last wave's
 # blocks finishing while no new kernel runs).  Estimate: to be measured.
 LAUNCH_US = 1.0
+
+# -- library kernels (cuBLAS, cuDNN, SDPA through torch) ------------------------------
+# All predictions: no library call has been timed on a GPU by this project.
+
+# Fraction of the dense peak (tensor cores for fp16 / bf16, CUDA cores for
+# IEEE fp32) cuBLAS reaches on a GEMM large enough to fill the GPU.  Estimate:
+# NVIDIA's published cuBLAS figures for H100 SXM reach about 700-750 of the
+# 989 dense fp16 TFLOPS on large square GEMMs (0.7-0.76), and SGEMM about 90%
+# of the fp32 peak; 0.75 taken for both.  Skinny problems get less through
+# tile quantisation (LIBRARY_TILE) and the latency floor.
+LIBRARY_GEMM_EFFICIENCY = 0.75
+
+# Output tile (rows = columns) assumed for cuBLAS's and cuDNN's kernels when
+# counting how many thread blocks a call launches (and so whole waves over the
+# SMs).  Assumption: CUTLASS / cuBLAS Hopper kernels for large problems use
+# 128 x 128 or 128 x 256 tiles; split-K and stream-K heuristics, which help
+# skinny problems, are not modelled (a pessimistic simplification).
+LIBRARY_TILE = 128
+
+# Fraction of the dense tensor-core peak cuDNN's implicit-GEMM convolutions
+# reach.  Estimate: published ResNet-50 layer benchmarks on A100 / H100 put
+# cuDNN's large 3x3 and 1x1 convolutions at 50-70% of peak; 0.6 taken.
+LIBRARY_CONV_EFFICIENCY = 0.6
+
+# Fraction of the peak torch's scaled_dot_product_attention reaches.  Source:
+# the FlashAttention-3 paper (Shah et al., 2024) measures FlashAttention-2,
+# the kernel behind torch's SDPA on Hopper, at about 35% of the H100's fp16
+# peak in the forward pass (up to ~50% on long sequences); 0.4 taken.  fp32
+# runs the memory-efficient kernel on CUDA cores, at the same fraction of the
+# fp32 peak (an estimate).
+LIBRARY_ATTENTION_EFFICIENCY = 0.4
+
+# The least time one library kernel takes, beyond its launch, microseconds.
+# Estimate: the smallest cuBLAS GEMMs and cuDNN convolutions on Hopper and
+# Ampere run in about 2-4 µs of kernel time (their prologue loads, a K loop
+# of at least a few steps, the epilogue); 2 µs is taken.
+LIBRARY_LATENCY_US = 2.0
+
+# Host cost of one torch call (dispatcher, argument checks, the library's
+# heuristic lookup), microseconds.  Estimate: torch eager's per-op overhead is
+# commonly measured at 5-10 µs.  The runner captures the whole plan in a
+# CUDA graph on a GPU and replays it, so that cost is paid at capture only;
+# the model charges each library kernel its launches (LAUNCH_US each, as a
+# generated kernel) and not this figure, which is stated for the uncaptured
+# case (the first run, or ``cuda_graph=False``).
+LIBRARY_HOST_US = 7.0

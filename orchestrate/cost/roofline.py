@@ -71,6 +71,11 @@ flight, fuller waves) and each block a chain 1/S as long.  What it costs:
 
 A ``view`` (reshapes only) costs nothing and launches nothing.
 
+Library kernels (``library_matmul``, ``library_conv``, ``library_attention``:
+cuBLAS, cuDNN and SDPA through torch) have no launch configuration; their
+terms, with the library's own efficiency figures and what torch launches
+around the call, are in ``cost/library.py``.
+
 **measured** (``optimize --tune``, ``cost/measured.py``): a spec timed on the
 GPU costs its measured time instead of all of the above (plus the model's
 price of optional outputs it also writes); one not timed costs the model's
@@ -101,6 +106,7 @@ from orchestrate.cost.figures import (
     TENSOR_CORE_EFFICIENCY,
     WARPS_PER_SM,
 )
+from orchestrate.cost.library import library_flops, library_terms
 from orchestrate.cost.measured import Measured
 from orchestrate.devices import Device
 from orchestrate.ir import Graph, Node, Op
@@ -109,6 +115,7 @@ from orchestrate.kernels.region import ROW_REDUCTIONS
 from orchestrate.kernels.spec import (
     ATTENTION,
     CONV,
+    LIBRARY,
     MATMUL,
     POINTWISE,
     ROW_REDUCE,
@@ -301,6 +308,8 @@ def split_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
         return 0, 0
     if spec.template == ATTENTION:
         return attention_flops(graph, spec)
+    if spec.template in LIBRARY:
+        return library_flops(graph, spec)
     roles = spec.roles
     other = 0
     if isinstance(roles, Anchored):
@@ -448,6 +457,9 @@ def cost(graph: Graph, spec: KernelSpec, device: Device) -> Cost:
     by ``Prices.price``)."""
     if spec.template == VIEW:
         return Cost(0, 0, 0.0, 0.0, 0.0)
+    if spec.template in LIBRARY:
+        return Cost(*library_terms(graph, spec, device, read_bytes(graph, spec),
+                                   write_bytes(graph, spec.outputs)))  # fmt: skip
     loaded = _moved(graph, spec)
     nbytes = loaded + 2 * 4 * split_k_scratch(graph, spec)[0]  # split-K partials: out and in
     blocks = max(1, grid(graph, spec))

@@ -17,12 +17,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from orchestrate.emit import attention, conv, matmul, pointwise, row_reduce, window
+from orchestrate.emit import attention, conv, library, matmul, pointwise, row_reduce, window
 from orchestrate.emit.source import KernelSource, Launch, module, pointers
 from orchestrate.ir import Graph
 from orchestrate.kernels.spec import (
     ATTENTION,
     CONV,
+    LIBRARY,
     MATMUL,
     POINTWISE,
     ROW_REDUCE,
@@ -39,6 +40,7 @@ GENERATORS = {
     CONV: conv.conv,
     WINDOW: window.window,
     ATTENTION: attention.attention,
+    **{template: library.library for template in LIBRARY},  # plain launchers calling torch
 }
 
 
@@ -50,7 +52,8 @@ def function_key(spec_hash: str, nodes: Sequence[str], writes: Sequence[str]) ->
     return hashlib.sha1(f"{spec_hash}|{which}".encode()).hexdigest()[:16]
 
 
-def kernel_source(graph: Graph, spec: KernelSpec, writes: Sequence[str], name: str) -> KernelSource:
+def kernel_source(graph: Graph, spec: KernelSpec, writes: Sequence[str],
+                  name: str) -> KernelSource | library.LibrarySource:  # fmt: skip
     """The generated function for one spec writing ``writes``."""
     return GENERATORS[spec.template](graph, spec, tuple(writes), name)
 
@@ -71,10 +74,12 @@ def emit(graph: Graph, planned: Planned, title: str = "") -> str:
         f = functions[key]
         slots = {v: k for k, v in pointers(graph, spec, entry.outputs).slots.items()}
         launches.append(Launch(entry.name, f.name, tuple(slots[p] for p in f.params)))
-    n, k = len(functions), len(launches)
+    calls = sum(1 for f in functions.values() if getattr(f, "calls_torch", False))
+    n, k = len(functions) - calls, len(launches)
     title = (
         title or f"Triton kernels for {plan.graph.name} ({k} kernels, planned for {plan.device})"
     )
-    count = (f"{n} jitted function{'s' if n != 1 else ''} for {k} planned "
+    library_calls = f" and {calls} library launcher{'s' if calls != 1 else ''}" if calls else ""
+    count = (f"{n} jitted function{'s' if n != 1 else ''}{library_calls} for {k} planned "
              f"kernel{'s' if k != 1 else ''}.")  # fmt: skip
     return module(list(functions.values()), launches, [title, "", count])

@@ -226,7 +226,7 @@ def compile_module(module, dtypes: dict[str, str], arch: int = 90,
     done: dict[str, Compiled] = {}
     for launcher, tensors in module.KERNELS.values():
         fname = launcher.__name__.removeprefix("launch_")
-        if fname in done:
+        if fname in done or fname in library_launchers(module):
             continue
         kernel = getattr(module, fname)
         recorder = _Recorder()
@@ -249,6 +249,29 @@ def compile_module(module, dtypes: dict[str, str], arch: int = 90,
         done[fname] = Compiled(fname, int(c.metadata.shared), int(c.metadata.num_warps),
                                int(c.metadata.num_stages), *usage)  # fmt: skip
     return list(done.values())
+
+
+LIBRARY_SKIPPED = "a library launcher (a torch call): no Triton function to compile or fit"
+
+
+def library_launchers(module) -> list[str]:
+    """The functions of a generated module that are library calls
+    (``emit/library.py``: a plain launcher with no jitted function), which
+    ``compile_module`` skips (``LIBRARY_SKIPPED``)."""
+    found = []
+    for launcher, _ in module.KERNELS.values():
+        fname = launcher.__name__.removeprefix("launch_")
+        if not hasattr(getattr(module, fname, None), "arg_names") and fname not in found:
+            found.append(fname)
+    return found
+
+
+def library_kernels(folder: Path) -> list[str]:
+    """The planned kernels of a bundle that are library calls."""
+    from orchestrate.kernels.spec import LIBRARY  # numpy only
+
+    kernels = json.loads((folder / "plan.json").read_text())["kernels"]
+    return [k["name"] for k in kernels if k["template"] in LIBRARY]
 
 
 def compile_bundle(folder: Path, arch: int | None = None) -> list[Compiled]:
@@ -322,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if not args.json:
             print(_summary(folder, compiled, device, arch))
+            library = library_kernels(folder)
+            if library:
+                print(f"{folder}: {len(library)} kernels skipped ({', '.join(library[:3])}"
+                      f"{', ...' if len(library) > 3 else ''}): {LIBRARY_SKIPPED}")  # fmt: skip
         for c in compiled:
             row = report(folder, c, device, arch)
             rows.append(row)

@@ -8,6 +8,9 @@ with the spec's ``num_warps`` and ``num_stages``.  In interpreter mode (no
 GPU) the launchers pick larger blocks: the interpreter's cost grows with the
 number of programs, not with the block size.
 
+A library spec (``emit/library.py``) prints a plain launcher with the same
+signature that calls torch; the module then imports torch too.
+
 Pointer arguments are named by position, not after tensors: ``in<j>`` for
 the kernel's j-th input read from memory, ``out<j>`` for the j-th tensor it
 writes.  So one function serves every planned kernel with the same spec (a
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from orchestrate.bounds import INDEX_ERROR
 from orchestrate.emit.body import Body
@@ -34,6 +38,9 @@ from orchestrate.kernels.spec import (
     inlined,
     split_k,
 )
+
+if TYPE_CHECKING:
+    from orchestrate.emit.library import LibrarySource
 
 
 @dataclass
@@ -138,7 +145,7 @@ class Launch:
     tensors: tuple[str, ...]
 
 
-def module(functions: Sequence[KernelSource], launches: Sequence[Launch],
+def module(functions: Sequence[KernelSource | LibrarySource], launches: Sequence[Launch],
            title: Sequence[str]) -> str:  # fmt: skip
     """The module's source; ``title`` is the docstring's opening lines."""
     first, *rest = title
@@ -155,6 +162,8 @@ def module(functions: Sequence[KernelSource], launches: Sequence[Launch],
         "import triton",
         "import triton.language as tl",
     ]
+    if any(getattr(f, "calls_torch", False) for f in functions):  # library kernels
+        head.append("import torch")
     needed: list[Helper] = []
     for f in functions:
         for h in f.helpers:

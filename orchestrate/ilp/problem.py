@@ -32,10 +32,11 @@ class Problem:
 
     def include(self, prices: Prices, plan: Sequence[Priced]) -> list[program.Choice]:
         """Add the kernels of ``plan`` to the candidates; return them as choices."""
-        index = {(k.nodes, k.outputs): i for i, k in enumerate(self.kernels)}
+        # (a node set may have two candidates: a generated kernel and a library call)
+        index = {(k.template, k.nodes, k.outputs): i for i, k in enumerate(self.kernels)}
         choices = []
         for p in plan:
-            key = (p.kernel.nodes, p.kernel.outputs)
+            key = (p.kernel.template, p.kernel.nodes, p.kernel.outputs)
             if key not in index:
                 index[key] = len(self.kernels)
                 self.kernels.append(p.kernel)

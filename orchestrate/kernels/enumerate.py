@@ -16,6 +16,9 @@ runs alone, a row of 2**31 elements say, is an UnsupportedError naming it).
 Pattern rules (attention) then propose the sets enumeration never builds;
 they are judged by the same rule table, and each refusal is kept with its
 reason (``declined``) for ``orchestrate explain --rejected``.
+
+A set can be run by a generated kernel and by a library call
+(``rules.match_all``): both are candidates, and the linear program chooses.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 from orchestrate.errors import UnsupportedError
 from orchestrate.ir import Graph, Node
 from orchestrate.kernels.region import ANCHORS, ROW_REDUCTIONS, reduce_axes
-from orchestrate.kernels.rules import match, pattern_rules
+from orchestrate.kernels.rules import match_all, pattern_rules
 from orchestrate.kernels.spec import KernelSpec, Rejection, Target
 
 
@@ -69,16 +72,16 @@ def enumerate_kernels(
     result = Enumeration([])
 
     def consider(s: frozenset[int]) -> None:
-        k = match(graph, (members[i] for i in sorted(s)), target)
+        k = match_all(graph, (members[i] for i in sorted(s)), target)
         if isinstance(k, Rejection):
             result.rejected += 1
         else:
-            result.kernels.append(k)
+            result.kernels += k
 
     level: dict[frozenset[int], _State] = {}
     for i in range(len(members)):  # singletons first: a plan always exists
         level[frozenset((i,))] = _State().add(nodes_by_index[i], row_keys[i], limits)
-        alone = match(graph, (members[i],), target)
+        alone = match_all(graph, (members[i],), target)
         if isinstance(alone, Rejection):
             n = nodes_by_index[i]
             raise UnsupportedError(
@@ -86,7 +89,7 @@ def enumerate_kernels(
                 f"{alone.reason}",
                 {n.op.value: 1},
             )
-        result.kernels.append(alone)
+        result.kernels += alone
     result.examined = len(members)
     for _ in range(2, limits.max_nodes + 1):
         grown: dict[frozenset[int], _State] = {}
@@ -113,13 +116,17 @@ def enumerate_kernels(
         if result.truncated or not grown:
             break
         level = grown
-    for rule in pattern_rules():
+    judged: set[frozenset[str]] = set()  # two pattern rules may propose one set
+    for rule in pattern_rules(target):
         for proposed in rule.propose(graph, members):
-            k = match(graph, proposed, target)
+            if frozenset(proposed) in judged:
+                continue
+            judged.add(frozenset(proposed))
+            k = match_all(graph, proposed, target)
             if isinstance(k, Rejection):
                 result.declined.append((rule.name, max(proposed, key=index.get), k.reason))
             else:
-                result.kernels.append(k)
+                result.kernels += k
     return result
 
 

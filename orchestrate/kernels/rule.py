@@ -1,7 +1,8 @@
 """What a rule is, and the last step every rule takes: pick a configuration that fits.
 
 A :class:`Rule` is data: a name, a one-line summary, which sets it judges,
-and ``match(graph, region, target) -> KernelSpec | Rejection``.  A rule that
+and ``match(graph, region, target) -> KernelSpec | Rejection``, and its
+``backend``: generated Triton, or a library call (``kernels/library.py``).  A rule that
 recognises a pattern enumeration never builds (two matmuls around a softmax)
 also ``propose``s node sets; the planner judges those through the same table.
 Rule sets are flat lists exported by each template module and concatenated
@@ -37,6 +38,7 @@ class Rule:
     judges: Callable[[Region], bool]  # is this set this rule's to judge?
     match: Match
     propose: Propose | None = None  # sets beyond enumeration (pattern rules)
+    backend: str = "triton"  # who runs the kernel: generated Triton, or a library call
 
 
 def accept(

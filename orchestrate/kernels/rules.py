@@ -7,6 +7,13 @@ judges sets of its kind, and returns that rule's ``KernelSpec`` or
 ``Rejection``.  It is a pure function of its arguments; every "no" carries
 the reason ``orchestrate explain --rejected`` prints.
 
+Library calls (``kernels/library.py``) judge the same matmul, conv and
+attention sets as the generated templates: ``match_all`` returns every spec
+the target's ``gemm_backends`` allow (Triton's first), so the linear program
+can choose between them; ``match`` the first backend's answer, so callers
+that want one kernel (the baselines, ``explain --rejected``) keep Triton's
+unless only the library may run the set.
+
 ``orchestrate rules`` lists the table.
 """
 
@@ -15,16 +22,51 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from orchestrate.ir import Graph
-from orchestrate.kernels import anchored, attention, pointwise, row_reduce
+from orchestrate.kernels import anchored, attention, library, pointwise, row_reduce
 from orchestrate.kernels.region import Region, region
 from orchestrate.kernels.rule import Rule
-from orchestrate.kernels.spec import KernelSpec, Rejection, Target
+from orchestrate.kernels.spec import ATTENTION, CONV, MATMUL, KernelSpec, Rejection, Target
 
-RULES: list[Rule] = pointwise.RULES + row_reduce.RULES + anchored.RULES + attention.RULES
+RULES: list[Rule] = (
+    pointwise.RULES + row_reduce.RULES + anchored.RULES + attention.RULES + library.RULES
+)
+GEMM_RULES = frozenset({MATMUL, CONV, ATTENTION})  # Triton rules --gemm-backends governs
+
+
+def allowed(rule: Rule, target: Target) -> bool:
+    """May ``rule``'s kernels run under the target's ``gemm_backends``?"""
+    if rule.backend != "triton" or rule.name in GEMM_RULES:
+        return rule.backend in target.gemm_backends
+    return True
 
 
 def match(graph: Graph, names: Iterable[str], target: Target) -> KernelSpec | Rejection:
-    """The kernel that runs the node set ``names``, or why there is none."""
+    """The kernel that runs the node set ``names``, or why there is none:
+    the first allowed backend's answer (Triton's, where it may run the set)."""
+    r = _region(graph, names)
+    if isinstance(r, Rejection):
+        return r
+    judging = _judging(r, target)
+    if not judging:
+        return _refusal(r, target)
+    return judging[0].match(graph, r, target)
+
+
+def match_all(graph: Graph, names: Iterable[str], target: Target) -> list[KernelSpec] | Rejection:
+    """Every kernel that may run the node set ``names`` (Triton's first, then
+    the library's), or why there is none (the first backend's reason)."""
+    r = _region(graph, names)
+    if isinstance(r, Rejection):
+        return r
+    judging = _judging(r, target)
+    if not judging:
+        return _refusal(r, target)
+    found = [rule.match(graph, r, target) for rule in judging]
+    specs = [k for k in found if isinstance(k, KernelSpec)]
+    return specs or found[0]
+
+
+def _region(graph: Graph, names: Iterable[str]) -> Region | Rejection:
     r = region(graph, names)
     if isinstance(r, Rejection):
         return r
@@ -32,9 +74,23 @@ def match(graph: Graph, names: Iterable[str], target: Target) -> KernelSpec | Re
     if empty is not None:  # no template emits a loop over nothing
         return Rejection(f"{empty.name} has no elements (shape {list(empty.shape)}); "
                          "empty tensors are not supported")  # fmt: skip
+    return r
+
+
+def _judging(r: Region, target: Target) -> list[Rule]:
+    """The allowed rules that judge ``r``: the first of each backend."""
+    out: list[Rule] = []
     for rule in RULES:
-        if rule.judges(r):
-            return rule.match(graph, r, target)
+        if rule.judges(r) and all(o.backend != rule.backend for o in out):
+            out.append(rule)
+    return [rule for rule in out if allowed(rule, target)]
+
+
+def _refusal(r: Region, target: Target) -> Rejection:
+    barred = next((rule for rule in RULES if rule.judges(r)), None)
+    if barred is not None:
+        return Rejection(f"--gemm-backends {','.join(target.gemm_backends)} leaves no kernel "
+                         f"for this set (the {barred.name} rule is {barred.backend})")  # fmt: skip
     return Rejection(_unjudged(r))
 
 
@@ -46,15 +102,18 @@ def _unjudged(r: Region) -> str:
     return "no rule runs this set"
 
 
-def pattern_rules() -> list[Rule]:
-    """The rules that propose sets enumeration never builds."""
-    return [rule for rule in RULES if rule.propose is not None]
+def pattern_rules(target: Target | None = None) -> list[Rule]:
+    """The rules that propose sets enumeration never builds (those ``target``
+    allows, when given)."""
+    return [rule for rule in RULES
+            if rule.propose is not None and (target is None or allowed(rule, target))]  # fmt: skip
 
 
 def listing() -> list[str]:
     """One line per rule, for ``orchestrate rules``."""
     width = max(len(rule.name) for rule in RULES)
     return [
-        f"{rule.name:<{width}}  {'pattern' if rule.propose else 'template':<8}  {rule.summary}"
+        f"{rule.name:<{width}}  {'pattern' if rule.propose else 'template':<8}  "
+        f"{rule.backend:<7}  {rule.summary}"
         for rule in RULES
     ]

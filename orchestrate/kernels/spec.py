@@ -39,7 +39,15 @@ MATMUL = "matmul"
 CONV = "conv"
 WINDOW = "window"
 ATTENTION = "attention"
-TEMPLATES = (VIEW, POINTWISE, ROW_REDUCE, MATMUL, CONV, WINDOW, ATTENTION)
+# library kernels: a call into torch (cuBLAS, cuDNN, SDPA) in place of generated Triton
+LIBRARY_MATMUL = "library_matmul"
+LIBRARY_CONV = "library_conv"
+LIBRARY_ATTENTION = "library_attention"
+LIBRARY = (LIBRARY_MATMUL, LIBRARY_CONV, LIBRARY_ATTENTION)
+TEMPLATES = (VIEW, POINTWISE, ROW_REDUCE, MATMUL, CONV, WINDOW, ATTENTION, *LIBRARY)
+# which kernels may run matmuls, convolutions and attention (--gemm-backends):
+# generated Triton, library calls, or both competing in the linear program
+GEMM_BACKENDS = ("triton", "library")
 
 
 class _NoTruth:
@@ -63,11 +71,14 @@ class Target:
     launch configurations that fit (``rank``: lower is better, ties go to the
     template's own order).  The planner ranks by the cost model's predicted
     time; loading a bundle ranks its recorded configuration first.  Without a
-    rank the first configuration that fits is taken."""
+    rank the first configuration that fits is taken.  ``gemm_backends``: who
+    may run matmul, conv and attention sets (``GEMM_BACKENDS``); Triton runs
+    every other set whatever it says."""
 
     device: Any  # orchestrate.devices.Device
     tf32: bool = False
     rank: Callable[[Graph, KernelSpec], float] | None = None
+    gemm_backends: tuple[str, ...] = GEMM_BACKENDS
 
 
 # -- launch configuration --------------------------------------------------------
@@ -234,7 +245,44 @@ class AttentionRoles:
         return self.m2
 
 
-Roles = Elementwise | Rows | Anchored | AttentionRoles
+@dataclass(frozen=True)
+class LibraryCall:
+    """A library kernel: one torch call on the anchor's operands, computing
+
+        out = alpha * anchor + beta * bias
+
+    (``torch.addmm`` / ``baddbmm``'s alpha and beta; a conv's bias is
+    ``torch.nn.functional.conv*``'s with beta 1).  ``epilogue`` holds the
+    scale and bias nodes the call absorbs, in graph order; ``bias`` is the
+    tensor added (None: beta is 0)."""
+
+    anchor: str
+    epilogue: tuple[str, ...] = ()
+    alpha: float = 1.0
+    beta: float = 0.0
+    bias: str | None = None
+
+
+@dataclass(frozen=True)
+class LibraryAttention:
+    """``scaled_dot_product_attention(q, k^T, v, attn_mask, scale)``: the
+    scores ``m1`` = q @ k (k as the graph holds it, [.., D, Lk]), scaled by
+    ``scale``, plus ``mask`` (an additive float tensor, or a boolean one
+    where False means -inf), softmax, @ v in ``m2``.  ``nodes``: the score
+    chain and the softmax, which the call computes."""
+
+    m1: str
+    m2: str
+    scale: float
+    mask: str | None = None
+    boolean_mask: bool = False
+
+    @property
+    def anchor(self) -> str:
+        return self.m2
+
+
+Roles = Elementwise | Rows | Anchored | AttentionRoles | LibraryCall | LibraryAttention
 
 
 # -- the spec -----------------------------------------------------------------------
@@ -286,7 +334,9 @@ def _rename(value, mapping: Mapping[str, str]):
         return tuple(_rename(v, mapping) for v in value)
     if isinstance(value, frozenset):
         return frozenset(_rename(v, mapping) for v in value)
-    if isinstance(value, (Elementwise, Rows, Anchored, AttentionRoles)):
+    if isinstance(
+        value, (Elementwise, Rows, Anchored, AttentionRoles, LibraryCall, LibraryAttention)
+    ):
         return replace(value, **{f.name: _rename(getattr(value, f.name), mapping)
                                  for f in fields(value)})  # fmt: skip
     return value  # numbers, enums, configs

@@ -1,0 +1,147 @@
+"""The cost of a library kernel (cuBLAS, cuDNN, SDPA through torch).
+
+    time = max(memory, compute, latency) + launches x LAUNCH_US
+
+The library picks its own tiles, so none of the generated templates' terms
+that read a launch configuration apply; the figures are in
+``cost/figures.py``, every one a prediction.
+
+**memory** = bytes / the achievable bandwidth: the operands and the bias read
+once and the output written once (the library's tiles keep re-reads in L2),
+plus what torch adds around the call:
+
+* ``conv*`` and ``scaled_dot_product_attention`` return a new tensor, which
+  the launcher copies into the plan's buffer: the output read and written
+  again, one more kernel;
+* ``conv*`` with a bias adds it in a kernel of its own after cuDNN's: the
+  output read and written again, one more kernel;
+* ``addmm`` / ``baddbmm`` with a bias that is not one row per output column
+  of a 2-D product (cuBLASLt's bias epilogue) first copy the bias into the
+  output: the output written and read again, one more kernel.
+
+**compute** = dot flops / (peak x the library's efficiency) x tile
+quantisation + other flops / the CUDA-core peak.  The peak is the dense
+tensor-core rate for fp16 and bf16 and the CUDA-core rate for fp32 (library
+kernels run IEEE fp32, see ``emit/library.py``); efficiency is
+``LIBRARY_GEMM_EFFICIENCY`` (matmul), ``LIBRARY_CONV_EFFICIENCY`` or
+``LIBRARY_ATTENTION_EFFICIENCY``.  Blocks are ``LIBRARY_TILE`` squares of the
+GEMM's output (per batch entry, per group) or 128 query rows per batch
+entry (FlashAttention-2's), spread in whole waves over the SMs.
+
+**latency** = ``LIBRARY_LATENCY_US``: the least time one library kernel takes.
+
+**launch** = ``LAUNCH_US`` per kernel the call launches (CUDA-graph replay:
+the runner captures library calls with the rest; the host's per-call cost,
+``LIBRARY_HOST_US``, is paid at capture only and not charged).
+"""
+
+from __future__ import annotations
+
+import math
+
+from orchestrate.cost.figures import (
+    ACHIEVABLE_BANDWIDTH,
+    LAUNCH_US,
+    LIBRARY_ATTENTION_EFFICIENCY,
+    LIBRARY_CONV_EFFICIENCY,
+    LIBRARY_GEMM_EFFICIENCY,
+    LIBRARY_LATENCY_US,
+    LIBRARY_TILE,
+    SFU_FLOPS,
+)
+from orchestrate.devices import Device
+from orchestrate.ir import Graph
+from orchestrate.kernels.spec import (
+    LIBRARY_ATTENTION,
+    LIBRARY_CONV,
+    KernelSpec,
+    LibraryAttention,
+    LibraryCall,
+)
+
+HALF = ("float16", "bfloat16")
+FLASH_ROWS = 128  # query rows per FlashAttention-2 block
+
+
+def library_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
+    """(dot flops, other flops): the product's multiply-adds, and the
+    epilogue's or softmax's work on CUDA cores."""
+    r = spec.roles
+    if isinstance(r, LibraryAttention):
+        m1, m2 = graph.producer[r.m1], graph.producer[r.m2]
+        d = graph.types[m1.inputs[0]].shape[-1]
+        scores = m1.type.size
+        dots = 2 * scores * d + 2 * scores * m2.shape[-1]
+        # scale, mask, max, subtract, exp, sum per score; one division per output
+        return dots, scores * (SFU_FLOPS + 5) + m2.type.size
+    assert isinstance(r, LibraryCall)
+    anchor = graph.producer[r.anchor]
+    if spec.template == LIBRARY_CONV:
+        dots = 2 * anchor.type.size * math.prod(graph.types[anchor.inputs[1]].shape[1:])
+    else:
+        dots = 2 * anchor.type.size * graph.types[anchor.inputs[0]].shape[-1]
+    return dots, anchor.type.size * len(r.epilogue)
+
+
+def library_terms(graph: Graph, spec: KernelSpec, device: Device, read: int,
+                  written: int) -> tuple[int, int, float, float, float, float, int]:  # fmt: skip
+    """(bytes, flops, memory µs, compute µs, launch µs, latency µs, blocks)
+    of a library spec that reads ``read`` bytes and writes ``written``
+    (counted by ``roofline.cost`` as for any kernel): ``roofline.Cost``'s
+    fields."""
+    out = graph.types[spec.outputs[0]].nbytes
+    extra, launches = _around(graph, spec, out)
+    nbytes = read + written + extra
+    memory_us = nbytes / (device.bandwidth_gbs * 1e3 * ACHIEVABLE_BANDWIDTH)
+    dots, other = library_flops(graph, spec)
+    blocks = _blocks(graph, spec)
+    quantised = device.sms * math.ceil(blocks / device.sms) / blocks
+    compute_us = dots / (_rate(graph, spec, device) * 1e6) * quantised
+    compute_us += other / (device.fp32_tflops * 1e6)
+    return (nbytes, dots + other, memory_us, compute_us, LAUNCH_US * launches,
+            LIBRARY_LATENCY_US, blocks)  # fmt: skip
+
+
+def _around(graph: Graph, spec: KernelSpec, out: int) -> tuple[int, int]:
+    """(bytes, kernels) of the call with what torch adds around it."""
+    r = spec.roles
+    if spec.template == LIBRARY_ATTENTION:
+        return 2 * out, 2  # SDPA, then the copy into the plan's buffer
+    assert isinstance(r, LibraryCall)
+    if spec.template == LIBRARY_CONV:
+        return (4 * out, 3) if r.bias else (2 * out, 2)  # conv, bias add, copy
+    if r.bias is None:
+        return 0, 1
+    anchor = graph.producer[r.anchor]
+    lt_epilogue = (graph.types[anchor.inputs[1]].rank == 2 and r.beta == 1.0
+                   and graph.types[r.bias].size == anchor.shape[-1])  # fmt: skip
+    return (0, 1) if lt_epilogue else (2 * out, 2)
+
+
+def _blocks(graph: Graph, spec: KernelSpec) -> int:
+    r = spec.roles
+    if isinstance(r, LibraryAttention):
+        *batch, lq, _ = graph.producer[r.m1].shape
+        return max(1, math.ceil(lq / FLASH_ROWS) * math.prod(batch))
+    anchor = graph.producer[r.anchor]
+    if spec.template == LIBRARY_CONV:
+        nb, m, *spatial = anchor.shape
+        groups = anchor.attrs["group"]
+        rows, cols, batch = nb * math.prod(spatial), m // groups, groups
+    else:
+        *lead, rows, cols = anchor.shape
+        batch = math.prod(lead)
+    return max(1, math.ceil(rows / LIBRARY_TILE) * math.ceil(cols / LIBRARY_TILE) * batch)
+
+
+def _rate(graph: Graph, spec: KernelSpec, device: Device) -> float:
+    """TFLOPS the library's dots run at: the dense peak for the dtype, times
+    the library's efficiency."""
+    r = spec.roles
+    anchor = graph.producer[r.m1 if isinstance(r, LibraryAttention) else r.anchor]
+    peak = device.fp16_tflops if graph.types[anchor.inputs[0]].dtype in HALF else device.fp32_tflops
+    if spec.template == LIBRARY_ATTENTION:
+        return peak * LIBRARY_ATTENTION_EFFICIENCY
+    if spec.template == LIBRARY_CONV:
+        return peak * LIBRARY_CONV_EFFICIENCY
+    return peak * LIBRARY_GEMM_EFFICIENCY

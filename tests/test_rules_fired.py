@@ -1,0 +1,83 @@
+"""Which pattern rules fired, where, and what each was worth (plan.rules, explain)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import cli
+from orchestrate import pipeline
+from orchestrate.kernels import enumerate as enumeration
+from orchestrate.plan import Plan
+from orchestrate.planner import PlanOptions, plan
+
+DEMO = "examples/models/tiny_bert.onnx"
+OPTIONS = PlanOptions(device="h200", reproducible=True)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return pipeline.fission_file(DEMO)
+
+
+@pytest.fixture(scope="module")
+def planned(graph):
+    return plan(graph, OPTIONS).plan
+
+
+def _without(monkeypatch, rule_name: str):
+    """Planning with one pattern rule switched off."""
+    real = enumeration.pattern_rules
+    monkeypatch.setattr(
+        enumeration, "pattern_rules",
+        lambda *target: [r for r in real(*target) if r.name != rule_name],
+    )  # fmt: skip
+
+
+def test_attention_fired_on_every_layer_with_its_kernels(planned):
+    (use,) = [u for u in planned.rules if u.rule == "attention"]
+    kernels = {k.name: k for k in planned.kernels}
+    assert len(use.kernels) == 2  # tiny BERT's two layers
+    assert all(kernels[name].template == "attention" for name in use.kernels)
+    assert use.with_us < use.without_us
+
+
+def test_without_figure_is_the_plan_made_without_the_rule(graph, planned, monkeypatch):
+    """Switching the rule off costs exactly the difference the plan records."""
+    (use,) = [u for u in planned.rules if u.rule == "attention"]
+    _without(monkeypatch, "attention")
+    alone = plan(graph, OPTIONS).plan
+    assert not any(k.template == "attention" for k in alone.kernels)
+    assert "attention" not in {u.rule for u in alone.rules}
+    gained = use.without_us - use.with_us
+    assert alone.summary.predicted_us == pytest.approx(planned.summary.predicted_us + gained,
+                                                       abs=1e-3)  # fmt: skip
+
+
+def test_rules_survive_the_plan_file(planned):
+    again = Plan.from_json(json.loads(json.dumps(planned.to_json())))
+    assert again.rules == planned.rules
+
+
+def test_explain_names_the_rules_that_fired(tmp_path):
+    out = tmp_path / "plan.json"
+    r = CliRunner().invoke(cli.main, ["plan", DEMO, "-o", str(out), "--device", "h200"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli.main, ["explain", str(out)])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    start = lines.index(
+        "rules that fired (partitions where each fired: planned / without the rule):"
+    )  # fmt: skip
+    fired = [line.split()[0] for line in lines[start + 1 :] if line.startswith("  ")]
+    assert "attention" in fired
+    row = next(line for line in lines[start + 1 :] if line.split()[:1] == ["attention"])
+    assert "2 kernels" in row and "k0" in row
+
+
+def test_a_plan_where_no_rule_fires_lists_none(monkeypatch, graph):
+    for name in [r.name for r in enumeration.pattern_rules()]:
+        _without(monkeypatch, name)
+    assert plan(graph, OPTIONS).plan.rules == ()
