@@ -22,7 +22,9 @@ from orchestrate import api, precision
 from orchestrate.cost.measured import Measured, calibrate
 from orchestrate.cost.roofline import Prices, cost
 from orchestrate.devices import get_device
+from orchestrate.explain import summary_lines
 from orchestrate.kernels.spec import MATMUL, VIEW
+from orchestrate.plan import Plan
 from orchestrate.planner import PlanOptions, plan
 from orchestrate.tune import FakeTimer, TimerInfo, Tune, tuner
 from orchestrate.tune.cache import Cache, Key, Row
@@ -378,3 +380,25 @@ def test_kernels_compile_ahead_in_a_pool_for_the_gpu(tmp_path):
     errors = compile_ahead(jobs, 90, 2, lambda stage, i, n: seen.append((stage, i, n)))
     assert errors == [None] * 3
     assert seen[-1] == ("compile", 3, 3)
+
+
+def test_the_tuning_is_reported_next_to_the_plan_and_kept_in_its_file(tmp_path):
+    g = mlp()
+    p = tuned(g, FakeTimer(model_times(lambda s: 2.0)), tmp_path / "m.sqlite").plan
+    text = "\n".join(summary_lines(p))
+    assert f"{p.tuning.measured} timed, 0 from the cache" in text
+    assert "FAKE timer" in text and "matmul 2" in text
+    assert Plan.from_json(p.to_json()).tuning == p.tuning
+    untuned = plan(g, OPTIONS).plan
+    assert "tuning" not in untuned.to_json() and "tuning:" not in "\n".join(summary_lines(untuned))
+
+
+def test_the_dry_benchmark_writes_fake_records_only(tmp_path):
+    from examples.bench_gpu import fake_timer, write_records
+
+    g, db = mlp(), tmp_path / "fake.sqlite"
+    tuned(g, fake_timer(), db)
+    message = write_records(True, "CPU", tmp_path, db)
+    assert "FAKE" in message
+    lines = [json.loads(x) for x in (tmp_path / "records/fake.jsonl").read_text().splitlines()]
+    assert lines and all(x["fake"] is True and x["device"]["gpu"].startswith("fake") for x in lines)
