@@ -110,6 +110,21 @@ def summary_lines(result: Plan) -> list[str]:
             f"{label:<13}{row.kernels:>8}{_bytes(row.bytes):>12}"
             f"{_us(row.predicted_us):>14}{speed:>8.2f}x"
         )
+    return lines + rule_lines(result)
+
+
+def rule_lines(result: Plan, shown: int = 3) -> list[str]:
+    """The pattern rules that fired: their kernels, and the predicted time of
+    the partitions they fired in, as planned and without the rule."""
+    if not result.rules:
+        return []
+    lines = ["", "rules that fired (partitions where each fired: planned / without the rule):"]
+    width = max(len(u.rule) for u in result.rules)
+    for u in result.rules:
+        gain = u.without_us / u.with_us if u.with_us else 1.0
+        names = ", ".join(u.kernels[:shown]) + (", ..." if len(u.kernels) > shown else "")
+        lines.append(f"  {u.rule:<{width}}  {len(u.kernels):>3} kernels  {_us(u.with_us)} / "
+                     f"{_us(u.without_us)} us ({gain:.2f}x)  {names}")  # fmt: skip
     return lines
 
 

@@ -112,6 +112,18 @@ class Declined:
 
 
 @dataclass(frozen=True)
+class RuleUse:
+    """A pattern rule whose kernels the plan runs, and what it was worth: the
+    predicted time of the partitions where it fired, as planned and as
+    planned without the rule's candidates (``ilp/alternatives.py``)."""
+
+    rule: str
+    kernels: tuple[str, ...]  # the planned kernels it made
+    with_us: float
+    without_us: float
+
+
+@dataclass(frozen=True)
 class TensorInfo:
     name: str
     shape: tuple[int, ...]
@@ -185,6 +197,7 @@ class Plan:
     rejected: tuple[Unfused, ...]
     declined: tuple[Declined, ...]
     primitives: tuple[Primitive, ...]
+    rules: tuple[RuleUse, ...]  # pattern rules that fired
     tuning: Tuning | None = None  # optional in the file: only a tuned plan has it
 
     @property

@@ -16,7 +16,7 @@ import math
 import numbers
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from orchestrate import ir, precision
 from orchestrate.cost.roofline import Prices, Ranker
 from orchestrate.devices import DEVICES, get_device
 from orchestrate.errors import InputError
-from orchestrate.ilp import budget, program
+from orchestrate.ilp import alternatives, budget, program
 from orchestrate.ilp.baselines import Priced, greedy, unfused
 from orchestrate.ilp.checker import check_plan
 from orchestrate.ilp.neighbours import unfused_neighbours
@@ -39,6 +39,7 @@ from orchestrate.plan import (
     Plan,
     Planned,
     PlannedKernel,
+    RuleUse,
     Solver,
     Summary,
     Totals,
@@ -183,12 +184,15 @@ def plan(
     stats = program.Stats()
     fastest: dict[int, program.Solution] = {}
     solutions: dict[int, Chosen] = {}
+    fired: list[tuple[alternatives.Fired, int]] = []  # (rule fired, partitions it fired in)
     for i, (rep, copies) in enumerate(groups.items()):
         report("solve", i + 1, len(groups))
         prob = problems[rep.index]
         sol = prob.solve(prices, time_limit=options.time_limit, recompute=options.recompute)
         stats.add(sol)
         fastest[rep.index] = sol
+        fired += [(f, len(copies)) for f in alternatives.fired(
+            prob, sol, prices, time_limit=options.time_limit, recompute=options.recompute)]  # fmt: skip
         for p in copies:
             solutions[p.index] = transplant(rep, p, prob.chosen(sol))
     written = [(k.template, ws) for sol in solutions.values() for k, ws in sol]
@@ -210,8 +214,9 @@ def plan(
     )  # fmt: skip
     declined = tuple(Declined(*d) for p in problems.values() for d in p.found.declined)
     baselines = {"unfused": _totals(unfused_plan), "greedy": _totals(greedy_plan)}
+    uses = _rule_uses(fired, lambda k: k if tuned is None else tuned.apply(k))
     return assemble(graph, chosen, target, prices, options.record(), solver, baselines, declined,
-                    tuning=tuned.report if tuned is not None else None)  # fmt: skip
+                    uses, tuning=tuned.report if tuned is not None else None)  # fmt: skip
 
 
 def plan_sets(graph: ir.Graph, sets: Sequence[Sequence[str]], options: PlanOptions = PlanOptions(),
@@ -243,6 +248,7 @@ def plan_sets(graph: ir.Graph, sets: Sequence[Sequence[str]], options: PlanOptio
 def assemble(graph: ir.Graph, chosen: Sequence[tuple[KernelSpec, tuple[str, ...], int]],
              target: Target, prices: Prices, options: Options, solver: Solver,
              baselines: dict[str, Totals], declined: tuple[Declined, ...],
+             uses: Sequence[tuple[RuleUse, frozenset[str]]] = (),
              tuning: Tuning | None = None) -> Planned:  # fmt: skip
     """Name, price and check the chosen kernels; the plan around them."""
     kernels, raw_us = [], []
@@ -263,9 +269,26 @@ def assemble(graph: ir.Graph, chosen: Sequence[tuple[KernelSpec, tuple[str, ...]
     result = Plan(
         target.device.name, options, graph_info(graph), tuple(kernels), summary, baselines,
         solver, unfused_neighbours(graph, kernels, target, prices), declined,
-        tuple(primitive(n) for n in graph.nodes), tuning,
+        tuple(primitive(n) for n in graph.nodes),
+        tuple(replace(u, kernels=tuple(k.name for k in kernels if k.hash in hashes))
+              for u, hashes in uses),
+        tuning,
     )  # fmt: skip
     return Planned(result, tuple(spec for spec, _, _ in chosen))
+
+
+def _rule_uses(fired: Sequence[tuple[alternatives.Fired, int]],
+               final: Callable[[KernelSpec], KernelSpec]) -> list[tuple[RuleUse, frozenset[str]]]:  # fmt: skip
+    """Per rule: the predicted time of the partitions it fired in (each
+    distinct partition times its copies), with and without it, and the
+    hashes its kernels have in the plan (``final``: as tuning configured them)."""
+    out = []
+    for rule in sorted({f.rule for f, _ in fired}):
+        mine = [(f, n) for f, n in fired if f.rule == rule]
+        hashes = frozenset(final(k).hash for f, _ in mine for k in f.specs)
+        out.append((RuleUse(rule, (), _r(sum(f.with_us * n for f, n in mine)),
+                            _r(sum(f.without_us * n for f, n in mine))), hashes))  # fmt: skip
+    return out
 
 
 def _totals(priced: list[Priced]) -> Totals:

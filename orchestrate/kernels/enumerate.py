@@ -49,6 +49,7 @@ class Enumeration:
     pruned: int = 0  # growths cut by the monotone rules
     truncated: bool = False  # a budget stopped the search
     declined: list[tuple[str, str, str]] = field(default_factory=list)  # (rule, at, reason)
+    proposed: list[tuple[str, int]] = field(default_factory=list)  # (rule, index in kernels)
 
 
 def enumerate_kernels(
@@ -126,6 +127,7 @@ def enumerate_kernels(
             if isinstance(k, Rejection):
                 result.declined.append((rule.name, max(proposed, key=index.get), k.reason))
             else:
+                result.proposed += [(rule.name, len(result.kernels) + j) for j in range(len(k))]
                 result.kernels += k
     return result
 
