@@ -69,6 +69,12 @@ flight, fuller waves) and each block a chain 1/S as long.  What it costs:
 * blocks: one per ``BLOCK_M`` query rows per batch entry; loop steps: key
   blocks of ``BLOCK_N``.
 
+``merged_matmul`` (sibling matmuls of one activation, ``kernels/siblings.py``):
+one launch whose grid is every sibling's tiles, segment after segment (more
+blocks than any one of them: fuller waves, more bytes in flight); bytes: the
+activation read once, every weight and epilogue input, every output; flops
+and loop steps: each segment's, as a matmul with its epilogue.
+
 A ``view`` (reshapes only) costs nothing and launches nothing.
 
 Library kernels (``library_matmul``, ``library_conv``, ``library_attention``:
@@ -117,6 +123,7 @@ from orchestrate.kernels.spec import (
     CONV,
     LIBRARY,
     MATMUL,
+    MERGED_MATMUL,
     POINTWISE,
     ROW_REDUCE,
     VIEW,
@@ -126,6 +133,7 @@ from orchestrate.kernels.spec import (
     KernelSpec,
     Operand,
     Rows,
+    segment_specs,
     split_k,
     split_k_scratch,
 )
@@ -310,6 +318,9 @@ def split_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
         return attention_flops(graph, spec)
     if spec.template in LIBRARY:
         return library_flops(graph, spec)
+    if spec.template == MERGED_MATMUL:  # no prologue: each segment's dots and epilogue
+        parts = [_anchored_flops(graph, s) for s in segment_specs(graph, spec)]
+        return sum(p[0] for p in parts), sum(p[2] for p in parts)
     roles = spec.roles
     other = 0
     if isinstance(roles, Anchored):
@@ -408,6 +419,11 @@ def grid(graph: Graph, spec: KernelSpec) -> int:
         *batch, m, n = graph.producer[spec.anchor].shape
         tiles = math.ceil(m / c["BLOCK_M"]) * math.ceil(n / c["BLOCK_N"]) * math.prod(batch)
         return tiles * split_k(c)
+    if spec.template == MERGED_MATMUL:
+        *batch, m, _ = graph.producer[spec.anchor].shape
+        cols = sum(math.ceil(graph.producer[s.anchor].shape[-1] / c["BLOCK_N"])
+                   for s in spec.roles.segments)  # fmt: skip
+        return math.ceil(m / c["BLOCK_M"]) * cols * math.prod(batch)
     if spec.template == CONV:
         cv = graph.producer[spec.anchor]
         nb, m, *spatial = cv.shape
@@ -426,7 +442,7 @@ def loop_steps(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
     """(dependent loop steps per block, steps in flight at once)."""
     c = spec.config
     piped = max(1, c.num_stages - 1)
-    if spec.template == MATMUL:  # split-K: each program walks its share of the steps
+    if spec.template in (MATMUL, MERGED_MATMUL):  # split-K: each its share of K
         k = graph.types[graph.producer[spec.anchor].inputs[0]].shape[-1]
         return math.ceil(math.ceil(k / c["BLOCK_K"]) / split_k(c)), piped
     if spec.template == CONV:

@@ -17,7 +17,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from orchestrate.emit import attention, conv, library, matmul, pointwise, row_reduce, window
+from orchestrate.emit import (
+    attention,
+    conv,
+    library,
+    matmul,
+    pointwise,
+    row_reduce,
+    siblings,
+    window,
+)
 from orchestrate.emit.source import KernelSource, Launch, module, pointers
 from orchestrate.ir import Graph
 from orchestrate.kernels.spec import (
@@ -25,6 +34,7 @@ from orchestrate.kernels.spec import (
     CONV,
     LIBRARY,
     MATMUL,
+    MERGED_MATMUL,
     POINTWISE,
     ROW_REDUCE,
     VIEW,
@@ -37,6 +47,7 @@ GENERATORS = {
     POINTWISE: pointwise.pointwise,
     ROW_REDUCE: row_reduce.row_reduce,
     MATMUL: matmul.matmul,
+    MERGED_MATMUL: siblings.merged_matmul,
     CONV: conv.conv,
     WINDOW: window.window,
     ATTENTION: attention.attention,

@@ -65,18 +65,20 @@ def accumulator_dtype(dtype: str) -> str:
     return "float32" if dtype in ir.HALF else dtype
 
 
-def grouped_tile(body: Body, rows: int, cols: int, batch_too: bool = False) -> None:
-    """Emit the tutorial's grouped mapping of program id 0 to (pid_m, pid_n);
+def grouped_tile(body: Body, rows: int, cols: int, batch_too: bool = False,
+                 pid: str = "tl.program_id(0)") -> None:  # fmt: skip
+    """Emit the tutorial's grouped mapping of program id 0 (or ``pid``: a
+    merged matmul's program id within its segment) to (pid_m, pid_n);
     ``batch_too``: program id 0 also counts the batch (``pid_b``), for
     batches beyond what grid axis 1 holds."""
     body.comment("map the program id to a tile, GROUP_M rows of tiles at a time (L2 reuse)")
     if batch_too:
-        body.raw("pid = tl.program_id(0)")
+        body.raw(f"pid = {pid}")
         body.raw(f"tiles = tl.cdiv({rows}, BLOCK_M) * tl.cdiv({cols}, BLOCK_N)")
         body.raw("pid_b = pid // tiles  # the batch entry: grid axis 1 holds 65,535 at most")
         body.raw("pid = pid % tiles")
     else:
-        body.raw("pid = tl.program_id(0)")
+        body.raw(f"pid = {pid}")
     body.raw(f"num_pid_m = tl.cdiv({rows}, BLOCK_M)")
     body.raw(f"num_pid_n = tl.cdiv({cols}, BLOCK_N)")
     body.raw("num_pid_in_group = GROUP_M * num_pid_n")
@@ -128,6 +130,35 @@ def epilogue(graph: Graph, k: KernelSpec, body: Body, ptrs: Pointers, dims, ityp
 
 def matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
     mm = graph.producer[k.roles.anchor]
+    *batch, m, n = mm.shape
+    nbatch = math.prod(batch)
+    splits = split_k(k.config)
+    body = Body()
+    ptrs = pointers(graph, k, writes)
+    tile_program(graph, k, writes, name, body, ptrs)
+    doc = describe(graph, k, writes, ptrs) + traffic_note(m, n, k)
+    if splits > 1:
+        doc.append(f"  split-K: {splits} programs per tile; partials {ptrs.name(SPLIT_K_PARTIALS)}: "
+                   f"fp32[{splits}, {nbatch * m * n}] written and read back, arrivals counted "
+                   f"in {ptrs.name(SPLIT_K_COUNTERS)}: int32 per tile")  # fmt: skip
+    return KernelSource(
+        name=name,
+        doc=doc,
+        params=ptrs.params(),
+        config=k.config,
+        helpers=body.helpers,
+        body=body.code(),
+        grid=[_grid(m, n, nbatch, nbatch > MAX_GRID_AXIS1, splits)],
+    )
+
+
+def tile_program(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, body: Body,
+                 ptrs: Pointers, pid: str = "tl.program_id(0)") -> None:  # fmt: skip
+    """Emit into ``body`` what one program does for its tile of ``k``'s
+    matmul: map ``pid`` to the tile, walk K through the prologue, run the
+    epilogue and store ``writes``.  ``pid``: a merged matmul's program id
+    within the segment ``k`` is (``emit/siblings.py``)."""
+    mm = graph.producer[k.roles.anchor]
     a_name, b_name = mm.inputs
     a_t, b_t = graph.types[a_name], graph.types[b_name]
     dtype = a_t.dtype
@@ -139,15 +170,13 @@ def matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> K
     wide = any(graph.types[t].size >= WIDE for t in kernel_tensors) or splits * mm.type.size >= WIDE
     itype = "tl.int64" if wide else "tl.int32"
 
-    body = Body()
-    ptrs = pointers(graph, k, writes)
     inside = set(k.nodes)
     body.comment(
         f"C{list(mm.shape)} = A{list(a_t.shape)} @ B{list(b_t.shape)}"
         + (f", batch {list(batch)} on grid axis 1" if batch else "")
     )
     fold = nbatch > MAX_GRID_AXIS1
-    grouped_tile(body, m, n, batch_too=fold)
+    grouped_tile(body, m, n, batch_too=fold, pid=pid)
     wid = ".to(tl.int64)" if wide else ""
     if not fold:
         body.raw(f"pid_b = tl.program_id(1){wid}")
@@ -225,21 +254,6 @@ def matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> K
         store(last, graph, ptrs, t, "offs_c", results[t], "mask_c")
     if last is not body:
         body.lines += last.lines
-
-    doc = describe(graph, k, writes, ptrs) + traffic_note(m, n, k)
-    if splits > 1:
-        doc.append(f"  split-K: {splits} programs per tile; partials {ptrs.name(SPLIT_K_PARTIALS)}: "
-                   f"fp32[{splits}, {nbatch * m * n}] written and read back, arrivals counted "
-                   f"in {ptrs.name(SPLIT_K_COUNTERS)}: int32 per tile")  # fmt: skip
-    return KernelSource(
-        name=name,
-        doc=doc,
-        params=ptrs.params(),
-        config=k.config,
-        helpers=body.helpers,
-        body=body.code(),
-        grid=[_grid(m, n, nbatch, fold, splits)],
-    )
 
 
 def _grid(m: int, n: int, nbatch: int, fold: bool, splits: int) -> str:

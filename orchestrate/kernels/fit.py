@@ -29,6 +29,12 @@ fp32), ``S`` stages and ``W`` warps:
   is converted to the store layout through ``min(BLOCK_M, 128) x BLOCK_N``.
   Split-K adds no shared memory (its partial tiles go through the result
   tile's layout conversion) but registers: ``SPLIT_K_SPILL``.
+* merged matmul: each segment's as a matmul.  Where the K loop is
+  software-pipelined Triton allocates each segment's branch its own buffers,
+  though only one branch runs, so they add up (sm_90: 3 segments of 16 x 32
+  x 32 fp32 tiles, 4 stages, 55,296 B = 3 x 18,432); unpipelined, the
+  branches share the largest.  Registers are the largest branch's, so a
+  spill in any branch is one.
 * attention: the Q, K and probability tiles, a row of fp32 running state,
   and ``S - 1`` more copies of the K, V (and, with a K/V prologue, score
   side input) tiles when the key loop is pipelined.
@@ -52,6 +58,7 @@ from orchestrate.kernels.spec import (
     ATTENTION,
     CONV,
     MATMUL,
+    MERGED_MATMUL,
     ROW_REDUCE,
     Anchored,
     AttentionRoles,
@@ -60,6 +67,7 @@ from orchestrate.kernels.spec import (
     Rejection,
     Rows,
     inlined,
+    segment_specs,
     split_k,
 )
 
@@ -82,6 +90,8 @@ class WorkingSet:
 def working_set(graph: Graph, spec: KernelSpec) -> WorkingSet:
     if spec.template in (MATMUL, CONV):
         return _dot_tiles(graph, spec)
+    if spec.template == MERGED_MATMUL:
+        return _merged(graph, spec)
     if spec.template == ATTENTION:
         return _attention(graph, spec)
     if spec.template == ROW_REDUCE:
@@ -202,6 +212,17 @@ def _dot_tiles(graph: Graph, spec: KernelSpec) -> WorkingSet:
         spills = spills or (bm * bn + (bm + bn) * bk) / per_thread >= 128
         spills = spills or fix_up >= SPLIT_K_SPILL
     return WorkingSet(smem, spills)
+
+
+def _merged(graph: Graph, spec: KernelSpec) -> WorkingSet:
+    """Each segment's working set as a matmul: the pipelined ones add up, the
+    others share the largest buffer; a spill in any branch is a spill."""
+    c = spec.config
+    k = graph.types[graph.producer[spec.anchor].inputs[0]].shape[-1]
+    piped = c.num_stages >= 2 and math.ceil(k / c["BLOCK_K"]) > 1  # the same K for all
+    parts = [_dot_tiles(graph, s) for s in segment_specs(graph, spec)]
+    sizes = [p.shared_bytes for p in parts]
+    return WorkingSet(sum(sizes) if piped else max(sizes), any(p.spills for p in parts))
 
 
 def _attention(graph: Graph, spec: KernelSpec) -> WorkingSet:

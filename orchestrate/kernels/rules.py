@@ -22,15 +22,36 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from orchestrate.ir import Graph
-from orchestrate.kernels import anchored, attention, library, pointwise, row_reduce
+from orchestrate.kernels import (
+    anchored,
+    attention,
+    library,
+    pointwise,
+    row_reduce,
+    siblings,
+)
 from orchestrate.kernels.region import Region, region
 from orchestrate.kernels.rule import Rule
-from orchestrate.kernels.spec import ATTENTION, CONV, MATMUL, KernelSpec, Rejection, Target
+from orchestrate.kernels.spec import (
+    ATTENTION,
+    CONV,
+    MATMUL,
+    MERGED_MATMUL,
+    KernelSpec,
+    Rejection,
+    Target,
+)
 
 RULES: list[Rule] = (
-    pointwise.RULES + row_reduce.RULES + anchored.RULES + attention.RULES + library.RULES
+    pointwise.RULES
+    + row_reduce.RULES
+    + anchored.RULES
+    + siblings.RULES
+    + attention.RULES
+    + library.RULES
 )
-GEMM_RULES = frozenset({MATMUL, CONV, ATTENTION})  # Triton rules --gemm-backends governs
+# the Triton rules --gemm-backends governs
+GEMM_RULES = frozenset({MATMUL, MERGED_MATMUL, CONV, ATTENTION})
 
 
 def allowed(rule: Rule, target: Target) -> bool:

@@ -39,12 +39,14 @@ MATMUL = "matmul"
 CONV = "conv"
 WINDOW = "window"
 ATTENTION = "attention"
+MERGED_MATMUL = "merged_matmul"  # sibling matmuls reading one activation, one launch
 # library kernels: a call into torch (cuBLAS, cuDNN, SDPA) in place of generated Triton
 LIBRARY_MATMUL = "library_matmul"
 LIBRARY_CONV = "library_conv"
 LIBRARY_ATTENTION = "library_attention"
 LIBRARY = (LIBRARY_MATMUL, LIBRARY_CONV, LIBRARY_ATTENTION)
-TEMPLATES = (VIEW, POINTWISE, ROW_REDUCE, MATMUL, CONV, WINDOW, ATTENTION, *LIBRARY)
+TEMPLATES = (VIEW, POINTWISE, ROW_REDUCE, MATMUL, CONV, WINDOW, ATTENTION, MERGED_MATMUL,
+             *LIBRARY)  # fmt: skip
 # which kernels may run matmuls, convolutions and attention (--gemm-backends):
 # generated Triton, library calls, or both competing in the linear program
 GEMM_BACKENDS = ("triton", "library")
@@ -143,10 +145,20 @@ SCRATCH_DTYPES = {SPLIT_K_PARTIALS: "float32", SPLIT_K_COUNTERS: "int32"}
 def split_k_scratch(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
     """(workspace elements, counters) a split-K matmul needs: SPLIT_K x the
     output's elements, and one counter per output tile under the GPU's or the
-    interpreter's block sizes, whichever has more tiles.  (0, 0) otherwise."""
+    interpreter's block sizes, whichever has more tiles; a split-KV attention
+    SPLIT_K x (its output and two row values), and one counter per block of
+    query rows.  (0, 0) otherwise."""
     s = split_k(spec.config)
     if s == 1:
         return 0, 0
+    if spec.template == ATTENTION:  # split-KV: (output, running max, running sum) per row
+        *batch, lq, dv = graph.producer[spec.roles.m2].shape
+        b = 1
+        for d in batch:
+            b *= d
+        blocks = dict(spec.config.blocks)
+        bm = min(blocks["BLOCK_M"], dict(spec.config.interpret).get("BLOCK_M", blocks["BLOCK_M"]))
+        return s * b * lq * (dv + 2), b * -(-lq // bm)
     *batch, m, n = graph.producer[spec.anchor].shape
     b = 1
     for d in batch:
@@ -227,6 +239,34 @@ class Anchored:
 
 
 @dataclass(frozen=True)
+class Segment:
+    """One sibling of a merged matmul: its matmul ``anchor``, its constant
+    ``weight`` [K, N], the columns [start, stop) that weight occupies in the
+    siblings' weights concatenated along N, and its own ``epilogue``
+    (elementwise nodes on its result, graph order)."""
+
+    anchor: str
+    weight: str
+    start: int
+    stop: int
+    epilogue: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Siblings:
+    """A merged matmul (``kernels/siblings.py``): ``activation`` @ the
+    segments' weights concatenated along N, one launch, each segment's
+    column range through its own epilogue into its own tensors."""
+
+    activation: str
+    segments: tuple[Segment, ...]
+
+    @property
+    def anchor(self) -> str:
+        return self.segments[0].anchor
+
+
+@dataclass(frozen=True)
 class AttentionRoles:
     """A flash-attention kernel: ``softmax(chain(m1)) @ V``."""
 
@@ -282,7 +322,7 @@ class LibraryAttention:
         return self.m2
 
 
-Roles = Elementwise | Rows | Anchored | AttentionRoles | LibraryCall | LibraryAttention
+Roles = Elementwise | Rows | Anchored | Siblings | AttentionRoles | LibraryCall | LibraryAttention
 
 
 # -- the spec -----------------------------------------------------------------------
@@ -334,9 +374,8 @@ def _rename(value, mapping: Mapping[str, str]):
         return tuple(_rename(v, mapping) for v in value)
     if isinstance(value, frozenset):
         return frozenset(_rename(v, mapping) for v in value)
-    if isinstance(
-        value, (Elementwise, Rows, Anchored, AttentionRoles, LibraryCall, LibraryAttention)
-    ):
+    if isinstance(value, (Elementwise, Rows, Anchored, Siblings, Segment, AttentionRoles,
+                          LibraryCall, LibraryAttention)):  # fmt: skip
         return replace(value, **{f.name: _rename(getattr(value, f.name), mapping)
                                  for f in fields(value)})  # fmt: skip
     return value  # numbers, enums, configs
@@ -368,8 +407,32 @@ def structural_hash(graph: Graph, spec: KernelSpec) -> str:
     parts.append("opt" + ",".join(str(local[o]) for o in spec.optional))
     if spec.checks:  # (absent otherwise: the hashes of plans made before stay valid)
         parts.append("chk" + ",".join(str(local[o]) for o in spec.checks))
+    if isinstance(spec.roles, Siblings):  # which columns each sibling takes, and its epilogue
+        parts.append("seg" + ";".join(
+            f"n{local[g.anchor]}:x{ext[g.weight]}:{g.start}-{g.stop}:"
+            + ",".join(str(local[e]) for e in g.epilogue)
+            for g in spec.roles.segments))  # fmt: skip
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
 
 
 def with_hash(graph: Graph, spec: KernelSpec) -> KernelSpec:
     return replace(spec, hash=structural_hash(graph, spec))
+
+
+def segment_specs(graph: Graph, spec: KernelSpec) -> tuple[KernelSpec, ...]:
+    """A merged matmul's segments, each as the one-matmul spec the matmul
+    template reads (its anchor and epilogue, no prologue, the merged spec's
+    configuration): the fit model, the cost terms and the generator apply
+    per segment."""
+    roles = spec.roles
+    assert isinstance(roles, Siblings)
+    out = []
+    for g in roles.segments:
+        nodes = (g.anchor, *g.epilogue)
+        inputs = dict.fromkeys(i for n in nodes for i in graph.producer[n].inputs if i not in nodes)
+        out.append(KernelSpec(
+            MATMUL, nodes, tuple(inputs), tuple(t for t in spec.outputs if t in nodes),
+            tuple(t for t in spec.optional if t in nodes), graph.producer[g.anchor].shape,
+            Anchored(g.anchor, (), g.epilogue), spec.config,
+        ))  # fmt: skip
+    return tuple(out)
