@@ -82,9 +82,25 @@ def _attention(b, x):
     return o, b.sum(b.mul(o, 2.0), [0])
 
 
+def _siblings(b, x):
+    """Q/K/V-style projections of one activation, each with its bias (a
+    narrower V, as with grouped-query heads), and a gate/up pair of another:
+    what the merged-siblings rule merges."""
+    rng = np.random.default_rng(1)
+
+    def const(*shape):
+        return b.constant(rng.standard_normal(shape).astype("float32"))
+
+    q, k, v = (b.add(b.matmul(x, const(8, n)), const(n)) for n in (8, 8, 4))
+    h = b.mul(x, 0.5)
+    gate, up = b.matmul(h, const(8, 6)), b.matmul(h, const(8, 6))
+    return q, k, v, b.mul(b.mul(gate, b.sigmoid(gate)), up)
+
+
 def _small_graphs() -> dict[str, ir.Graph]:
     return {
         "attention": graphs.build(_attention, [(6, 8)]),
+        "siblings": graphs.build(_siblings, [(2, 6, 8)]),
         "layernorm": graphs.build(graphs.layernorm, [(4, 16), (16,), (16,)]),
         "mlp": graphs.build(graphs.mlp, [(4, 8), (8, 16), (16,), (16, 8)]),
         "exp2": graphs.build(graphs.exp_into_two_reductions, [(8, 8)]),
@@ -93,10 +109,11 @@ def _small_graphs() -> dict[str, ir.Graph]:
 
 def _sides(original: ir.Graph):
     """(original, the plan's graph as regenerate rebuilds it, its kernels)."""
-    plan = pipeline.plan_graph(original).plan
+    planned = pipeline.plan_graph(original)
+    plan = planned.plan
     consts = {k: original.constants[k] for k in plan.graph.constants}
     plan_graph = regenerate.primitive_graph(plan, consts, "test")
-    return original, plan_graph, kernels_of(plan, plan_graph)
+    return original, plan_graph, kernels_of(plan, plan_graph, planned.specs)
 
 
 @pytest.fixture(scope="module")
@@ -261,8 +278,88 @@ def _drop_kernel(g, ks, n):
     return g, ks[:i] + ks[i + 1 :]
 
 
+# Wrong splits of merged weights: a merged matmul's roles (its segments)
+# changed, the plan's graph left alone; each applies where ``n`` anchors a
+# segment of a merged matmul.
+
+
+def _segment(ks, n):
+    """(kernel index, kernel, segments as a list, segment index) of the merged
+    matmul whose segment ``n`` anchors, or None."""
+    for i, k in enumerate(ks):
+        for j, s in enumerate(k.merged.segments if k.merged is not None else ()):
+            if s.anchor == n.name:
+                return i, k, list(k.merged.segments), j
+    return None
+
+
+def _resegmented(ks, i, k, segments, **fields):
+    merged = replace(k.merged, segments=tuple(segments))
+    return ks[:i] + (replace(k, merged=merged, **fields),) + ks[i + 1 :]
+
+
+def _swap_ranges(g, ks, n):
+    """Segment n and the next take each other's columns."""
+    found = _segment(ks, n)
+    if found is None or found[3] + 1 == len(found[2]):
+        return None
+    i, k, segs, j = found
+    a, b = segs[j], segs[j + 1]
+    segs[j], segs[j + 1] = replace(a, start=b.start, stop=b.stop), replace(b, start=a.start,
+                                                                           stop=a.stop)  # fmt: skip
+    return g, _resegmented(ks, i, k, segs)
+
+
+def _shift_range(g, ks, n):
+    """Segment n's columns one to the right (one to the left for the last)."""
+    found = _segment(ks, n)
+    if found is None:
+        return None
+    i, k, segs, j = found
+    step = 1 if j + 1 < len(segs) else -1
+    segs[j] = replace(segs[j], start=segs[j].start + step, stop=segs[j].stop + step)
+    return g, _resegmented(ks, i, k, segs)
+
+
+def _reorder_segments(g, ks, n):
+    """Segment n and the next exchange places in the concatenation, each
+    keeping its recorded columns."""
+    found = _segment(ks, n)
+    if found is None or found[3] + 1 == len(found[2]):
+        return None
+    i, k, segs, j = found
+    segs[j], segs[j + 1] = segs[j + 1], segs[j]
+    return g, _resegmented(ks, i, k, segs)
+
+
+def _drop_sibling(g, ks, n):
+    """Segment n dropped from the merged matmul, with what it computes and writes."""
+    found = _segment(ks, n)
+    if found is None:
+        return None
+    i, k, segs, j = found
+    gone = {segs[j].anchor, *segs[j].epilogue}
+    del segs[j]
+    return g, _resegmented(ks, i, k, segs, nodes=tuple(x for x in k.nodes if x not in gone),
+                           outputs=tuple(x for x in k.outputs if x not in gone))  # fmt: skip
+
+
+def _wrong_bias_segment(g, ks, n):
+    """Segment n's epilogue (its bias add) run in the next segment."""
+    found = _segment(ks, n)
+    if found is None or not found[2][found[3]].epilogue:
+        return None
+    i, k, segs, j = found
+    other = (j + 1) % len(segs)
+    segs[other] = replace(segs[other], epilogue=segs[other].epilogue + segs[j].epilogue)
+    segs[j] = replace(segs[j], epilogue=())
+    return g, _resegmented(ks, i, k, segs)
+
+
 MUTATIONS = [_swap_op, _swap_operands, _drop_scale, _transpose_perm, _slice_offset,
-             _reduce_axis, _wrong_constant, _drop_exp, _other_tensor, _drop_kernel]  # fmt: skip
+             _reduce_axis, _wrong_constant, _drop_exp, _other_tensor, _drop_kernel,
+             _swap_ranges, _shift_range, _reorder_segments, _drop_sibling,
+             _wrong_bias_segment]  # fmt: skip
 
 
 def mutants(name, plan_graph, kernels, per_kind: int):

@@ -30,4 +30,4 @@ def verify_exact(out_dir: str | os.PathLike, model_path: str | os.PathLike,
     if mine != theirs or tuple(original.outputs) != tuple(plan_graph.outputs):
         raise InputError(f"{model_path} does not match the bundle {out_dir}: their inputs or "
                          "outputs differ (pass the shapes the bundle was built with)")  # fmt: skip
-    return check(original, plan_graph, kernels_of(made.plan, plan_graph), seed=seed)
+    return check(original, plan_graph, kernels_of(made.plan, plan_graph, made.specs), seed=seed)

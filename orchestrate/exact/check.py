@@ -8,6 +8,14 @@ and only what it writes is visible after it.  A kernel wired to the wrong
 tensor, work dropped or done twice, or a rewrite that changes the function
 gives a different value somewhere in the fragment (``fragment.py``).
 
+A merged matmul (``kernels/siblings.py``) is evaluated from its roles, not
+from the sibling matmuls it replaces: its activation times its segments'
+weights concatenated along N (in segment order), each segment's recorded
+columns [start, stop) as that sibling's result, then each segment's own
+epilogue, which sees only its own segment.  A wrong split of the merged
+weights (ranges swapped or shifted, a weight in the wrong segment, a sibling
+dropped, an epilogue on another sibling's columns) is a wrong value.
+
 Both are evaluated on the same random point in Z_p x Z_q (``field.py``):
 inputs, constants' images and the variables standing for nodes outside the
 fragment.  Compared: every graph output, every tensor a kernel writes and
@@ -38,6 +46,7 @@ from orchestrate import ir
 from orchestrate.exact import field as F
 from orchestrate.exact.evaluate import Trial, Value, evaluate
 from orchestrate.exact.fragment import Fragment, analyse
+from orchestrate.kernels.spec import Siblings
 
 TARGET = 1e-9
 MAX_TRIALS = 50
@@ -51,6 +60,7 @@ class Kernel:
     nodes: tuple[str, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    merged: Siblings | None = None  # a merged matmul's segments (its spec's roles)
 
 
 @dataclass(frozen=True)
@@ -93,11 +103,15 @@ class _Wrong(Exception):
         self.tensor, self.detail = tensor, detail
 
 
-def kernels_of(plan, graph: ir.Graph) -> tuple[Kernel, ...]:
-    """The kernels of an ``orchestrate.plan.Plan`` (nodes in graph order)."""
+def kernels_of(plan, graph: ir.Graph, specs=()) -> tuple[Kernel, ...]:
+    """The kernels of an ``orchestrate.plan.Plan`` (nodes in graph order),
+    with the merged matmuls' roles from their ``specs`` (the plan's, in order)."""
     pos = graph.position
+    roles = [s.roles for s in specs] or [None] * len(plan.kernels)
     return tuple(Kernel(k.name, tuple(sorted(k.primitives, key=lambda n: pos.get(n, -1))),
-                        tuple(k.inputs), tuple(k.outputs)) for k in plan.kernels)  # fmt: skip
+                        tuple(k.inputs), tuple(k.outputs),
+                        r if isinstance(r, Siblings) else None)
+                 for k, r in zip(plan.kernels, roles))  # fmt: skip
 
 
 def check(original: ir.Graph, plan_graph: ir.Graph, kernels: Sequence[Kernel], *,
@@ -179,16 +193,10 @@ def _run_plan(graph: ir.Graph, kernels: Sequence[Kernel], frag: Fragment,
     seen: dict[str, Value] = {}
     for k in kernels:
         local: dict[str, Value] = {}
-        for name in k.nodes:
-            n = graph.producer.get(name)
-            if n is None:
-                raise _Wrong(name, f"kernel {k.name} runs {name!r}, which the plan's graph lacks")
-            args = [_read(graph, k, t, local, written, trial) for t in n.inputs]
-            try:
-                local[name] = (trial.variable(name, n.shape) if name in frag.outside
-                               else evaluate(n, args, graph, trial))  # fmt: skip
-            except (ValueError, IndexError, KeyError, TypeError) as e:
-                raise _Wrong(name, f"kernel {k.name} cannot compute it ({e})") from None
+        if k.merged is not None:
+            local = _run_merged(graph, k, frag, written, trial)
+        for name in k.nodes if k.merged is None else ():
+            local[name] = _node(graph, k, name, local, written, frag, trial)
         for o in k.outputs:
             if o not in local:
                 raise _Wrong(o, f"kernel {k.name} writes {o!r} but does not compute it")
@@ -200,6 +208,60 @@ def _run_plan(graph: ir.Graph, kernels: Sequence[Kernel], frag: Fragment,
         if o not in written:
             raise _Wrong(o, "no kernel writes this output")
     return {**seen, **written}
+
+
+def _node(graph: ir.Graph, k: Kernel, name: str, local, written, frag: Fragment,
+          trial: Trial) -> Value:  # fmt: skip
+    n = graph.producer.get(name)
+    if n is None:
+        raise _Wrong(name, f"kernel {k.name} runs {name!r}, which the plan's graph lacks")
+    args = [_read(graph, k, t, local, written, trial) for t in n.inputs]
+    try:
+        return (trial.variable(name, n.shape) if name in frag.outside
+                else evaluate(n, args, graph, trial))  # fmt: skip
+    except (ValueError, IndexError, KeyError, TypeError) as e:
+        raise _Wrong(name, f"kernel {k.name} cannot compute it ({e})") from None
+
+
+def _run_merged(graph: ir.Graph, k: Kernel, frag: Fragment, written,
+                trial: Trial) -> dict[str, Value]:  # fmt: skip
+    """A merged matmul as its roles say: activation @ concat(weights), split
+    by the recorded columns, each segment's epilogue on its own columns."""
+    roles = k.merged
+    claimed = {n for g in roles.segments for n in (g.anchor, *g.epilogue)}
+    stray = next((n for n in k.nodes if n not in claimed), None)
+    if stray is not None:
+        raise _Wrong(stray, f"kernel {k.name} runs {stray!r} in none of its segments")
+    for g in roles.segments:  # the roles describe the plan's own matmuls
+        n = graph.producer.get(g.anchor)
+        if n is None or n.op is not ir.Op.MATMUL or n.inputs != (roles.activation, g.weight):
+            raise _Wrong(g.anchor, f"kernel {k.name}: segment {g.anchor!r} is not "
+                                   f"{roles.activation} @ {g.weight} in the plan's graph")  # fmt: skip
+    x = _read(graph, k, roles.activation, {}, written, trial)
+    weights = [_read(graph, k, g.weight, {}, written, trial) for g in roles.segments]
+    f = trial.field
+    try:
+        y = tuple(F.matmul(x[i], np.concatenate([w[i] for w in weights], axis=-1), m)
+                  for i, m in ((0, f.p), (1, f.q)))  # fmt: skip
+    except ValueError as e:
+        raise _Wrong(roles.anchor, f"kernel {k.name} cannot multiply its merged weights ({e})"
+                     ) from None  # fmt: skip
+    local: dict[str, Value] = {}
+    for g in roles.segments:
+        mine: dict[str, Value] = {
+            g.anchor: (y[0][..., g.start : g.stop], y[1][..., g.start : g.stop])
+        }
+        for name in g.epilogue:
+            n = graph.producer.get(name)
+            other = next(
+                (t for t in (n.inputs if n else ()) if t in claimed and t not in mine), None
+            )
+            if other is not None:
+                raise _Wrong(name, f"kernel {k.name} computes {name!r} in the segment of "
+                                   f"{g.anchor!r} from {other!r}, another segment's")  # fmt: skip
+            mine[name] = _node(graph, k, name, mine, written, frag, trial)
+        local.update(mine)
+    return local
 
 
 def _read(graph: ir.Graph, k: Kernel, t: str, local, written, trial: Trial) -> Value:
