@@ -75,6 +75,17 @@ blocks than any one of them: fuller waves, more bytes in flight); bytes: the
 activation read once, every weight and epilogue input, every output; flops
 and loop steps: each segment's, as a matmul with its epilogue.
 
+``norm_matmul`` (an RMSNorm / LayerNorm moved past the matmul it feeds,
+``kernels/norm_matmul.py``): a matmul whose A operand is the norm's input x,
+not the normalised n: bytes are x, gamma, beta, W and the epilogue inputs
+read once and the outputs written (n is never written, and no row-reduce
+kernel runs); grid, loop steps and dots are the matmul's (no split-K).  CUDA
+cores: per element of x, once per column of tiles, x's own prologue,
+``NORM_STAT_FLOPS`` for the running statistics and the multiply by gamma;
+the row nodes once per row per column of tiles; each shift's column vector
+@ W once per row of tiles; scaling and shifting the accumulator, then the
+epilogue, once per output element.
+
 A ``view`` (reshapes only) costs nothing and launches nothing.
 
 Library kernels (``library_matmul``, ``library_conv``, ``library_attention``:
@@ -124,6 +135,7 @@ from orchestrate.kernels.spec import (
     LIBRARY,
     MATMUL,
     MERGED_MATMUL,
+    NORM_MATMUL,
     POINTWISE,
     ROW_REDUCE,
     VIEW,
@@ -318,6 +330,8 @@ def split_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
         return attention_flops(graph, spec)
     if spec.template in LIBRARY:
         return library_flops(graph, spec)
+    if spec.template == NORM_MATMUL:
+        return norm_matmul_flops(graph, spec)
     if spec.template == MERGED_MATMUL:  # no prologue: each segment's dots and epilogue
         parts = [_anchored_flops(graph, s) for s in segment_specs(graph, spec)]
         return sum(p[0] for p in parts), sum(p[2] for p in parts)
@@ -343,6 +357,30 @@ def split_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
         else:
             other += space * _weight(node.op)
     return 0, other
+
+
+# the running row statistics per element of x: subtract the block mean,
+# square, and two row sums (the tensor cores do not help: CUDA cores)
+NORM_STAT_FLOPS = 4
+
+
+def norm_matmul_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
+    """(dot flops, other flops) of a norm moved past a matmul (see the module doc)."""
+    roles = spec.roles
+    mm = graph.producer[roles.anchor]
+    *batch, m, n = mm.shape
+    k = graph.types[roles.x].shape[-1]
+    rows = math.prod(mm.shape[:-1])
+    per_x = NORM_STAT_FLOPS + bool(roles.scale[2]) + sum(
+        _weight(graph.producer[t].op) for t in roles.feed
+        if graph.producer[t].op not in FREE_OPS)  # fmt: skip
+    per_row = sum(_weight(graph.producer[t].op) for t in roles.rows)
+    col_tiles = _reuse(spec, mm)
+    row_tiles = math.ceil(m / spec.config["BLOCK_M"]) * math.prod(batch)
+    other = (rows * k * per_x + rows * per_row) * col_tiles
+    other += len(roles.shifts) * 2 * k * n * row_tiles  # h_j @ W, once per row of tiles
+    other += (1 + len(roles.shifts)) * mm.type.size + _anchored_flops(graph, spec)[2]
+    return _anchor_flops(graph, mm), other
 
 
 _ANCHORED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -415,7 +453,7 @@ def grid(graph: Graph, spec: KernelSpec) -> int:
         rows = spec.roles
         assert isinstance(rows, Rows)
         return math.ceil(rows.rows / c["BLOCK_ROWS"])
-    if spec.template == MATMUL:
+    if spec.template in (MATMUL, NORM_MATMUL):
         *batch, m, n = graph.producer[spec.anchor].shape
         tiles = math.ceil(m / c["BLOCK_M"]) * math.ceil(n / c["BLOCK_N"]) * math.prod(batch)
         return tiles * split_k(c)
@@ -442,7 +480,7 @@ def loop_steps(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
     """(dependent loop steps per block, steps in flight at once)."""
     c = spec.config
     piped = max(1, c.num_stages - 1)
-    if spec.template in (MATMUL, MERGED_MATMUL):  # split-K: each its share of K
+    if spec.template in (MATMUL, MERGED_MATMUL, NORM_MATMUL):  # split-K: each its share of K
         k = graph.types[graph.producer[spec.anchor].inputs[0]].shape[-1]
         return math.ceil(math.ceil(k / c["BLOCK_K"]) / split_k(c)), piped
     if spec.template == CONV:

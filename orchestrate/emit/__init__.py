@@ -22,6 +22,7 @@ from orchestrate.emit import (
     conv,
     library,
     matmul,
+    norm_matmul,
     pointwise,
     row_reduce,
     siblings,
@@ -35,6 +36,7 @@ from orchestrate.kernels.spec import (
     LIBRARY,
     MATMUL,
     MERGED_MATMUL,
+    NORM_MATMUL,
     POINTWISE,
     ROW_REDUCE,
     VIEW,
@@ -51,6 +53,7 @@ GENERATORS = {
     CONV: conv.conv,
     WINDOW: window.window,
     ATTENTION: attention.attention,
+    NORM_MATMUL: norm_matmul.norm_matmul,
     **{template: library.library for template in LIBRARY},  # plain launchers calling torch
 }
 

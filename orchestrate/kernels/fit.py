@@ -59,6 +59,7 @@ from orchestrate.kernels.spec import (
     CONV,
     MATMUL,
     MERGED_MATMUL,
+    NORM_MATMUL,
     ROW_REDUCE,
     Anchored,
     AttentionRoles,
@@ -88,7 +89,7 @@ class WorkingSet:
 
 
 def working_set(graph: Graph, spec: KernelSpec) -> WorkingSet:
-    if spec.template in (MATMUL, CONV):
+    if spec.template in (MATMUL, NORM_MATMUL, CONV):  # a norm_matmul's roles are Anchored
         return _dot_tiles(graph, spec)
     if spec.template == MERGED_MATMUL:
         return _merged(graph, spec)

@@ -26,6 +26,7 @@ from orchestrate.kernels import (
     anchored,
     attention,
     library,
+    norm_matmul,
     pointwise,
     row_reduce,
     siblings,
@@ -37,6 +38,7 @@ from orchestrate.kernels.spec import (
     CONV,
     MATMUL,
     MERGED_MATMUL,
+    NORM_MATMUL,
     KernelSpec,
     Rejection,
     Target,
@@ -48,10 +50,11 @@ RULES: list[Rule] = (
     + anchored.RULES
     + siblings.RULES
     + attention.RULES
+    + norm_matmul.RULES
     + library.RULES
 )
 # the Triton rules --gemm-backends governs
-GEMM_RULES = frozenset({MATMUL, MERGED_MATMUL, CONV, ATTENTION})
+GEMM_RULES = frozenset({MATMUL, MERGED_MATMUL, NORM_MATMUL, CONV, ATTENTION})
 
 
 def allowed(rule: Rule, target: Target) -> bool:

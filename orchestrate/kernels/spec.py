@@ -39,6 +39,7 @@ MATMUL = "matmul"
 CONV = "conv"
 WINDOW = "window"
 ATTENTION = "attention"
+NORM_MATMUL = "norm_matmul"  # a norm moved past the matmul it feeds (kernels/norm_matmul.py)
 MERGED_MATMUL = "merged_matmul"  # sibling matmuls reading one activation, one launch
 # library kernels: a call into torch (cuBLAS, cuDNN, SDPA) in place of generated Triton
 LIBRARY_MATMUL = "library_matmul"
