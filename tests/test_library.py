@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from examples import EXAMPLES, gemm_backends
 from orchestrate import api, ir
 from orchestrate.cost import library as library_cost
 from orchestrate.cost.roofline import cost
@@ -354,3 +355,12 @@ def test_the_rule_table_lists_the_library_rules():
     rows = [line.split()[:3] for line in r.output.splitlines() if " library " in line]
     assert rows == [[LIBRARY_MATMUL, "template", "library"], [LIBRARY_CONV, "template", "library"],
                     [LIBRARY_ATTENTION, "pattern", "library"]]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_every_example_verifies_with_library_kernels_alone_and_triton_alone(tmp_path, name):
+    rows = gemm_backends.check(name, tmp_path)  # export once, optimize and verify per backend
+    assert all(r.ok for r in rows), gemm_backends.table(rows)
+    library, triton = rows
+    assert library.library > 0 and triton.library == 0

@@ -1,5 +1,5 @@
-"""The plan checker: every tensor written before it is read, outputs produced,
-no cycle between kernels.
+"""The plan checker: every tensor written before it is read and written
+once, outputs produced, no cycle between kernels.
 
 ``schedule`` orders chosen kernels (or reports the ones stuck in a cycle);
 ``check_plan`` validates a finished plan against its primitive graph and is
@@ -62,6 +62,9 @@ def check_plan(graph: Graph, kernels: Sequence[PlannedKernel]) -> None:
         bad = sorted(t for t in k.outputs if t not in prims)
         if bad:
             raise GraphError(f"kernel {name} writes {bad}, which it does not compute")
+        twice = sorted(t for t in k.outputs if t in ready)
+        if twice:
+            raise GraphError(f"kernel {name} writes {twice}, which an earlier kernel wrote")
         ready.update(k.outputs)
     lost = sorted(o for o in graph.outputs if o not in ready)
     if lost:

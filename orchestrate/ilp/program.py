@@ -15,6 +15,7 @@ Variables, for the candidates k of one partition:
       T[k] >= lat_k x[k]                                        (latency floor)
       w[k,t] <= x[k]
       sum_{j writes t} >= 1          for every tensor the partition must output
+      sum_{j writes t} <= 1          for every tensor (one buffer, one writer)
       sum_{j writes t} >= x[k]       for every tensor t that k reads and that is
                                      computed inside the partition
       m[t] >= (j writes t);  sum_t bytes_t m[t] <= budget     (--memory-budget)
@@ -145,6 +146,9 @@ def solve(
         if t not in writers:
             raise AssertionError(f"no candidate writes required tensor {t}")
         prob += pulp.lpSum(v for _, v in writers[t]) >= 1
+    for _, ws in sorted(writers.items()):  # each tensor has one buffer and one writer: two
+        if len(ws) > 1:  # kernels that both recompute a value may not both store it
+            prob += pulp.lpSum(v for _, v in ws) <= 1
     for k, kern in enumerate(kernels):
         for t in kern.inputs:
             if t in available:
