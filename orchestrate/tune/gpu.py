@@ -139,6 +139,8 @@ class GpuTimer:
 
         self.torch, self.device = torch, device
         self.interpret = device == "cpu"
+        if self.interpret and bench is None:
+            raise ValueError("GpuTimer(device='cpu') times nothing by itself: give it a bench")
         if not self.interpret and not torch.cuda.is_available():
             raise NoGPU("--tune: no CUDA GPU here (torch.cuda.is_available() is false); "
                         "tuning times kernels on a GPU")  # fmt: skip
@@ -196,10 +198,9 @@ class GpuTimer:
             launcher(*args, interpret=self.interpret)
 
         call()  # compiles (or loads from Triton's cache) and warms, outside the timing
-        if self.interpret:
-            return float(self.bench(call)) * 1e3 if self.bench else 0.0
-        self.torch.cuda.synchronize()
-        if self.bench is not None:
+        if not self.interpret:
+            self.torch.cuda.synchronize()
+        if self.bench is not None:  # milliseconds, as do_bench
             return float(self.bench(call)) * 1e3
         import triton.testing
 

@@ -32,8 +32,8 @@ from orchestrate.cost.measured import Measured, calibrate
 from orchestrate.cost.roofline import Ranker
 from orchestrate.errors import InputError
 from orchestrate.ir import Graph
-from orchestrate.kernels.rules import match
-from orchestrate.kernels.spec import VIEW, KernelSpec, Rejection, Target, with_hash
+from orchestrate.kernels.rules import match_all
+from orchestrate.kernels.spec import VIEW, KernelSpec, Target, with_hash
 from orchestrate.plan import Tuning
 from orchestrate.tune.cache import Cache, Key, Row
 from orchestrate.tune.records import describe, spec_dtype
@@ -71,7 +71,7 @@ class Tuned:
     def apply(self, spec: KernelSpec) -> KernelSpec:
         """``spec`` at its fastest measured configuration (unchanged if not measured)."""
         best = self.fastest.get(spec.hash)
-        if best is None or best.config == spec.config:
+        if best is None or best.config == spec.config or best.template != spec.template:
             return spec
         return replace(spec, config=best.config, hash=best.hash)
 
@@ -87,7 +87,8 @@ def alternatives(graph: Graph, spec: KernelSpec, target: Target, n: int
                  ) -> list[tuple[KernelSpec, float]]:  # fmt: skip
     """The ``n`` configurations of ``spec`` the cost model ranks first, as
     (hashed spec, predicted µs), best first: the rule table asked again for
-    the same node set, every fitting configuration it ranks recorded."""
+    the same node set, every fitting configuration of the spec's template
+    that its rule ranks recorded."""
     model = Ranker(target.device)
     seen: list[tuple[float, int, KernelSpec]] = []
 
@@ -96,12 +97,11 @@ def alternatives(graph: Graph, spec: KernelSpec, target: Target, n: int
         seen.append((us, len(seen), s))
         return us
 
-    again = match(graph, spec.nodes, replace(target, rank=record))
-    if isinstance(again, Rejection) or not seen:  # a rule that ranks nothing: its one spec
-        return [(spec, model(graph, spec))]
-    best = sorted(seen, key=lambda x: (x[0], x[1]))
-    found = [(with_hash(graph, s), us) for us, _, s in best if s.outputs == spec.outputs][:n]
-    return found or [(spec, model(graph, spec))]
+    match_all(graph, spec.nodes, replace(target, rank=record))  # every rule for the set
+    mine = [x for x in seen if x[2].template == spec.template and x[2].outputs == spec.outputs]
+    best = sorted(mine, key=lambda x: (x[0], x[1]))[:n]
+    # a rule that ranks nothing (a library call: no configurations): its one spec
+    return [(with_hash(graph, s), us) for us, _, s in best] or [(spec, model(graph, spec))]
 
 
 def tune(graph: Graph, candidates: Iterable[KernelSpec], target: Target, settings: Tune,
