@@ -97,8 +97,9 @@ gpu-wheels: install
 # the suite optimized at fp16 and bf16 (fp32 for three), tuned (optimize --tune),
 # verified and timed against every baseline on a GPU, within 9 minutes; writes
 # bench/results/<device>-<date>.json and .png, and the measurements as
-# bench/records/<device>.jsonl (orchestrate records export).  Without .venv (a GPU machine offline) it runs python3 from make gpu-wheels'
-# folder (pip install --no-index --target, no venv)
+# bench/records/<device>.jsonl (orchestrate records export).  Without .venv (a GPU
+# machine offline) it runs python3 from make gpu-wheels' folder (pip install
+# --no-index --target, no venv)
 bench-gpu:
 	@if [ ! -x $(PY) ] && ls wheels/orchestrate-*.whl >/dev/null 2>&1; then \
 		echo "$(PYTHON) -m examples.bench_gpu $(ARGS)"; $(PYTHON) -m examples.bench_gpu $(ARGS); \
@@ -106,7 +107,8 @@ bench-gpu:
 
 # the same script on this CPU: the tiny suite in the interpreter, every baseline a CPU
 # runs, the offline install from wheels/ proven, tuning with a fake timer (its records
-# marked fake); writes out/bench-dry/results.json, chart.png and records/fake.jsonl (under 10 minutes on 2 cores)
+# marked fake); writes out/bench-dry/results.json, chart.png and records/fake.jsonl
+# (under 10 minutes on 2 cores)
 bench-gpu-dry: gpu-wheels
 	$(PY) -m pip install -q 'matplotlib>=3.7'
 	$(PY) -m examples.bench_gpu --dry-run $(ARGS)
