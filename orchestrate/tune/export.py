@@ -31,9 +31,10 @@ def export(out: str | os.PathLike, device: str | None = None,
         raise InputError(f"{path}: the measurement cache is empty")
     if device is not None:
         want = device.lower()
-        chosen = [r for r in rows if want in (r.key.device.lower(), r.record["device"]["name"])]
+        row_of = {id(r): r.record.get("device", {}).get("name", "?") for r in rows}
+        chosen = [r for r in rows if want in (r.key.device.lower(), row_of[id(r)])]
         if not chosen:
-            have = sorted({f"{r.key.device} ({r.record['device']['name']})" for r in rows})
+            have = sorted({f"{r.key.device} ({row_of[id(r)]})" for r in rows})
             raise InputError(f"--device {device}: no measurements of it in {path} (it holds "
                              f"{', '.join(have)})")  # fmt: skip
         rows = chosen

@@ -115,7 +115,7 @@ def _input(graph: Graph, t: str) -> dict[str, Any]:
 def line(row: Row) -> dict[str, Any]:
     """The exported record of one cache row."""
     rec = dict(row.record)
-    device = {**rec.pop("device"), "gpu": row.key.device}
+    device = {**rec.pop("device", {}), "gpu": row.key.device}
     return {"schema": RECORDS_SCHEMA, "spec_hash": row.key.spec_hash, **rec, "device": device,
             "predicted_us": row.predicted_us, "measured_us": row.measured_us,
             "method": rec.get("method", ""), "fake": row.fake, "triton": row.key.triton,
