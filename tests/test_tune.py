@@ -13,6 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -402,3 +403,37 @@ def test_the_dry_benchmark_writes_fake_records_only(tmp_path):
     assert "FAKE" in message
     lines = [json.loads(x) for x in (tmp_path / "records/fake.jsonl").read_text().splitlines()]
     assert lines and all(x["fake"] is True and x["device"]["gpu"].startswith("fake") for x in lines)
+
+
+@pytest.mark.gpu
+def test_tune_on_the_gpu_measures_once_then_reads_the_cache(tmp_path, monkeypatch):
+    """The real timer: a matmul, bias and ReLU tuned on the GPU present and
+    verified; the second run times nothing; the records name this GPU."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    monkeypatch.setenv("ORCHESTRATE_CACHE_DIR", str(tmp_path / "cache"))
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 64), np.float32), "w")
+    b = numpy_helper.from_array(np.zeros(64, np.float32), "b")
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"]),
+         helper.make_node("Relu", ["a"], ["y"])], "m",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [16, 64])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [16, 64])], [w, b],
+    )  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    args = ["optimize", str(tmp_path / "m.onnx"), "--tune", "--trials", "1", "-o"]
+    first = CliRunner().invoke(cli.main, [*args, str(tmp_path / "a.orch")])
+    assert first.exit_code == 0, first.output
+    assert "tuning:" in first.output and " 0 from the cache" in first.output
+    second = CliRunner().invoke(cli.main, [*args, str(tmp_path / "b.orch")])
+    assert second.exit_code == 0, second.output
+    assert ": 0 timed," in second.output
+    out = tmp_path / "r.jsonl"
+    r = CliRunner().invoke(cli.main, ["records", "export", str(out)])
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert lines and all(x["fake"] is False and x["measured_us"] > 0 for x in lines)
+    assert {x["device"]["gpu"] for x in lines} == {torch.cuda.get_device_name(0)}
