@@ -14,11 +14,14 @@ import cli
 from tests.util import elem
 
 
-def _model() -> onnx.ModelProto:
-    """layernorm(x) @ w + b, then GELU: two kernels after fission and planning."""
+def _model(gamma_input: bool = False) -> onnx.ModelProto:
+    """layernorm(x) @ w + b, then GELU: one norm_matmul kernel after fission
+    and planning, or (``gamma_input``: the norm's scale is an input, which the
+    norm_matmul rule declines) a row-reduce and a matmul."""
     x = helper.make_tensor_value_info("x", elem("float32"), [8, 32])
-    inits = [
-        numpy_helper.from_array(np.ones(32, np.float32), "g"),
+    inputs = [x, helper.make_tensor_value_info("g", elem("float32"), [32])] if gamma_input else [x]
+    inits = [] if gamma_input else [numpy_helper.from_array(np.ones(32, np.float32), "g")]
+    inits += [
         numpy_helper.from_array(np.zeros(32, np.float32), "beta"),
         numpy_helper.from_array(np.eye(32, 48, dtype=np.float32), "w"),
         numpy_helper.from_array(np.full(48, 0.1, np.float32), "b"),
@@ -29,7 +32,8 @@ def _model() -> onnx.ModelProto:
         helper.make_node("Add", ["mm", "b"], ["h"]),
         helper.make_node("Gelu", ["h"], ["y"]),
     ]
-    g = helper.make_graph(nodes, "ln_mlp", [x], [onnx.ValueInfoProto(name="y")], initializer=inits)
+    g = helper.make_graph(nodes, "ln_mlp", inputs, [onnx.ValueInfoProto(name="y")],
+                          initializer=inits)  # fmt: skip
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
     return onnx.shape_inference.infer_shapes(m)
 
@@ -40,7 +44,7 @@ def invoke(*args):
 
 def test_plan_then_explain(tmp_path):
     src, plan = tmp_path / "m.onnx", tmp_path / "m.plan.json"
-    onnx.save(_model(), src)
+    onnx.save(_model(gamma_input=True), src)
     r = invoke("plan", src, "-o", plan, "--device", "a100", "--reproducible")
     assert r.exit_code == 0, r.output
     p = json.loads(plan.read_text())
@@ -63,9 +67,19 @@ def test_plan_then_explain(tmp_path):
     assert text.startswith("digraph") and len(re.findall(r"^\s*k\d+ \[", text, re.M)) == 2
 
 
-def test_memory_budget_too_small_is_a_clear_error(tmp_path):
+def test_plan_folds_the_norm_into_the_matmul(tmp_path):
     src, plan = tmp_path / "m.onnx", tmp_path / "m.plan.json"
     onnx.save(_model(), src)
+    assert invoke("plan", src, "-o", plan, "--device", "a100", "--reproducible").exit_code == 0
+    assert [k["template"] for k in json.loads(plan.read_text())["kernels"]] == ["norm_matmul"]
+    r = invoke("explain", plan)
+    assert r.exit_code == 0, r.output
+    assert re.search(r"^  norm_matmul .*k000_norm_matmul", r.output, re.M), r.output
+
+
+def test_memory_budget_too_small_is_a_clear_error(tmp_path):
+    src, plan = tmp_path / "m.onnx", tmp_path / "m.plan.json"
+    onnx.save(_model(gamma_input=True), src)  # two kernels: the norm's output is written
     r = invoke("plan", src, "-o", plan, "--memory-budget", "0", "--no-recompute")
     assert r.exit_code == 2 and "--memory-budget 0" in r.output and "Traceback" not in r.output
     assert not plan.exists()
@@ -109,4 +123,5 @@ def test_rules_lists_the_table():
     r = invoke("rules")
     assert r.exit_code == 0, r.output
     names = [line.split()[0] for line in r.output.splitlines() if " library " not in line]
-    assert names == ["view", "pointwise", "row_reduce", "matmul", "conv", "window", "attention"]
+    assert names == ["view", "pointwise", "row_reduce", "matmul", "conv", "window",
+                     "merged_matmul", "attention", "norm_matmul"]  # fmt: skip

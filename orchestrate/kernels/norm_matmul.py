@@ -420,21 +420,17 @@ def _norm_of(graph: Graph, n: str, allowed: set[str]) -> set[str] | None:
 
 
 def _with_epilogue(graph: Graph, mm, allowed: set[str]) -> set[str]:
-    """The elementwise chain after ``mm`` aligned with it, each node the only
-    reader of the one before."""
-    names: set[str] = set()
-    t = mm.name
-    outputs = set(graph.outputs)
-    while t not in outputs:
-        readers = graph.consumers.get(t, ())
-        if len(readers) != 1:
-            break
-        c = readers[0]
-        if c.name not in allowed or c.op not in ir.ELEMENTWISE or c.shape != mm.shape:
-            break
-        names.add(c.name)
-        t = c.name
-    return names
+    """The elementwise nodes after ``mm`` aligned with it (a bias, a GELU's
+    several nodes, a residual add) whose inputs are epilogue values or do not
+    depend on ``mm``."""
+    after = descendants_within(graph, mm.name, allowed)
+    names = {mm.name}
+    for t in sorted(after, key=graph.position.__getitem__):
+        c = graph.producer[t]
+        if c.op in ir.ELEMENTWISE and c.shape == mm.shape and all(
+                i in names or i not in after for i in c.inputs):  # fmt: skip
+            names.add(t)
+    return names - {mm.name}
 
 
 RULES = [
