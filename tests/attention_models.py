@@ -68,6 +68,7 @@ class Case:
     scale: str = "mul"  # or "div", "split"
     guard: bool = False
     batch: int = 1
+    q_seq: int = 0  # query rows, when not ``seq`` (decoding; masks "none" and "padding")
 
     @property
     def id(self) -> str:
@@ -80,6 +81,8 @@ class Case:
             parts.append("guard")
         if self.batch > 1:
             parts.append(f"b{self.batch}")
+        if self.q_seq:
+            parts.append(f"q{self.q_seq}")
         return "-".join(parts)
 
     @property
@@ -161,6 +164,7 @@ def _shape(n: _Nodes, x: str, shape) -> str:
 
 def model(case: Case) -> onnx.ModelProto:
     B, H, Hkv, L, D = case.batch, HEADS, case.kv_heads, case.seq, case.head_dim
+    Lq = case.q_seq or L
     groups = H // Hkv
     n = _Nodes(case.float_type)
     q, k, v = "q", "k", "v"
@@ -170,7 +174,7 @@ def model(case: Case) -> onnx.ModelProto:
                              n.const([B, Hkv, groups, L, D], np.int64)), (B, H, L, D))
                 for t in (k, v))  # fmt: skip
     if broadcast:
-        q = _shape(n, q, (B, Hkv, groups, L, D))
+        q = _shape(n, q, (B, Hkv, groups, Lq, D))
         k, v = (n("Unsqueeze", t, n.const([2], np.int64)) for t in (k, v))
     kt = n("Transpose", k, perm=[0, 1, 2, 4, 3] if broadcast else [0, 1, 3, 2])
     scale = 1 / math.sqrt(D)
@@ -191,16 +195,16 @@ def model(case: Case) -> onnx.ModelProto:
         p = n("Where", n("IsNaN", p), n.const(0.0), p)
     out = n("MatMul", p, v)
     if broadcast:
-        out = _shape(n, out, (B, H, L, D))
+        out = _shape(n, out, (B, H, Lq, D))
     n.nodes[-1].output[0] = "out"
     elem = ELEM[case.float_type]
-    inputs = [helper.make_tensor_value_info("q", elem, (B, H, L, D)),
+    inputs = [helper.make_tensor_value_info("q", elem, (B, H, Lq, D)),
               helper.make_tensor_value_info("k", elem, (B, Hkv, L, D)),
               helper.make_tensor_value_info("v", elem, (B, Hkv, L, D))]  # fmt: skip
     if case.mask.startswith("padding"):
         inputs.append(helper.make_tensor_value_info("mask", TensorProto.INT64, (B, L)))
     g = helper.make_graph(n.nodes, case.id, inputs,
-                          [helper.make_tensor_value_info("out", elem, (B, H, L, D))],
+                          [helper.make_tensor_value_info("out", elem, (B, H, Lq, D))],
                           initializer=n.inits)  # fmt: skip
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
     m.ir_version = 9
@@ -214,7 +218,11 @@ def inputs(case: Case, seed: int = 0) -> dict[str, np.ndarray]:
     hides its last quarter of keys, entry 1 (left padding) its first quarter."""
     rng = np.random.default_rng(seed)
     B, L, D = case.batch, case.seq, case.head_dim
-    shapes = {"q": (B, HEADS, L, D), "k": (B, case.kv_heads, L, D), "v": (B, case.kv_heads, L, D)}
+    shapes = {
+        "q": (B, HEADS, case.q_seq or L, D),
+        "k": (B, case.kv_heads, L, D),
+        "v": (B, case.kv_heads, L, D),
+    }
     out = {}
     for name, shape in shapes.items():
         x = rng.standard_normal(shape).astype(np.float32)

@@ -43,7 +43,8 @@ def small_blocks(monkeypatch):
     blocks)."""
     from orchestrate.kernels import config
 
-    config.attention.cache_clear()
+    space = config.attention
+    space.cache_clear()
     monkeypatch.setattr(config, "ATTENTION_INTERPRET_BLOCK", 16)
     yield
-    config.attention.cache_clear()
+    space.cache_clear()

@@ -67,7 +67,11 @@ flight, fuller waves) and each block a chain 1/S as long.  What it costs:
 * the matmuls run at the tensor-core rate in half precision and on CUDA
   cores in fp32 (the kernel runs fp32 dots in IEEE, also under ``--tf32``);
 * blocks: one per ``BLOCK_M`` query rows per batch entry; loop steps: key
-  blocks of ``BLOCK_N``.
+  blocks of ``BLOCK_N``;
+* split-KV (``SPLIT_K`` = S > 1): S times the blocks, each with 1/S of the
+  key blocks; bytes: the fp32 partial states, S x (Dv + 2) per query row,
+  written and read back; flops: the combine's S exps per row and its sums;
+  latency: ``FIXUP_LATENCIES`` after the last wave, as split-K's fix-up.
 
 ``merged_matmul`` (sibling matmuls of one activation, ``kernels/siblings.py``):
 one launch whose grid is every sibling's tiles, segment after segment (more
@@ -276,6 +280,9 @@ def attention_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
         else:  # a floor: one per row
             other += rows
     other += key_blocks * (rows * SFU_FLOPS + outputs)  # rescale by exp(m_old - m_new)
+    splits = split_k(spec.config)
+    if splits > 1:  # split-KV's combine: one exp per row and slot, the slots' sums added
+        other += splits * rows * SFU_FLOPS + split_k_scratch(graph, spec)[0]
     # prologue: Q's once, K's and V's once per block of query rows, side inputs per score
     query_blocks = math.ceil(lq / spec.config["BLOCK_M"])
     for n, operand in a.prologue:
@@ -472,7 +479,7 @@ def grid(graph: Graph, spec: KernelSpec) -> int:
         a = spec.roles
         assert isinstance(a, AttentionRoles)
         *batch, lq, _ = graph.producer[a.m1].shape
-        return math.ceil(lq / c["BLOCK_M"]) * math.prod(batch)
+        return math.ceil(lq / c["BLOCK_M"]) * math.prod(batch) * split_k(c)
     return 1
 
 
@@ -489,7 +496,8 @@ def loop_steps(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
     if spec.template == ATTENTION:
         a = spec.roles
         assert isinstance(a, AttentionRoles)
-        return math.ceil(graph.producer[a.m1].shape[-1] / c["BLOCK_N"]), piped
+        key_blocks = math.ceil(graph.producer[a.m1].shape[-1] / c["BLOCK_N"])
+        return math.ceil(key_blocks / split_k(c)), piped  # split-KV: each its share
     if spec.template == ROW_REDUCE:
         rows = spec.roles
         assert isinstance(rows, Rows)

@@ -29,9 +29,20 @@ guard ``WHERE(ISNAN(P), 0, P)`` of transformers' SDPA exports (a row whose
 running maximum ends at -inf stores 0).  NaN scores are not
 propagated the way numpy does (``tl.max`` may skip them).
 
+Split-KV (``SPLIT_K`` > 1 in the configuration, flash-decoding: few query
+rows, many keys, too few programs to fill the GPU): grid axis 2 gives each
+block of query rows SPLIT_K programs, program ``pid_k`` walking its share of
+the key blocks into its own running max, sum and output.  Each stores that
+state in its slot of the runner's fp32 workspace and counts its arrival with
+an acq_rel atomic (as split-K matmuls do, with the same scratch); the block's
+last program takes the maximum over the slots, adds each slot's sum and
+output rescaled by ``exp(m_s - m)`` in slot order (the same bits every run),
+resets the counter, then normalises and stores as above.
+
 Memory traffic: Q read once, K and V once per block of query rows (the
 re-reads hit L2), side inputs of the score chain once per score tile, O
-written once; the scores and probabilities never leave the chip.
+written once; the scores and probabilities never leave the chip.  Split-KV
+adds SPLIT_K x (Dv + 2) fp32 values per query row, written and read back.
 """
 
 from __future__ import annotations
@@ -50,7 +61,7 @@ from orchestrate.emit.codegen import (
 from orchestrate.emit.expr import Sym
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import HALF, Graph
-from orchestrate.kernels.spec import KernelSpec
+from orchestrate.kernels.spec import SPLIT_K_COUNTERS, SPLIT_K_PARTIALS, KernelSpec, split_k
 
 
 def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
@@ -111,8 +122,18 @@ def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
     body.raw("acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)")
 
     # -- the key loop ---------------------------------------------------------
-    body.comment(f"walk the {lk} keys in BLOCK_N steps")
-    body.raw(f"for start_n in range(0, {lk}, BLOCK_N):")
+    splits = split_k(k.config)
+    if splits > 1:
+        body.comment(f"split-KV: program pid_k of the row block's SPLIT_K walks its share of "
+                     f"the {lk} keys")  # fmt: skip
+        body.raw("pid_k = tl.program_id(2)")
+        body.raw(f"n_share = tl.cdiv(tl.cdiv({lk}, BLOCK_N), SPLIT_K) * BLOCK_N")
+        body.raw("n_lo = pid_k * n_share")
+        body.raw(f"n_hi = tl.minimum(n_lo + n_share, {lk})")
+        body.raw("for start_n in range(n_lo, n_hi, BLOCK_N):")
+    else:
+        body.comment(f"walk the {lk} keys in BLOCK_N steps")
+        body.raw(f"for start_n in range(0, {lk}, BLOCK_N):")
     loop = body.fork(body.indent + "    ")
     loop.raw("offs_n = start_n + tl.arange(0, BLOCK_N)")
     loop.raw(f"mask_n = offs_n < {lk}")
@@ -143,25 +164,40 @@ def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
     body.lines += loop.lines
 
     # -- normalise and store --------------------------------------------------
-    if a.sum_floor is not None:
-        body.raw(f"l_i = tl.maximum(l_i, {literal(a.sum_floor, 'float32')})")
-    body.comment("normalise (a row of only -inf gives 0 / 0 = NaN, as the reference) and store")
-    body.raw("l_i = tl.where(mask_m, l_i, 1.0)  # rows past the end: nothing to divide")
-    body.raw("out = acc / l_i[:, None]")
-    if a.nan_guard:
-        body.comment("the NaN guard WHERE(ISNAN(P), 0, P): a row of only -inf gives 0")
-        body.raw('out = tl.where((m_i == float("-inf"))[:, None], 0.0, out)')
-    body.raw("mask_o = mask_m[:, None] & mask_dv[None, :]")
     batch_off = f"pid_b * {lq * dv} + " if nbatch > 1 else ""
     row = f"offs_m[:, None] * {dv}" if dv > 1 else "offs_m[:, None]"
-    body.raw(f"offs_o = {batch_off}{row} + offs_dv[None, :]")
-    store(body, graph, ptrs, a.m2, "offs_o", "out", "mask_o")
+    offsets = ["mask_o = mask_m[:, None] & mask_dv[None, :]",
+               f"offs_o = {batch_off}{row} + offs_dv[None, :]"]  # fmt: skip
+    last = body
+    if splits > 1:  # the partial output's slot is at the output's offsets
+        for line in offsets:
+            body.raw(line)
+        last = _combine(body, ptrs, nbatch, lq, dv)
+    if a.sum_floor is not None:
+        last.raw(f"l_i = tl.maximum(l_i, {literal(a.sum_floor, 'float32')})")
+    last.comment("normalise (a row of only -inf gives 0 / 0 = NaN, as the reference) and store")
+    last.raw("l_i = tl.where(mask_m, l_i, 1.0)  # rows past the end: nothing to divide")
+    last.raw("out = acc / l_i[:, None]")
+    if a.nan_guard:
+        last.comment("the NaN guard WHERE(ISNAN(P), 0, P): a row of only -inf gives 0")
+        last.raw('out = tl.where((m_i == float("-inf"))[:, None], 0.0, out)')
+    if splits == 1:
+        for line in offsets:
+            last.raw(line)
+    store(last, graph, ptrs, a.m2, "offs_o", "out", "mask_o")
+    if last is not body:
+        body.lines += last.lines
 
     doc = describe(graph, k, writes, ptrs) + [
         "  traffic: Q read once, K and V once per block of query rows (from L2),",
         "  score side inputs once per score tile; the scores and probabilities",
         "  stay on chip.",
     ]
+    if splits > 1:
+        doc.append(f"  split-KV: {splits} programs per block of query rows; partial states "
+                   f"{ptrs.name(SPLIT_K_PARTIALS)}: fp32[{splits}, {nbatch * lq * (dv + 2)}] "
+                   f"written and read back, arrivals counted in "
+                   f"{ptrs.name(SPLIT_K_COUNTERS)}: int32 per block of rows")  # fmt: skip
     return KernelSource(
         name=name,
         doc=doc,
@@ -169,8 +205,65 @@ def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
         config=k.config,
         helpers=body.helpers,
         body=body.code(),
-        grid=[f"    grid = (triton.cdiv({lq}, BLOCK_M), {nbatch})"],
+        grid=[
+            f"    grid = (triton.cdiv({lq}, BLOCK_M), {nbatch}"
+            + (", SPLIT_K)" if splits > 1 else ")")
+        ],
     )
+
+
+def _combine(body: Body, ptrs, nbatch: int, lq: int, dv: int) -> Body:
+    """Split-KV: store this program's partial state (its running max ``m_i``
+    and sum ``l_i`` per row, its unnormalised output ``acc``) in its slot and
+    count its arrival; return the body of the branch the row block's last
+    program takes, where ``m_i``, ``l_i`` and ``acc`` are the state over all
+    the keys: the partials rescaled to the largest maximum and added in slot
+    order (the same bits whoever arrives last).  Slots: SPLIT_K outputs of
+    ``nbatch * lq * dv`` values, then SPLIT_K row maxima and SPLIT_K row sums
+    of ``nbatch * lq``."""
+    partials, counters = ptrs.get(SPLIT_K_PARTIALS), ptrs.get(SPLIT_K_COUNTERS)
+    rows, size = nbatch * lq, nbatch * lq * dv
+
+    def m_at(slot: str) -> str:
+        return f"{partials} + SPLIT_K * {size} + {slot} * {rows} + offs_r"
+
+    def l_at(slot: str) -> str:
+        return f"{partials} + SPLIT_K * {size + rows} + {slot} * {rows} + offs_r"
+
+    body.comment("split-KV: this program's partial state to its slot; the row block's last")
+    body.comment("program combines the SPLIT_K slots in order")
+    body.raw(f"offs_r = pid_b * {lq} + offs_m" if nbatch > 1 else "offs_r = offs_m")
+    body.raw(f"tl.store({partials} + pid_k * {size} + offs_o, acc, mask=mask_o)")
+    body.raw(f"tl.store({m_at('pid_k')}, m_i, mask=mask_m)")
+    body.raw(f"tl.store({l_at('pid_k')}, l_i, mask=mask_m)")
+    body.raw("tl.debug_barrier()  # every thread's partial stored before the arrival counts")
+    body.raw(f"counter = {counters} + pid_b * tl.cdiv({lq}, BLOCK_M) + pid_m")
+    body.raw('arrived = tl.atomic_add(counter, 1, sem="acq_rel")')
+    body.raw("if arrived == SPLIT_K - 1:")
+    last = body.fork(body.indent + "    ")
+    last.comment("the row maximum over all keys (a slot with no keys holds -inf or the floor)")
+    last.raw('m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)')
+    last.raw("for s in tl.static_range(SPLIT_K):")
+    last.raw(
+        f'    m_s = tl.load({m_at("s")}, mask=mask_m, other=float("-inf"), cache_modifier=".cg")'
+    )
+    last.raw("    m_i = tl.maximum(m_i, m_s)")
+    last.raw('m_use = tl.where(m_i == float("-inf"), 0.0, m_i)')
+    last.comment("each slot's sum and output rescaled to that maximum, added in slot order")
+    last.raw("l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)")
+    last.raw("acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)")
+    last.raw("for s in tl.static_range(SPLIT_K):")
+    last.raw(
+        f'    m_s = tl.load({m_at("s")}, mask=mask_m, other=float("-inf"), cache_modifier=".cg")'
+    )
+    last.raw("    alpha = tl.exp(m_s - m_use)")
+    last.raw(
+        f'    l_i += alpha * tl.load({l_at("s")}, mask=mask_m, other=0.0, cache_modifier=".cg")'
+    )
+    last.raw(f"    acc += alpha[:, None] * tl.load({partials} + s * {size} + offs_o, mask=mask_o,")
+    last.raw('                                    other=0.0, cache_modifier=".cg")')
+    last.raw("tl.atomic_xchg(counter, 0)  # zero for the next launch")
+    return last
 
 
 def _dot(a: str, b: str, dtype: str) -> str:

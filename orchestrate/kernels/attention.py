@@ -72,7 +72,7 @@ def attention(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection
     m1, m2 = graph.producer[a.m1], graph.producer[a.m2]
     *_, lq, lk = m1.shape
     d, dv = graph.types[m1.inputs[0]].shape[-1], m2.shape[-1]
-    configs = config.attention(lq, lk, d, dv)
+    configs = config.attention(lq, lk, d, dv, math.prod(m1.shape[:-2]), target.device.sms)
     return accept(graph, ATTENTION, r, m1.shape, a, (), configs, target)
 
 

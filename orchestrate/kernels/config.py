@@ -17,7 +17,13 @@ The spaces:
   the chain of dependent loads) with 2, 3 or 4 software-pipeline stages and
   4 warps (8 for tiles over 64 x 128); GROUP_M 8.
 * attention: query rows x keys per step from 128 x 128 down to 16 x 16,
-  4 or 8 warps, 3, 2 or 1 stages.
+  4 or 8 warps, 3, 2 or 1 stages; where the blocks of query rows underfill
+  the device (decoding: a few query rows, many keys), each also with
+  split-KV: SPLIT_K 2, 4 or 8 programs per block of rows, each walking its
+  share of the keys into an fp32 partial state (running max, sum and
+  output), which the block's last program combines (``emit/attention.py``);
+  the cost model prices the fuller device against the partials' bytes and
+  the combine's latency.
 * pointwise, row reduce, window: one configuration each (their time is
   bandwidth: the block size only needs enough bytes in flight).
 
@@ -247,10 +253,13 @@ def window(numel: int) -> list[LaunchConfig]:
 
 
 @_space
-def attention(lq: int, lk: int, d: int, dv: int) -> list[LaunchConfig]:
+def attention(lq: int, lk: int, d: int, dv: int, batch: int = 1,
+              sms: int = 0) -> list[LaunchConfig]:  # fmt: skip
     """Query tiles of BLOCK_M rows, key steps of BLOCK_N: the default 64 x 64
     first, down to 16 x 16 (large head dims need small tiles), then up to
-    128 x 128; each with 4 then 8 warps and 3, 2, then 1 stages."""
+    128 x 128; each with 4 then 8 warps and 3, 2, then 1 stages.  Then, on a
+    device of ``sms`` SMs (0: none), split-KV for ``batch`` entries whose
+    query tiles underfill it (``_split_kv``)."""
     heads = {"BLOCK_D": max(MIN_DOT, next_pow2(d)), "BLOCK_DV": max(MIN_DOT, next_pow2(dv))}
     fast = {"BLOCK_M": clamp_pow2(lq, MIN_DOT, ATTENTION_INTERPRET_BLOCK),
             "BLOCK_N": clamp_pow2(lk, MIN_DOT, ATTENTION_INTERPRET_BLOCK)}  # fmt: skip
@@ -267,6 +276,25 @@ def attention(lq: int, lk: int, d: int, dv: int) -> list[LaunchConfig]:
                 c = launch_config(gpu, fast, num_warps=warps, num_stages=stages)
                 if c not in out:
                     out.append(c)
+    return out + _split_kv(out, lq, lk, dv, batch, sms)
+
+
+def _split_kv(space: list[LaunchConfig], lq: int, lk: int, dv: int, batch: int,
+              sms: int) -> list[LaunchConfig]:  # fmt: skip
+    """Split-KV (flash-decoding): each configuration of ``space`` whose
+    blocks of query rows underfill ``sms`` SMs again, with SPLIT_K 2, 4 or 8
+    programs per block of rows, each walking its share of the key blocks,
+    while that share stays at least ``MIN_SPLIT_STEPS`` and the fp32
+    partial states keep int32 offsets."""
+    out = []
+    for c in space:
+        blocks = dict(c.blocks)
+        tiles = math.ceil(lq / blocks["BLOCK_M"]) * batch
+        steps = math.ceil(lk / blocks["BLOCK_N"])
+        for s in SPLIT_KS:
+            if tiles < sms and steps >= MIN_SPLIT_STEPS * s and s * batch * lq * (dv + 2) < 2**31:
+                out.append(LaunchConfig((*c.blocks, ("SPLIT_K", s)), c.num_warps,
+                                        c.num_stages, c.interpret, c.precision))  # fmt: skip
     return out
 
 

@@ -261,6 +261,11 @@ def _attention(graph: Graph, spec: KernelSpec) -> WorkingSet:
         # 16 x 64, 4 warps, 1 stage 524 B); below it none did, masked or not
         # (16 x 16 tiles of head dim 256 at 8 warps, 32 x 16 of 128 at 8: 0 B)
         spills = bm * bn * max(bd, bdv) / per_thread >= 512
+    # split-KV's combine holds the output tile beside the SPLIT_K partial
+    # tiles it loads (an unrolled loop), as split-K's fix-up does
+    splits = split_k(c)
+    if splits > 1:
+        spills = spills or (splits + 1) * bm * bdv / per_thread >= SPLIT_K_SPILL
     return WorkingSet(smem, spills)
 
 
