@@ -335,7 +335,7 @@ def _plan_options(options, keywords: dict) -> PlanOptions:
     if unknown:
         raise InputError(
             f"{unknown[0]}: no such argument of optimize (it takes model_path, out_dir, shapes, "
-            f"options, trials, rtol, atol, progress and the plan options "
+            f"options, trials, rtol, atol, progress, tune and the plan options "
             f"{', '.join(known)})"
         )
     return PlanOptions(**keywords)
