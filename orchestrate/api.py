@@ -65,7 +65,8 @@ class Bundle:
     @property
     def program(self) -> Program:
         if self._program is None:
-            check_runnable(self._made.graph, self.interpret)  # before the kernels are loaded
+            # before the kernels are loaded
+            check_runnable(self._made.graph, self.interpret, self._made.planned.specs)
             module = load_kernels(self._made.source, self.interpret)
             self._program = Program(self._made.planned, self._made.graph, module,
                                     interpret=self.interpret, indices=self._indices)  # fmt: skip
@@ -193,7 +194,7 @@ def optimize(
         if trials > 0:
             report_step("verify", 1, 1)
             loaded = load(staging.path)
-            refusal = interpreter_refusal(graph) if loaded.interpret else None
+            refusal = interpreter_refusal(graph, planned.specs) if loaded.interpret else None
             run = loaded.run if refusal is None else (lambda feeds: reference.run(graph, feeds))
             result = verify(model, graph, run, trials=trials, rtol=rtol, atol=atol,
                             session=session, source=str(model_path))  # fmt: skip

@@ -32,7 +32,7 @@ import os
 import sys
 import threading
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -47,9 +47,11 @@ from orchestrate.bounds import (
 )
 from orchestrate.errors import InputError, OrchestrateError
 from orchestrate.kernels.spec import (
+    LIBRARY,
     SCRATCH_DTYPES,
     SPLIT_K_COUNTERS,
     SPLIT_K_PARTIALS,
+    KernelSpec,
     split_k,
     split_k_scratch,
 )
@@ -67,13 +69,19 @@ def gpu_available() -> bool:
         return False
 
 
-def interpreter_refusal(graph: ir.Graph) -> str | None:
+def interpreter_refusal(graph: ir.Graph, specs: Sequence[KernelSpec] | None = None) -> str | None:
     """Why Triton's interpreter cannot run the kernels of ``graph`` (None: it
     can).  It stores bfloat16 as uint16 and converts it to and from fp32
     correctly, so elementwise and reduction kernels (which compute in fp32)
     run; but its ``tl.dot`` multiplies bfloat16 tiles as the integers of
-    their bit patterns, so a bf16 matmul or conv computes nonsense there."""
+    their bit patterns, so a bf16 matmul or conv computes nonsense there.
+    Given the plan's ``specs``, only generated kernels count: a library call
+    multiplies bf16 through torch, which the CPU runs."""
+    generated = None if specs is None else {
+        n for s in specs if s.template not in LIBRARY for n in s.nodes}  # fmt: skip
     for n in graph.nodes:
+        if generated is not None and n.name not in generated:
+            continue
         if n.op in (ir.Op.MATMUL, ir.Op.CONV) and graph.types[n.inputs[0]].dtype == "bfloat16":
             return (f"{n.op.value} {n.name!r} multiplies bfloat16 tiles, which Triton's "
                     "interpreter computes as integers (no bf16 tl.dot on a CPU); bf16 matmul "
@@ -81,9 +89,11 @@ def interpreter_refusal(graph: ir.Graph) -> str | None:
     return None
 
 
-def check_runnable(graph: ir.Graph, interpret: bool) -> None:
-    """OrchestrateError when ``graph``'s kernels cannot run where asked."""
-    if interpret and (why := interpreter_refusal(graph)) is not None:
+def check_runnable(graph: ir.Graph, interpret: bool,
+                   specs: Sequence[KernelSpec] | None = None) -> None:  # fmt: skip
+    """OrchestrateError when ``graph``'s kernels (``specs``, when given) cannot
+    run where asked."""
+    if interpret and (why := interpreter_refusal(graph, specs)) is not None:
         raise OrchestrateError(f"cannot run this plan without a GPU: {why}")
 
 
@@ -248,7 +258,7 @@ class Program:
         self.torch = torch
         plan = self.plan = planned.plan
         self.interpret = (not gpu_available()) if interpret is None else interpret
-        check_runnable(graph, self.interpret)
+        check_runnable(graph, self.interpret, planned.specs)
         self.device = "cpu" if self.interpret else "cuda"
         self.launches = kernels_module.KERNELS
         self.types = plan.types

@@ -31,6 +31,7 @@ from orchestrate.kernels.spec import (
     Target,
 )
 from orchestrate.planner import PlanOptionError, PlanOptions, plan
+from orchestrate.runtime import interpreter_refusal
 from tests import graphs
 from tests.emit_util import assert_matches_reference, plan_from_sets
 from tests.test_attention import attention_fn
@@ -364,3 +365,15 @@ def test_every_example_verifies_with_library_kernels_alone_and_triton_alone(tmp_
     assert all(r.ok for r in rows), gemm_backends.table(rows)
     library, triton = rows
     assert library.library > 0 and triton.library == 0
+
+
+def test_bf16_matmuls_run_in_the_interpreter_tier_when_torch_runs_them():
+    def fn(b, x, w, bias):
+        return b.add(b.matmul(x, w), bias)
+
+    g = graphs.build(fn, [(4, 16), (16, 8), (8,)], dtype="bfloat16")
+    triton = plan_from_sets(g, [_names(g)])
+    assert "bf16 matmul" in interpreter_refusal(g, triton.specs)  # Triton's tl.dot: GPU only
+    library = plan_from_sets(g, [_names(g)], options=LIB)
+    assert interpreter_refusal(g, library.specs) is None
+    assert_matches_reference(g, library, _inputs(g), rtol=2e-2, atol=2e-2)
