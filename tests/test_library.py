@@ -15,6 +15,7 @@ from orchestrate import api, ir
 from orchestrate.cost import library as library_cost
 from orchestrate.cost.roofline import cost
 from orchestrate.devices import get_device
+from orchestrate.kernels import library
 from orchestrate.kernels.rules import match, match_all
 from orchestrate.kernels.spec import (
     ATTENTION,
@@ -188,8 +189,6 @@ def test_a_bias_that_is_not_per_channel_is_declined():
 def _core(g: ir.Graph) -> list[str]:
     """The attention's nodes without its prologue (K's transpose, the GQA
     repeats): the set the library rule proposes."""
-    from orchestrate.kernels import library
-
     (core,) = library.propose(g, _names(g))
     return list(core)
 
@@ -213,6 +212,29 @@ def test_sdpa_with_scale_and_additive_mask():
     assert isinstance(lib.roles, LibraryAttention) and lib.roles.scale == 0.25
     src = assert_matches_reference(g, planned, inputs)
     assert "scaled_dot_product_attention(" in src and "scale=0.25" in src
+    assert lib.roles.causal and "attn_mask=None, is_causal=True" in src  # no mask tensor
+
+
+def test_a_constant_mask_that_is_not_causal_stays_a_mask_and_a_function_of_its_own():
+    causal = np.triu(np.full((5, 5), -np.inf, np.float32), 1)
+    window = causal.copy()
+    window[4, 0] = -np.inf  # a sliding window: one more key hidden
+
+    def fn(b, q, k, v):
+        out = []
+        for mask in (causal, window):
+            s = b.add(b.mul(b.matmul(q, k), 0.5), b.constant(mask))
+            out.append(b.matmul(graphs.softmax(b, s), v))
+        return tuple(out)
+
+    g = graphs.build(fn, [(1, 2, 5, 4), (1, 2, 4, 5), (1, 2, 5, 4)])
+    sets = [list(s) for s in library.propose(g, _names(g))]
+    assert len(sets) == 2
+    planned = plan_from_sets(g, sets, options=LIB)
+    assert [s.roles.causal for s in planned.specs] == [True, False]
+    assert planned.specs[0].hash != planned.specs[1].hash  # same structure, other launchers
+    src = assert_matches_reference(g, planned, _inputs(g))
+    assert "is_causal=True" in src and "mask = in2.to(q.dtype)" in src  # x0, x1, mask, x2
 
 
 def test_sdpa_with_a_boolean_mask():

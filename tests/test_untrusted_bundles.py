@@ -150,6 +150,7 @@ MANIFEST_EDITS = {
     "shapes of strings": (_json_edit(_set(["shapes"], {"x": ["3"]})), "field 'shapes' must be"),
     "older format": (_json_edit(_set(["format"], "orchestrate-bundle/2")), "older orchestrate"),
     "format 3": (_json_edit(_set(["format"], "orchestrate-bundle/3")), "without the list of bfloat16"),
+    "format 4": (_json_edit(_set(["format"], "orchestrate-bundle/4")), "without library kernels"),
     "bfloat16 missing": (_json_edit(lambda d: d.pop("bfloat16")), "lacks the field 'bfloat16'"),
     "bfloat16 a string": (_json_edit(_set(["bfloat16"], "w")), "field 'bfloat16' must be"),
     "bfloat16 unknown": (_json_edit(_set(["bfloat16"], ["nope"])), "lists 'nope' as bfloat16"),

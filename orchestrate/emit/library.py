@@ -177,7 +177,9 @@ def _attention(graph: Graph, spec: KernelSpec, at: dict[str, str]) -> list[str]:
             ref += f".reshape{_shape((*lead, *tail))}"
         lines.append(f"    {var} = {ref}")
     mask = "None"
-    if s.mask is not None:
+    if s.causal:  # a constant causal mask: SDPA's is_causal instead of a tensor
+        mask = "None, is_causal=True"
+    elif s.mask is not None:
         ref = at[s.mask]
         if flat:
             ref += f".expand{_shape((*batch, lq, lk))}.reshape{_shape((*lead, lq, lk))}"

@@ -18,7 +18,8 @@ what the library computes, so it accepts only sets the call covers whole:
                        ``analyse``) without a prologue, as
                        ``scaled_dot_product_attention``: the score chain may
                        scale the scores by constants and then add one mask
-                       (or mask with WHERE(cond, s, -inf)); casts are free.
+                       (or mask with WHERE(cond, s, -inf)); casts are free; a
+                       constant causal mask becomes ``is_causal``.
 
 Library kernels have no tiles to fit (the library picks its own); a dtype
 the library has no kernel for (integer GEMMs: cuBLAS has none torch calls)
@@ -31,6 +32,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+
+import numpy as np
 
 from orchestrate import ir
 from orchestrate.bounds import device_checked
@@ -208,7 +211,21 @@ def sdpa_roles(graph: Graph, r: Region, a: AttentionRoles) -> LibraryAttention |
         prev = n.name
     if mask is not None and mask in r.names:
         return Rejection(f"mask {mask} is computed in the kernel")
-    return LibraryAttention(m1.name, m2.name, scale, mask, boolean)
+    causal = mask is not None and _causal(graph, mask, boolean, m1.shape[-2:])
+    return LibraryAttention(m1.name, m2.name, scale, mask, boolean, causal)
+
+
+def _causal(graph: Graph, mask: str, boolean: bool, scores: tuple[int, ...]) -> bool:
+    """Is ``mask`` a constant hiding exactly the keys after each query (0 or
+    True on and below the diagonal, -inf or False above it)?"""
+    c = graph.constants.get(mask)
+    if c is None or c.ndim < 2 or tuple(c.shape[-2:]) != tuple(scores):
+        return False
+    above = np.triu(np.ones(scores, dtype=bool), 1)
+    rows = c.reshape(-1, *scores)
+    if boolean:
+        return bool((rows == ~above).all())
+    return bool((np.where(above, rows == -np.inf, rows == 0)).all())
 
 
 def propose(graph: Graph, nodes: Sequence[str]) -> list[tuple[str, ...]]:

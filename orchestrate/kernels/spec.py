@@ -309,14 +309,17 @@ class LibraryAttention:
     """``scaled_dot_product_attention(q, k^T, v, attn_mask, scale)``: the
     scores ``m1`` = q @ k (k as the graph holds it, [.., D, Lk]), scaled by
     ``scale``, plus ``mask`` (an additive float tensor, or a boolean one
-    where False means -inf), softmax, @ v in ``m2``.  ``nodes``: the score
-    chain and the softmax, which the call computes."""
+    where False means -inf), softmax, @ v in ``m2``.  ``causal``: the mask is
+    a constant that hides exactly the keys after each query (top-left
+    aligned), passed as SDPA's ``is_causal`` instead (its fastest kernels
+    take no mask tensor)."""
 
     m1: str
     m2: str
     scale: float
     mask: str | None = None
     boolean_mask: bool = False
+    causal: bool = False
 
     @property
     def anchor(self) -> str:
@@ -408,6 +411,8 @@ def structural_hash(graph: Graph, spec: KernelSpec) -> str:
     parts.append("opt" + ",".join(str(local[o]) for o in spec.optional))
     if spec.checks:  # (absent otherwise: the hashes of plans made before stay valid)
         parts.append("chk" + ",".join(str(local[o]) for o in spec.checks))
+    if isinstance(spec.roles, LibraryAttention) and spec.roles.causal:  # read from a constant
+        parts.append("causal")
     if isinstance(spec.roles, Siblings):  # which columns each sibling takes, and its epilogue
         parts.append("seg" + ";".join(
             f"n{local[g.anchor]}:x{ext[g.weight]}:{g.start}-{g.stop}:"
