@@ -399,3 +399,39 @@ def test_bf16_matmuls_run_in_the_interpreter_tier_when_torch_runs_them():
     library = plan_from_sets(g, [_names(g)], options=LIB)
     assert interpreter_refusal(g, library.specs) is None
     assert_matches_reference(g, library, _inputs(g), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("form", ["keep, -1e4", "hide, lowest"])
+def test_sdpa_takes_a_constant_where_mask_with_a_very_negative_fill(form):
+    # GPT-2 exports WHERE(causal, s, -1e4); Llama's WHERE(hidden, lowest float, s)
+    keep = np.tril(np.ones((4, 4), bool))
+    keep[3, 1] = False  # not causal: stays a mask tensor
+    fill = -1e4 if form.startswith("keep") else float(np.finfo(np.float32).min)
+
+    def fn(b, q, k, v):
+        s = b.mul(b.matmul(q, k), 0.5)
+        if form.startswith("keep"):
+            s = b.where(b.constant(keep), s, fill)
+        else:
+            s = b.where(b.constant(~keep), fill, s)
+        return b.matmul(graphs.softmax(b, s), v)
+
+    g = graphs.build(fn, [(1, 2, 4, 8), (1, 2, 8, 4), (1, 2, 4, 8)])
+    spec = _library(g, _names(g), LIBRARY_ATTENTION)
+    assert spec.roles.boolean_mask and spec.roles.hides == form.startswith("hide")
+    assert not spec.roles.causal
+    src = assert_matches_reference(g, plan_from_sets(g, [_names(g)], options=LIB), _inputs(g))
+    assert ("mask = ~in" in src) == form.startswith("hide")
+
+
+def test_a_finite_fill_that_hides_every_key_of_a_query_is_declined():
+    keep = np.tril(np.ones((4, 4), bool))
+    keep[2] = False  # query 2 sees nothing: the reference's row is uniform
+
+    def fn(b, q, k, v):
+        s = b.where(b.constant(keep), b.matmul(q, k), -1e9)
+        return b.matmul(graphs.softmax(b, s), v)
+
+    g = graphs.build(fn, [(1, 2, 4, 8), (1, 2, 8, 4), (1, 2, 4, 8)])
+    refused = match(g, _names(g), Target(get_device("h100"), gemm_backends=("library",)))
+    assert isinstance(refused, Rejection) and "hides every key of some query" in refused.reason

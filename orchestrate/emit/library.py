@@ -184,7 +184,8 @@ def _attention(graph: Graph, spec: KernelSpec, at: dict[str, str]) -> list[str]:
         if flat:
             ref += f".expand{_shape((*batch, lq, lk))}.reshape{_shape((*lead, lq, lk))}"
         dtype = "torch.bool" if s.boolean_mask else "q.dtype"
-        lines.append(f"    mask = {ref}.to({dtype})")
+        invert = "~" if s.hides else ""  # SDPA's boolean mask marks the keys kept
+        lines.append(f"    mask = {invert}{ref}.to({dtype})")
         mask = "mask"
     lines += ["    o = torch.nn.functional.scaled_dot_product_attention(",
               f"        q, k, v, attn_mask={mask}, scale={_num(s.scale)}",

@@ -18,8 +18,10 @@ what the library computes, so it accepts only sets the call covers whole:
                        ``analyse``) without a prologue, as
                        ``scaled_dot_product_attention``: the score chain may
                        scale the scores by constants and then add one mask
-                       (or mask with WHERE(cond, s, -inf)); casts are free; a
-                       constant causal mask becomes ``is_causal``.
+                       (or mask with WHERE(cond, s, fill), either way round,
+                       fill -inf, or very negative for a constant mask);
+                       casts are free; a constant causal mask becomes
+                       ``is_causal``.
 
 Library kernels have no tiles to fit (the library picks its own); a dtype
 the library has no kernel for (integer GEMMs: cuBLAS has none torch calls)
@@ -56,6 +58,8 @@ from orchestrate.kernels.spec import (
 )
 
 BACKEND = "library"
+# A finite WHERE fill at most this hides a key as -inf does (see _where_mask).
+HIDDEN = -1e4
 FLOATS = ("float16", "bfloat16", "float32", "float64")  # what cuBLAS / cuDNN / SDPA run
 
 
@@ -189,7 +193,7 @@ def sdpa_roles(graph: Graph, r: Region, a: AttentionRoles) -> LibraryAttention |
         return refused
     if not graph.types[q].dtype == graph.types[k].dtype == graph.types[v].dtype == m2.dtype:
         return Rejection(f"{m2.name}: Q, K, V and the output differ in dtype")
-    scale, mask, boolean, prev = 1.0, None, False, m1.name
+    scale, mask, boolean, hides, prev = 1.0, None, False, False, m1.name
     for n in (graph.producer[s] for s in a.scores):
         other = [i for i in n.inputs if i != prev]
         c = _scalar(graph, other[0]) if len(other) == 1 else None
@@ -201,30 +205,56 @@ def sdpa_roles(graph: Graph, r: Region, a: AttentionRoles) -> LibraryAttention |
             scale /= c
         elif n.op is Op.ADD and c is None and len(other) == 1 and mask is None:
             mask = other[0]
-        elif n.op is Op.WHERE and mask is None and n.inputs[1] == prev and (
-                _scalar(graph, n.inputs[2]) == -math.inf
-                and graph.types[n.inputs[0]].dtype == "bool"):  # fmt: skip
-            mask, boolean = n.inputs[0], True
+        elif n.op is Op.WHERE and mask is None and prev in n.inputs[1:]:
+            found = _where_mask(graph, n, prev, m1.shape[-2:])
+            if isinstance(found, Rejection):
+                return found
+            (mask, hides), boolean = found, True
         else:
             return Rejection(f"{n.name} ({n.op.value}) on the scores is not a scale before one "
                              "mask, which is what SDPA computes")  # fmt: skip
         prev = n.name
     if mask is not None and mask in r.names:
         return Rejection(f"mask {mask} is computed in the kernel")
-    causal = mask is not None and _causal(graph, mask, boolean, m1.shape[-2:])
-    return LibraryAttention(m1.name, m2.name, scale, mask, boolean, causal)
+    causal = mask is not None and _causal(graph, mask, boolean, hides, m1.shape[-2:])
+    return LibraryAttention(m1.name, m2.name, scale, mask, boolean, causal, hides)
 
 
-def _causal(graph: Graph, mask: str, boolean: bool, scores: tuple[int, ...]) -> bool:
+def _where_mask(graph: Graph, n: Node, prev: str, scores) -> tuple[str, bool] | Rejection:
+    """(mask, whether it marks the hidden keys) of WHERE(mask, s, fill) or
+    WHERE(mask, fill, s): a boolean mask SDPA takes.  A fill of -inf is one
+    exactly; a finite fill at most ``HIDDEN`` is one too when the mask is a
+    constant that leaves every query a key (exp(fill - max) is then 0 in fp32
+    and fp64 for scores above fill + 745; a row with every key hidden would
+    be uniform, not SDPA's)."""
+    cond, hides = n.inputs[0], n.inputs[2] == prev
+    fill = _scalar(graph, n.inputs[1] if hides else n.inputs[2])
+    if graph.types[cond].dtype != "bool" or fill is None:
+        return Rejection(f"{n.name} (where) on the scores is not a mask with a constant fill")
+    if fill == -math.inf:
+        return cond, hides
+    c = graph.constants.get(cond)
+    if fill > HIDDEN or c is None:
+        what = f"fills {fill:g}" if fill > HIDDEN else "masks with an input and a finite fill"
+        return Rejection(f"{n.name} {what}, which is not SDPA's -inf mask")
+    kept = np.broadcast_to(c != hides, (*c.shape[:-2], *scores) if c.ndim >= 2 else scores)
+    if not kept.any(axis=-1).all():
+        return Rejection(f"{n.name} hides every key of some query, where its fill {fill:g} "
+                         "gives a uniform row and SDPA's -inf does not")  # fmt: skip
+    return cond, hides
+
+
+def _causal(graph: Graph, mask: str, boolean: bool, hides: bool, scores) -> bool:
     """Is ``mask`` a constant hiding exactly the keys after each query (0 or
-    True on and below the diagonal, -inf or False above it)?"""
+    True on and below the diagonal, -inf or False above it; the other way
+    round for a boolean mask that marks the hidden keys)?"""
     c = graph.constants.get(mask)
     if c is None or c.ndim < 2 or tuple(c.shape[-2:]) != tuple(scores):
         return False
     above = np.triu(np.ones(scores, dtype=bool), 1)
     rows = c.reshape(-1, *scores)
     if boolean:
-        return bool((rows == ~above).all())
+        return bool((rows == (above if hides else ~above)).all())
     return bool((np.where(above, rows == -np.inf, rows == 0)).all())
 
 

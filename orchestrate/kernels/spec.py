@@ -320,6 +320,7 @@ class LibraryAttention:
     mask: str | None = None
     boolean_mask: bool = False
     causal: bool = False
+    hides: bool = False  # the boolean mask marks the hidden keys (True: -inf), not the kept
 
     @property
     def anchor(self) -> str:
