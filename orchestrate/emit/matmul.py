@@ -65,10 +65,11 @@ def accumulator_dtype(dtype: str) -> str:
     return "float32" if dtype in ir.HALF else dtype
 
 
-def grouped_tile(body: Body, rows: int, cols: int, batch_too: bool = False,
+def grouped_tile(body: Body, rows: int, cols: int | str, batch_too: bool = False,
                  pid: str = "tl.program_id(0)") -> None:  # fmt: skip
     """Emit the tutorial's grouped mapping of program id 0 (or ``pid``: a
-    merged matmul's program id within its segment) to (pid_m, pid_n);
+    merged matmul's program id within its segment, whose width ``cols`` is
+    a variable) to (pid_m, pid_n);
     ``batch_too``: program id 0 also counts the batch (``pid_b``), for
     batches beyond what grid axis 1 holds."""
     body.comment("map the program id to a tile, GROUP_M rows of tiles at a time (L2 reuse)")

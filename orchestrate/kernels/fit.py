@@ -29,12 +29,12 @@ fp32), ``S`` stages and ``W`` warps:
   is converted to the store layout through ``min(BLOCK_M, 128) x BLOCK_N``.
   Split-K adds no shared memory (its partial tiles go through the result
   tile's layout conversion) but registers: ``SPLIT_K_SPILL``.
-* merged matmul: each segment's as a matmul.  Where the K loop is
-  software-pipelined Triton allocates each segment's branch its own buffers,
-  though only one branch runs, so they add up (sm_90: 3 segments of 16 x 32
-  x 32 fp32 tiles, 4 stages, 55,296 B = 3 x 18,432); unpipelined, the
-  branches share the largest.  Registers are the largest branch's, so a
-  spill in any branch is one.
+* merged matmul: one K loop whatever the segments (``emit/siblings.py``),
+  so the largest segment's as a matmul (sm_90 compiles of 32
+  configurations, 1 to 3 segments, fp16 and fp32: equal to the compiled
+  figure, or twice it where the matmul model is).  A loop per segment
+  would cost their sum: Triton gives each branch's pipelined buffers their
+  own shared memory, though only one branch runs.
 * attention: the Q, K and probability tiles, a row of fp32 running state,
   and ``S - 1`` more copies of the K, V (and, with a K/V prologue, score
   side input) tiles when the key loop is pipelined.
@@ -216,14 +216,10 @@ def _dot_tiles(graph: Graph, spec: KernelSpec) -> WorkingSet:
 
 
 def _merged(graph: Graph, spec: KernelSpec) -> WorkingSet:
-    """Each segment's working set as a matmul: the pipelined ones add up, the
-    others share the largest buffer; a spill in any branch is a spill."""
-    c = spec.config
-    k = graph.types[graph.producer[spec.anchor].inputs[0]].shape[-1]
-    piped = c.num_stages >= 2 and math.ceil(k / c["BLOCK_K"]) > 1  # the same K for all
+    """One K loop for all segments: the largest segment's working set as a
+    matmul (their tiles are the same; their epilogues' inputs differ)."""
     parts = [_dot_tiles(graph, s) for s in segment_specs(graph, spec)]
-    sizes = [p.shared_bytes for p in parts]
-    return WorkingSet(sum(sizes) if piped else max(sizes), any(p.spills for p in parts))
+    return WorkingSet(max(p.shared_bytes for p in parts), any(p.spills for p in parts))
 
 
 def _attention(graph: Graph, spec: KernelSpec) -> WorkingSet:
