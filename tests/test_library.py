@@ -177,6 +177,13 @@ def test_library_conv_1d_and_3d(dtype):
         assert f"conv{dims}d(" in src
 
 
+def test_a_bias_of_one_value_for_every_channel():
+    g = graphs.build(_conv(), [(1, 2, 4, 4), (3, 2, 3, 3), (1, 1, 1, 1)])
+    src = assert_matches_reference(g, plan_from_sets(g, [_names(g)], options=LIB), _inputs(g),
+                                   rtol=1e-5, atol=1e-5)  # fmt: skip
+    assert "in2.reshape(1).expand(3)" in src
+
+
 def test_a_bias_that_is_not_per_channel_is_declined():
     g = graphs.build(_conv(), [(1, 2, 4, 4), (3, 2, 3, 3), (1, 1, 4, 4)])
     refused = match(g, _names(g), Target(get_device("h100"), gemm_backends=("library",)))

@@ -141,7 +141,11 @@ def _conv(graph: Graph, spec: KernelSpec, at: dict[str, str]) -> list[str]:
         widths = [w for i in reversed(range(dims)) for w in (begin[i], end[i])]
         lines.append(f"    {x} = torch.nn.functional.pad({x}, {_shape(widths)})")
         begin = (0,) * dims
-    bias = f"{at[call.bias]}.reshape({cv.shape[1]})" if call.bias else "None"
+    bias = "None"
+    if call.bias:  # one value per output channel, or one for all of them
+        one = graph.types[call.bias].size == 1
+        bias = f"{at[call.bias]}.reshape({1 if one else cv.shape[1]})"
+        bias += f".expand({cv.shape[1]})" if one else ""
     precision = graph.types[cv.inputs[0]].dtype == "float32"
     indent = "    "
     if precision:
