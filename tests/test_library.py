@@ -5,17 +5,26 @@ program, and ``--gemm-backends``."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from examples import EXAMPLES, gemm_backends
 from orchestrate import api, ir
 from orchestrate.cost import library as library_cost
-from orchestrate.cost.roofline import cost
+from orchestrate.cost.roofline import Prices, cost
 from orchestrate.devices import get_device
+from orchestrate.export import to_onnx
+from orchestrate.ilp.baselines import greedy
+from orchestrate.ilp.partition import partition
+from orchestrate.ilp.problem import problem
 from orchestrate.kernels import library
+from orchestrate.kernels.enumerate import enumerate_kernels
 from orchestrate.kernels.rules import match, match_all
 from orchestrate.kernels.spec import (
     ATTENTION,
@@ -37,6 +46,7 @@ from tests import graphs
 from tests.emit_util import assert_matches_reference, plan_from_sets
 from tests.test_attention import attention_fn
 from tests.test_cli import invoke as run
+from tests.util import has_nvidia_backend
 
 LIB = PlanOptions(gemm_backends=("library",))
 BOTH = Target(get_device("h100"))
@@ -317,6 +327,18 @@ def test_the_linear_program_picks_a_library_call_and_a_generated_epilogue(monkey
     assert [k.template for k in triton.plan.kernels] == [MATMUL]
 
 
+def test_a_baseline_kernel_is_matched_to_its_own_template_among_two_candidates():
+    g = graphs.build(lambda b, x, w: b.matmul(x, w), [(4, 6), (6, 3)])
+    options = PlanOptions()
+    target = options.target()
+    prices = Prices(g, target.device)
+    (part,) = partition(g)
+    prob = problem(g, part, enumerate_kernels(g, part.nodes, target), prices)
+    assert [k.template for k in prob.kernels] == [MATMUL, LIBRARY_MATMUL]  # one node set
+    (choice,) = prob.include(prices, greedy(g, part.nodes, target, prices))
+    assert prob.kernels[choice.kernel].template == MATMUL and len(prob.kernels) == 2
+
+
 def test_gemm_backends_is_validated_and_recorded():
     assert PlanOptions(gemm_backends="library,triton").gemm_backends == ("triton", "library")
     for bad in ("cublas", "", ("triton", "triton"), 3, ()):
@@ -442,3 +464,25 @@ def test_a_finite_fill_that_hides_every_key_of_a_query_is_declined():
     g = graphs.build(fn, [(1, 2, 4, 8), (1, 2, 8, 4), (1, 2, 4, 8)])
     refused = match(g, _names(g), Target(get_device("h100"), gemm_backends=("library",)))
     assert isinstance(refused, Rejection) and "hides every key of some query" in refused.reason
+
+
+def test_compile_check_skips_library_launchers_and_compiles_the_rest(tmp_path):
+    if not has_nvidia_backend():
+        pytest.skip("triton has no NVIDIA backend")
+
+    def fn(b, x, w):
+        return b.exp(b.matmul(x, w))  # a library matmul, then a generated kernel
+
+    g = graphs.build(fn, [(8, 64), (64, 32)])
+    model = tmp_path / "m.onnx"
+    onnx.save(to_onnx(g), model)
+    out = api.optimize(model, tmp_path / "b", gemm_backends=("library",), trials=0).path
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-m", "orchestrate.emit.compile_check", str(out)],
+                         cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True,
+                         text=True, timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "1 functions compile for sm_90" in run.stdout
+    assert (
+        "1 kernels skipped (k000_library_matmul): a library launcher (a torch call)" in run.stdout
+    )
