@@ -132,10 +132,11 @@ def test_a_library_matmul_declines_what_the_call_does_not_compute():
     assert isinstance(refused, Rejection) and "cuBLAS has no int32 kernel" in refused.reason
 
 
-def test_a_product_read_outside_the_call_is_declined():
+@pytest.mark.parametrize("outside", ["a reader", "a graph output"])
+def test_a_product_read_outside_the_call_is_declined(outside):
     def fn(b, x, w):
         y = b.matmul(x, w)
-        return b.mul(y, 3.0), b.exp(y)
+        return (b.mul(y, 3.0), b.exp(y)) if outside == "a reader" else (b.mul(y, 3.0), y)
 
     g = graphs.build(fn, [(4, 6), (6, 3)])
     mm, scale = _names(g)[:2]

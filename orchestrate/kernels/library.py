@@ -25,9 +25,9 @@ what the library computes, so it accepts only sets the call covers whole:
 
 Library kernels have no tiles to fit (the library picks its own); a dtype
 the library has no kernel for (integer GEMMs: cuBLAS has none torch calls)
-is refused with the reason.  The pattern rule here proposes, for every
-attention the Triton rule proposes with a prologue, the same set without it
-(Q, K and V then come from memory).
+is refused with the reason.  The pattern rule here proposes each set the
+Triton attention rule proposes, without its prologue (Q, K and V then come
+from memory).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def _chain(graph: Graph, r: Region, anchor: Node, template: str):
         chain.append(n)
         prev = n.name
     for n in [anchor, *chain[:-1]]:
-        if n.name in r.exposed:
+        if n.name in r.exposed or n.name in r.sinks:  # (a graph output is a sink)
             return Rejection(f"{n.name} is read outside the kernel; a {template} call writes "
                              "only its result")  # fmt: skip
     return chain
