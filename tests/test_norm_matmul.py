@@ -34,6 +34,8 @@ from orchestrate.kernels import config, norm_matmul, rules
 from orchestrate.kernels.fit import working_set
 from orchestrate.kernels.spec import NORM_MATMUL, ROW_REDUCE, KernelSpec
 from orchestrate.planner import PlanOptions, plan
+from tests import graphs
+from tests.emit_util import assert_matches_reference, plan_from_sets
 from tests.test_fit import SPILL_TOLERANCE
 from tests.util import has_nvidia_backend
 
@@ -68,12 +70,15 @@ def _model(nodes, inputs, outputs, constants: dict[str, np.ndarray]) -> onnx.Mod
     return m
 
 
-def llama_head(dtype: str, rows=6, k=40, n=24, gamma_input=False, axis=-1, also_norm=False):
+def llama_head(dtype: str, rows=6, k=40, n=24, gamma_input=False, axis=-1, also_norm=False,
+               second=False):  # fmt: skip
     """Residual add, then RMSNorm as transformers exports it (in fp32 between
-    casts), then the LM head: logits = rmsnorm(x + res) @ W."""
+    casts), then the LM head: logits = rmsnorm(x + res) @ W; ``second``: a
+    second projection of the normalised tensor (``other``)."""
     rng = np.random.default_rng(0)
     consts = {
         "w": (rng.standard_normal((k, n)) / np.sqrt(k)).astype(dtype),
+        "w2": (rng.standard_normal((k, n)) / np.sqrt(k)).astype(dtype),
         "two": np.array(2.0, np.float32), "eps": np.array(1e-5, np.float32),
         "axes": np.array([axis], np.int64),
     }  # fmt: skip
@@ -98,6 +103,9 @@ def llama_head(dtype: str, rows=6, k=40, n=24, gamma_input=False, axis=-1, also_
         helper.make_node("MatMul", ["n", "w"], ["logits"]),
     ]
     outputs = [_info("logits", dtype, [1, rows, n])]
+    if second:
+        nodes.append(helper.make_node("MatMul", ["n", "w2"], ["other"]))
+        outputs.append(_info("other", dtype, [1, rows, n]))
     if also_norm:
         outputs.append(_info("n", dtype, [1, rows, k]))
     return _model(nodes, inputs, outputs, consts)
@@ -193,6 +201,20 @@ def test_roles_record_the_statistics_and_the_row_factors():
     assert len(stat) == 2  # the sum of a square: a product of two linear forms in x
     scale, rows, cols = roles.scale
     assert (scale, rows, cols) == (1.0, (("inv", 1),), (("gamma", 1),)) and roles.shifts == ()
+
+
+def test_two_projections_each_recompute_the_statistics(small_tiles):
+    """n read by two matmuls: each norm_matmul kernel recomputes the row
+    statistics from x and neither writes n (the plan the linear program may
+    take when that is cheaper than a row-reduce writing n)."""
+    g = pipeline.fission_model(llama_head("float32", second=True), None, "two_heads")
+    sets = norm_matmul.propose(g, [n.name for n in g.nodes])
+    sets = [s for s in sets if "h" in s]  # the residual add recomputed by both
+    assert sorted(s[-1] for s in sets) == ["logits", "other"]
+    planned = plan_from_sets(g, sets, writes_all=False)
+    assert [k.template for k in planned.plan.kernels] == [NORM_MATMUL] * 2
+    assert all("n" not in k.outputs for k in planned.plan.kernels)
+    assert_matches_reference(g, planned, graphs.random_inputs(g), rtol=1e-5, atol=1e-5)
 
 
 # -- where it declines ------------------------------------------------------------

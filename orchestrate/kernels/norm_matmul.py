@@ -344,7 +344,8 @@ def _add(p: Linear, q: Linear) -> Linear:
 
 
 def _scaled(p: Linear, c: float) -> Linear:
-    return tuple(tuple(_mono(s * c, r, k) for s, r, k in part) for part in p)  # type: ignore[return-value]
+    a, b = p
+    return tuple(_mono(s * c, r, k) for s, r, k in a), tuple(_mono(s * c, r, k) for s, r, k in b)
 
 
 def _product(a: Sequence[Monomial], b: Sequence[Monomial]) -> tuple[Monomial, ...]:
