@@ -262,6 +262,10 @@ def _attention(graph: Graph, spec: KernelSpec) -> WorkingSet:
     splits = split_k(c)
     if splits > 1:
         spills = spills or (splits + 1) * bm * bdv / per_thread >= SPLIT_K_SPILL
+        # and converts that fp32 tile's layout through shared memory, beside
+        # the pipelined buffers (sm_90, head dim 128 fp16, 64 x 128 tiles,
+        # SPLIT_K 2: 212,992 B compiled against 196,608 B without this term)
+        smem += bm * bdv * 4
     return WorkingSet(smem, spills)
 
 
