@@ -85,7 +85,7 @@ def _chain(graph: Graph, r: Region, anchor: Node, template: str):
             return Rejection(f"{n.name} {n.type} is not shaped like {anchor.name} {anchor.type}")
         chain.append(n)
         prev = n.name
-    for n in [anchor, *chain[:-1]]:
+    for n in [anchor, *chain][:-1]:  # all but the result
         if n.name in r.exposed or n.name in r.sinks:  # (a graph output is a sink)
             return Rejection(f"{n.name} is read outside the kernel; a {template} call writes "
                              "only its result")  # fmt: skip
