@@ -85,7 +85,7 @@ def norm_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str)
     body.raw("m2 = tl.zeros((BLOCK_M,), dtype=tl.float32)")
     shifted = [f"hw{j}" for j in range(len(roles.shifts))]
     for j, (_, _, cols) in enumerate(roles.shifts):
-        what = f"h{j} @ W" if cols else "the column sums of W"
+        what = f"shift {j}'s column vector @ W" if cols else "the column sums of W"
         body.raw(f"{shifted[j]} = tl.zeros((BLOCK_N,), dtype=tl.float32)  # {what}")
 
     # -- K loop ------------------------------------------------------------------
