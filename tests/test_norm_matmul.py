@@ -28,12 +28,15 @@ from onnx import TensorProto, helper, numpy_helper
 import cli
 import orchestrate
 from orchestrate import pipeline
+from orchestrate.cost.roofline import cost
+from orchestrate.devices import get_device
 from orchestrate.emit import kernel_source
 from orchestrate.emit.source import Launch, module, pointers
 from orchestrate.kernels import config, norm_matmul, rules
 from orchestrate.kernels.fit import working_set
 from orchestrate.kernels.spec import NORM_MATMUL, ROW_REDUCE, KernelSpec
 from orchestrate.planner import PlanOptions, plan
+from orchestrate.tune import FakeTimer, Tune
 from tests import graphs
 from tests.emit_util import assert_matches_reference, plan_from_sets
 from tests.test_fit import SPILL_TOLERANCE
@@ -215,6 +218,25 @@ def test_two_projections_each_recompute_the_statistics(small_tiles):
     assert [k.template for k in planned.plan.kernels] == [NORM_MATMUL] * 2
     assert all("n" not in k.outputs for k in planned.plan.kernels)
     assert_matches_reference(g, planned, graphs.random_inputs(g), rtol=1e-5, atol=1e-5)
+
+
+def test_tune_times_its_configurations_and_a_slow_one_is_dropped(tmp_path):
+    """--tune times the rule's kernels like any other (several configurations
+    each); measured slow, the plan goes back to a row-reduce and a matmul."""
+    g = pipeline.fission_model(llama_head("float32"), None, "llama_head")
+    names: dict[str, str] = {}
+
+    def figure(graph, spec):
+        names[spec.hash] = spec.template
+        slow = 1000.0 if spec.template == NORM_MATMUL else 1.0
+        return cost(graph, spec, get_device("h200")).time_us * slow
+
+    timer = FakeTimer(figure)
+    options = PlanOptions(device="h200", reproducible=True)
+    p = plan(g, options, tune=Tune(timer, 3, tmp_path / "tune.sqlite")).plan
+    assert sum(names[h] == NORM_MATMUL for h in timer.timed) >= 2
+    assert NORM_MATMUL in {k.template for k in plan(g, options).plan.kernels}
+    assert [k.template for k in p.kernels if not k.is_view] == [ROW_REDUCE, "matmul"]
 
 
 # -- where it declines ------------------------------------------------------------
