@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from orchestrate.bounds import INDEX_ERROR
 from orchestrate.emit.body import Body
@@ -39,8 +39,15 @@ from orchestrate.kernels.spec import (
     split_k,
 )
 
-if TYPE_CHECKING:
-    from orchestrate.emit.library import LibrarySource
+
+class Function(Protocol):
+    """What a module holds per distinct spec: a ``KernelSource`` (a jitted
+    function and its launcher) or a library launcher (``emit/library.py``,
+    which imports this module, so it is named here by what it provides)."""
+
+    helpers: list[Helper]
+
+    def render(self) -> str: ...
 
 
 @dataclass
@@ -145,7 +152,7 @@ class Launch:
     tensors: tuple[str, ...]
 
 
-def module(functions: Sequence[KernelSource | LibrarySource], launches: Sequence[Launch],
+def module(functions: Sequence[Function], launches: Sequence[Launch],
            title: Sequence[str]) -> str:  # fmt: skip
     """The module's source; ``title`` is the docstring's opening lines."""
     first, *rest = title
