@@ -90,6 +90,14 @@ the row nodes once per row per column of tiles; each shift's column vector
 @ W once per row of tiles; scaling and shifting the accumulator, then the
 epilogue, once per output element.
 
+``low_rank`` (x @ W + alpha (x @ A) @ B as one matmul over K + r,
+``kernels/low_rank.py``): grid and loop steps of the matmul x @ W (no
+split-K); bytes: x, W, A, B and the epilogue inputs read once, the outputs
+written (x @ A, its product with B and x @ W are never written); dots: x @ W,
+x @ A once per column of tiles (each recomputes its rows') and t @ B, at
+the rank padded to BLOCK_R (the tensor cores multiply the padding too); CUDA
+cores: alpha on t per column of tiles, then the epilogue.
+
 A ``view`` (reshapes only) costs nothing and launches nothing.
 
 Library kernels (``library_matmul``, ``library_conv``, ``library_attention``:
@@ -137,6 +145,7 @@ from orchestrate.kernels.spec import (
     ATTENTION,
     CONV,
     LIBRARY,
+    LOW_RANK,
     MATMUL,
     MERGED_MATMUL,
     NORM_MATMUL,
@@ -147,6 +156,7 @@ from orchestrate.kernels.spec import (
     Anchored,
     AttentionRoles,
     KernelSpec,
+    LowRank,
     Operand,
     Rows,
     segment_specs,
@@ -339,6 +349,8 @@ def split_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
         return library_flops(graph, spec)
     if spec.template == NORM_MATMUL:
         return norm_matmul_flops(graph, spec)
+    if spec.template == LOW_RANK:
+        return low_rank_flops(graph, spec)
     if spec.template == MERGED_MATMUL:  # no prologue: each segment's dots and epilogue
         parts = [_anchored_flops(graph, s) for s in segment_specs(graph, spec)]
         return sum(p[0] for p in parts), sum(p[2] for p in parts)
@@ -388,6 +400,18 @@ def norm_matmul_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
     other += len(roles.shifts) * 2 * k * n * row_tiles  # h_j @ W, once per row of tiles
     other += (1 + len(roles.shifts)) * mm.type.size + _anchored_flops(graph, spec)[2]
     return _anchor_flops(graph, mm), other
+
+
+def low_rank_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
+    """(dot flops, other flops) of a matmul with a low-rank branch (see the module doc)."""
+    roles = spec.roles
+    assert isinstance(roles, LowRank)
+    mm = graph.producer[roles.anchor]
+    rows, n = math.prod(mm.shape[:-1]), mm.shape[-1]
+    k, r = graph.types[roles.x].shape[-1], roles.block_r
+    col_tiles = _reuse(spec, mm)
+    dots = _anchor_flops(graph, mm) + 2 * rows * k * r * col_tiles + 2 * rows * r * n
+    return dots, rows * r * col_tiles + _anchored_flops(graph, spec)[2]
 
 
 _ANCHORED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -460,7 +484,7 @@ def grid(graph: Graph, spec: KernelSpec) -> int:
         rows = spec.roles
         assert isinstance(rows, Rows)
         return math.ceil(rows.rows / c["BLOCK_ROWS"])
-    if spec.template in (MATMUL, NORM_MATMUL):
+    if spec.template in (MATMUL, NORM_MATMUL, LOW_RANK):
         *batch, m, n = graph.producer[spec.anchor].shape
         tiles = math.ceil(m / c["BLOCK_M"]) * math.ceil(n / c["BLOCK_N"]) * math.prod(batch)
         return tiles * split_k(c)
@@ -487,7 +511,7 @@ def loop_steps(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
     """(dependent loop steps per block, steps in flight at once)."""
     c = spec.config
     piped = max(1, c.num_stages - 1)
-    if spec.template in (MATMUL, MERGED_MATMUL, NORM_MATMUL):  # split-K: each its share of K
+    if spec.template in (MATMUL, MERGED_MATMUL, NORM_MATMUL, LOW_RANK):  # split-K: its share
         k = graph.types[graph.producer[spec.anchor].inputs[0]].shape[-1]
         return math.ceil(math.ceil(k / c["BLOCK_K"]) / split_k(c)), piped
     if spec.template == CONV:

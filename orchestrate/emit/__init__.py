@@ -21,6 +21,7 @@ from orchestrate.emit import (
     attention,
     conv,
     library,
+    low_rank,
     matmul,
     norm_matmul,
     pointwise,
@@ -34,6 +35,7 @@ from orchestrate.kernels.spec import (
     ATTENTION,
     CONV,
     LIBRARY,
+    LOW_RANK,
     MATMUL,
     MERGED_MATMUL,
     NORM_MATMUL,
@@ -54,6 +56,7 @@ GENERATORS = {
     WINDOW: window.window,
     ATTENTION: attention.attention,
     NORM_MATMUL: norm_matmul.norm_matmul,
+    LOW_RANK: low_rank.low_rank,
     **{template: library.library for template in LIBRARY},  # plain launchers calling torch
 }
 

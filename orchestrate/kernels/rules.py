@@ -26,6 +26,7 @@ from orchestrate.kernels import (
     anchored,
     attention,
     library,
+    low_rank,
     norm_matmul,
     pointwise,
     row_reduce,
@@ -36,6 +37,7 @@ from orchestrate.kernels.rule import Rule
 from orchestrate.kernels.spec import (
     ATTENTION,
     CONV,
+    LOW_RANK,
     MATMUL,
     MERGED_MATMUL,
     NORM_MATMUL,
@@ -51,10 +53,11 @@ RULES: list[Rule] = (
     + siblings.RULES
     + attention.RULES
     + norm_matmul.RULES
+    + low_rank.RULES
     + library.RULES
 )
 # the Triton rules --gemm-backends governs
-GEMM_RULES = frozenset({MATMUL, MERGED_MATMUL, NORM_MATMUL, CONV, ATTENTION})
+GEMM_RULES = frozenset({MATMUL, MERGED_MATMUL, NORM_MATMUL, LOW_RANK, CONV, ATTENTION})
 
 
 def allowed(rule: Rule, target: Target) -> bool:

@@ -41,6 +41,7 @@ WINDOW = "window"
 ATTENTION = "attention"
 NORM_MATMUL = "norm_matmul"  # a norm moved past the matmul it feeds (kernels/norm_matmul.py)
 MERGED_MATMUL = "merged_matmul"  # sibling matmuls reading one activation, one launch
+LOW_RANK = "low_rank"  # x @ W + (x @ A) @ B as one matmul over K + r (kernels/low_rank.py)
 # library kernels: a call into torch (cuBLAS, cuDNN, SDPA) in place of generated Triton
 LIBRARY_MATMUL = "library_matmul"
 LIBRARY_CONV = "library_conv"
@@ -240,6 +241,33 @@ class Anchored:
 
 
 @dataclass(frozen=True)
+class LowRank(Anchored):
+    """A low-rank side branch folded into its matmul (``kernels/low_rank.py``):
+    Y = [x | alpha (x @ A)[:, :rank]] @ [W ; B[:rank]] + P's adds.
+    ``anchor``: C = x @ W; no prologue; ``epilogue``: P's adds, the join and
+    the nodes after it (graph order), as a matmul's epilogue (the spec's
+    renaming and the matmul cost and fit models read it as an ``Anchored``)."""
+
+    x: str = ""  # the activation both x @ W and x @ A read
+    down: str = ""  # T = x @ A
+    up: str = ""  # U = T @ B
+    scaling: tuple[str, ...] = ()  # U's scalar-constant MUL / DIV nodes: their product is alpha
+    main: str = ""  # P: C or its last add, what the join adds the low-rank term to
+    join: str = ""  # Y = P + alpha U
+    rank: int = 0  # r: the concatenation's extra K columns
+
+    @property
+    def block_r(self) -> int:
+        """The rank padded to a power of two of at least 16 (tl.dot's minimum)."""
+        return max(16, 1 << max(0, self.rank - 1).bit_length())
+
+    @property
+    def main_path(self) -> tuple[str, ...]:
+        """P's adds: the epilogue nodes before the join."""
+        return self.epilogue[: self.epilogue.index(self.join)]
+
+
+@dataclass(frozen=True)
 class Segment:
     """One sibling of a merged matmul: its matmul ``anchor``, its constant
     ``weight`` [K, N], the columns [start, stop) that weight occupies in the
@@ -414,6 +442,10 @@ def structural_hash(graph: Graph, spec: KernelSpec) -> str:
         parts.append("chk" + ",".join(str(local[o]) for o in spec.checks))
     if isinstance(spec.roles, LibraryAttention) and spec.roles.causal:  # read from a constant
         parts.append("causal")
+    if isinstance(spec.roles, LowRank):  # the branch's matmuls and scales, the join, the rank
+        lr = spec.roles
+        parts.append("lr" + ",".join(str(local.get(t, "-")) for t in (
+            lr.down, lr.up, *lr.scaling, lr.main, lr.join)) + f":r{lr.rank}")  # fmt: skip
     if isinstance(spec.roles, Siblings):  # which columns each sibling takes, and its epilogue
         parts.append("seg" + ";".join(
             f"n{local[g.anchor]}:x{ext[g.weight]}:{g.start}-{g.stop}:"
