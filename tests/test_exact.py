@@ -97,10 +97,26 @@ def _siblings(b, x):
     return q, k, v, b.mul(b.mul(gate, b.sigmoid(gate)), up)
 
 
+def _lora(b, x):
+    """Two LoRA-adapted projections as peft computes them: x @ W + bias +
+    (x @ A) @ B * scaling; the first of rank 8 = K (so B can be applied to x
+    itself), the second of rank 4: what the low-rank rule folds."""
+    rng = np.random.default_rng(2)
+
+    def const(*shape):
+        return b.constant(rng.standard_normal(shape).astype("float32"))
+
+    for k, n, r in ((8, 12, 8), (12, 8, 4)):
+        x = b.add(b.add(b.matmul(x, const(k, n)), const(n)),
+                  b.mul(b.matmul(b.matmul(x, const(k, r)), const(r, n)), 0.5))  # fmt: skip
+    return x
+
+
 def _small_graphs() -> dict[str, ir.Graph]:
     return {
         "attention": graphs.build(_attention, [(6, 8)]),
         "siblings": graphs.build(_siblings, [(2, 6, 8)]),
+        "lora": graphs.build(_lora, [(2, 6, 8)]),
         "layernorm": graphs.build(graphs.layernorm, [(4, 16), (16,), (16,)]),
         "mlp": graphs.build(graphs.mlp, [(4, 8), (8, 16), (16,), (16, 8)]),
         "exp2": graphs.build(graphs.exp_into_two_reductions, [(8, 8)]),
@@ -356,10 +372,58 @@ def _wrong_bias_segment(g, ks, n):
     return g, _resegmented(ks, i, k, segs)
 
 
+# Wrong low-rank rewrites: a low-rank kernel's roles changed, the plan's
+# graph left alone; each applies where ``n`` anchors a low-rank kernel.
+
+
+def _low_rank(ks, n, dropped=(), **fields):
+    """The kernels with the low-rank roles of the kernel ``n`` anchors
+    changed, and the nodes ``dropped`` no longer run."""
+    for i, k in enumerate(ks):
+        if k.low_rank is not None and k.low_rank.anchor == n.name:
+            k2 = replace(k, low_rank=replace(k.low_rank, **fields),
+                         nodes=tuple(t for t in k.nodes if t not in dropped))  # fmt: skip
+            return ks[:i] + (k2,) + ks[i + 1 :]
+    return None
+
+
+def _roles(ks, n):
+    return next((k.low_rank for k in ks if k.low_rank is not None and k.low_rank.anchor == n.name),
+                None)  # fmt: skip
+
+
+def _b_without_a(g, ks, n):
+    """B applied to x itself (x @ A skipped), where x has rank-many columns."""
+    roles = _roles(ks, n)
+    if roles is None or g.types[roles.x].shape[-1] != roles.rank:
+        return None
+    return g, _low_rank(ks, n, dropped=(roles.down,), down="")
+
+
+def _wrong_rank_slice(g, ks, n):
+    """The concatenation one column short: A's last column and B's last row left out."""
+    roles = _roles(ks, n)
+    return None if roles is None else (g, _low_rank(ks, n, rank=roles.rank - 1))
+
+
+def _drop_low_rank(g, ks, n):
+    """The low-rank term dropped: no columns concatenated."""
+    return None if _roles(ks, n) is None else (g, _low_rank(ks, n, rank=0))
+
+
+def _drop_alpha(g, ks, n):
+    """The branch's scale (alpha / r) left out."""
+    roles = _roles(ks, n)
+    if roles is None or not roles.scaling:
+        return None
+    return g, _low_rank(ks, n, dropped=roles.scaling, scaling=())
+
+
 MUTATIONS = [_swap_op, _swap_operands, _drop_scale, _transpose_perm, _slice_offset,
              _reduce_axis, _wrong_constant, _drop_exp, _other_tensor, _drop_kernel,
              _swap_ranges, _shift_range, _reorder_segments, _drop_sibling,
-             _wrong_bias_segment]  # fmt: skip
+             _wrong_bias_segment, _b_without_a, _wrong_rank_slice, _drop_low_rank,
+             _drop_alpha]  # fmt: skip
 
 
 def mutants(name, plan_graph, kernels, per_kind: int):

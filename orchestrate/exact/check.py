@@ -16,6 +16,13 @@ epilogue, which sees only its own segment.  A wrong split of the merged
 weights (ranges swapped or shifted, a weight in the wrong segment, a sibling
 dropped, an epilogue on another sibling's columns) is a wrong value.
 
+A low-rank branch folded into its matmul (``kernels/low_rank.py``) is
+evaluated from its roles too: one matmul of [x | alpha (x @ A)[:, :rank]]
+by [W ; B[:rank]] (alpha the product of the branch's scales, in the field),
+P's adds on that, P as the join's value, then the nodes after the join.  The
+branch's own matmuls are never evaluated, so a dropped low-rank term, a
+dropped alpha, a wrong rank slice or B applied without A is a wrong value.
+
 Both are evaluated on the same random point in Z_p x Z_q (``field.py``):
 inputs, constants' images and the variables standing for nodes outside the
 fragment.  Compared: every graph output, every tensor a kernel writes and
@@ -46,7 +53,7 @@ from orchestrate import ir
 from orchestrate.exact import field as F
 from orchestrate.exact.evaluate import Trial, Value, evaluate
 from orchestrate.exact.fragment import Fragment, analyse
-from orchestrate.kernels.spec import Siblings
+from orchestrate.kernels.spec import LowRank, Siblings
 
 TARGET = 1e-9
 MAX_TRIALS = 50
@@ -61,6 +68,7 @@ class Kernel:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     merged: Siblings | None = None  # a merged matmul's segments (its spec's roles)
+    low_rank: LowRank | None = None  # a low-rank branch folded into its matmul (its roles)
 
 
 @dataclass(frozen=True)
@@ -105,12 +113,14 @@ class _Wrong(Exception):
 
 def kernels_of(plan, graph: ir.Graph, specs=()) -> tuple[Kernel, ...]:
     """The kernels of an ``orchestrate.plan.Plan`` (nodes in graph order),
-    with the merged matmuls' roles from their ``specs`` (the plan's, in order)."""
+    with the merged matmuls' and low-rank branches' roles from their
+    ``specs`` (the plan's, in order)."""
     pos = graph.position
     roles = [s.roles for s in specs] or [None] * len(plan.kernels)
     return tuple(Kernel(k.name, tuple(sorted(k.primitives, key=lambda n: pos.get(n, -1))),
                         tuple(k.inputs), tuple(k.outputs),
-                        r if isinstance(r, Siblings) else None)
+                        r if isinstance(r, Siblings) else None,
+                        r if isinstance(r, LowRank) else None)
                  for k, r in zip(plan.kernels, roles))  # fmt: skip
 
 
@@ -195,7 +205,9 @@ def _run_plan(graph: ir.Graph, kernels: Sequence[Kernel], frag: Fragment,
         local: dict[str, Value] = {}
         if k.merged is not None:
             local = _run_merged(graph, k, frag, written, trial)
-        for name in k.nodes if k.merged is None else ():
+        elif k.low_rank is not None:
+            local = _run_low_rank(graph, k, frag, written, trial)
+        for name in k.nodes if k.merged is None and k.low_rank is None else ():
             local[name] = _node(graph, k, name, local, written, frag, trial)
         for o in k.outputs:
             if o not in local:
@@ -262,6 +274,75 @@ def _run_merged(graph: ir.Graph, k: Kernel, frag: Fragment, written,
             mine[name] = _node(graph, k, name, mine, written, frag, trial)
         local.update(mine)
     return local
+
+
+def _run_low_rank(graph: ir.Graph, k: Kernel, frag: Fragment, written,
+                  trial: Trial) -> dict[str, Value]:  # fmt: skip
+    """A low-rank branch as its roles say: [x | alpha (x @ A)[:, :rank]] @
+    [W ; B[:rank]], P's adds on it, P as the join, then the join's readers."""
+    roles = k.low_rank
+    branch = {roles.down, roles.up, *roles.scaling}
+    stray = next((n for n in k.nodes if n not in {roles.anchor, *branch, *roles.epilogue}), None)
+    if stray is not None:
+        raise _Wrong(stray, f"kernel {k.name} runs {stray!r} in none of its roles")
+    mm = graph.producer.get(roles.anchor)
+    if mm is None or mm.op is not ir.Op.MATMUL or mm.inputs[0] != roles.x:
+        raise _Wrong(roles.anchor, f"kernel {k.name}: {roles.anchor!r} is not {roles.x} @ W "
+                                   "in the plan's graph")  # fmt: skip
+    down = graph.producer.get(roles.down)
+    if roles.down and (down is None or down.op is not ir.Op.MATMUL or down.inputs[0] != roles.x):
+        raise _Wrong(roles.down, f"kernel {k.name}: {roles.down!r} is not {roles.x} @ A in the "
+                                 "plan's graph")  # fmt: skip
+    join = graph.producer.get(roles.join)
+    if join is None or join.op is not ir.Op.ADD or roles.main not in join.inputs:
+        raise _Wrong(roles.join, f"kernel {k.name}: {roles.join!r} does not add the low-rank "
+                                 f"branch to {roles.main!r} in the plan's graph")  # fmt: skip
+    f = trial.field
+    x = _read(graph, k, roles.x, {}, written, trial)
+    w = _read(graph, k, mm.inputs[1], {}, written, trial)
+    # B applied to (x @ A), or to x itself where the roles name no A
+    t = x if not roles.down else tuple(
+        F.matmul(x[i], _read(graph, k, _weight(graph, k, roles.down), {}, written, trial)[i]
+                 [..., : roles.rank], m) for i, m in ((0, f.p), (1, f.q)))  # fmt: skip
+    b = _read(graph, k, _weight(graph, k, roles.up), {}, written, trial)
+    alpha = [1, 1]
+    for name in roles.scaling:
+        n = graph.producer.get(name)
+        c = next((i for i in (n.inputs if n else ()) if i in graph.constants), None)
+        if c is None or n.op not in (ir.Op.MUL, ir.Op.DIV):
+            raise _Wrong(name, f"kernel {k.name}: {name!r} is not a scale by a constant")
+        v = trial.constant(c, graph.constants[c])
+        for i, m in ((0, f.p), (1, f.q)):
+            s = int(v[i].reshape(-1)[0])
+            alpha[i] = alpha[i] * (pow(s, -1, m) if n.op is ir.Op.DIV else s) % m
+    try:
+        y = tuple(
+            F.matmul(np.concatenate([x[i], F.mulmod(t[i][..., : roles.rank], F.U64(alpha[i]), m)],
+                                    axis=-1),
+                     np.concatenate([w[i], b[i][: roles.rank]], axis=0), m)
+            for i, m in ((0, f.p), (1, f.q)))  # fmt: skip
+    except ValueError as e:
+        raise _Wrong(roles.anchor, f"kernel {k.name} cannot multiply its concatenated operands "
+                     f"({e})") from None  # fmt: skip
+    local: dict[str, Value] = {roles.anchor: y}
+    for name in roles.epilogue:
+        if name == roles.join:
+            local[name] = local[roles.main]
+        else:
+            n = graph.producer.get(name)
+            other = next((i for i in (n.inputs if n else ()) if i in branch), None)
+            if other is not None:
+                raise _Wrong(name, f"kernel {k.name} reads the branch's {other!r}, which it "
+                                   "never forms")  # fmt: skip
+            local[name] = _node(graph, k, name, local, written, frag, trial)
+    return local
+
+
+def _weight(graph: ir.Graph, k: Kernel, node: str) -> str:
+    n = graph.producer.get(node)
+    if n is None or n.op is not ir.Op.MATMUL:
+        raise _Wrong(node, f"kernel {k.name}: {node!r} is not a matmul in the plan's graph")
+    return n.inputs[1]
 
 
 def _read(graph: ir.Graph, k: Kernel, t: str, local, written, trial: Trial) -> Value:
