@@ -63,11 +63,12 @@ def _info(name: str, dtype: str, shape) -> onnx.ValueInfoProto:
 
 
 def lora(dtype: str, rows=20, k=40, n=36, r=8, alpha=16.0, layers=1, a_input=False,
-         t_output=False, relu=False) -> onnx.ModelProto:  # fmt: skip
+         t_output=False, relu=False, other_spelling=False) -> onnx.ModelProto:  # fmt: skip
     """``layers`` LoRA-adapted linear layers, as peft computes each:
     y = x @ W + bias + (x @ A) @ B * (alpha / r), W, A, B constants (the
     base weight as torch's Linear exports it, pre-transposed; B not zero, as
-    after training).  ``a_input``: the first A is a graph input;
+    after training).  ``other_spelling``: no bias, the branch divided by
+    r / alpha and added on the left.  ``a_input``: the first A is a graph input;
     ``t_output``: the first x @ A is a graph output too; ``relu``: each
     layer's output through a ReLU."""
     rng = np.random.default_rng(0)
@@ -88,12 +89,21 @@ def lora(dtype: str, rows=20, k=40, n=36, r=8, alpha=16.0, layers=1, a_input=Fal
             consts[f"a{i}"] = a
         nodes += [
             helper.make_node("MatMul", [x, f"w{i}"], [f"base{i}"]),
-            helper.make_node("Add", [f"base{i}", f"bias{i}"], [f"linear{i}"]),
             helper.make_node("MatMul", [x, f"a{i}"], [f"lora_a{i}"]),
             helper.make_node("MatMul", [f"lora_a{i}", f"b{i}"], [f"lora_b{i}"]),
-            helper.make_node("Mul", [f"lora_b{i}", f"scaling{i}"], [f"scaled{i}"]),
-            helper.make_node("Add", [f"linear{i}", f"scaled{i}"], [f"y{i}"]),
         ]
+        if other_spelling:
+            consts[f"scaling{i}"] = np.array(r / alpha, dtype)
+            nodes += [
+                helper.make_node("Div", [f"lora_b{i}", f"scaling{i}"], [f"scaled{i}"]),
+                helper.make_node("Add", [f"scaled{i}", f"base{i}"], [f"y{i}"]),
+            ]
+        else:
+            nodes += [
+                helper.make_node("Add", [f"base{i}", f"bias{i}"], [f"linear{i}"]),
+                helper.make_node("Mul", [f"lora_b{i}", f"scaling{i}"], [f"scaled{i}"]),
+                helper.make_node("Add", [f"linear{i}", f"scaled{i}"], [f"y{i}"]),
+            ]
         x = f"y{i}"
         if relu:
             nodes.append(helper.make_node("Relu", [x], [f"h{i}"]))
@@ -140,6 +150,11 @@ def test_a_lora_layer_is_one_matmul_over_k_plus_r(tmp_path, small_tiles, dtype, 
 def test_two_stacked_layers_with_activations_each_fold_their_branch(tmp_path, small_tiles):
     kernels = _fired(_optimize(lora("float32", layers=2, relu=True), tmp_path), 2, 1e-5)
     assert [k.outputs for k in kernels] == [("h0",), ("h1",)]
+
+
+def test_a_branch_divided_and_added_on_the_left_without_a_bias_folds_too(tmp_path, small_tiles):
+    (k,) = _fired(_optimize(lora("float32", other_spelling=True), tmp_path), 1, 1e-5)
+    assert "bias0" not in k.inputs and k.outputs == ("y0",)
 
 
 def test_roles_record_the_branch_and_the_structural_hash_covers_the_rank():
