@@ -37,6 +37,8 @@ from orchestrate.kernels.region import region
 from orchestrate.kernels.rule import ranked
 from orchestrate.kernels.spec import LOW_RANK, KernelSpec, structural_hash, with_hash
 from orchestrate.planner import PlanOptions, plan
+from tests import graphs
+from tests.test_every_candidate import candidate_failures, candidates
 from tests.test_fit import SPILL_TOLERANCE
 from tests.util import has_nvidia_backend
 
@@ -291,3 +293,14 @@ def test_the_kernels_compile_for_sm90_within_the_fit_model(tmp_path):
         assert spill is None or spill <= SPILL_TOLERANCE, (spec.config, spill)
         model = working_set(g, spec).shared_bytes
         assert shared <= model <= 2 * shared, (spec.config, shared, model)
+
+
+def test_every_candidate_of_two_stacked_layers_computes_the_reference(small_tiles):
+    """Every kernel the rule table accepts in two stacked LoRA layers, the
+    low-rank sets among them, cut out, emitted and run in the interpreter
+    against the float64 reference (``tests/test_every_candidate.py``)."""
+    g = pipeline.fission_model(lora("float32", rows=6, k=24, n=20, r=4, layers=2, relu=True),
+                               None, "lora")  # fmt: skip
+    found, failures = candidate_failures(g, graphs.random_inputs(g, seed=1))
+    assert not failures, failures
+    assert LOW_RANK in {k.template for k in candidates(g)} and found > 10
