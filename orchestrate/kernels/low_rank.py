@@ -22,7 +22,7 @@ and the join reads C (or P) back.  Each column of tiles recomputes its rows'
 x @ A (M x K x r multiply-adds per column of tiles, priced by the cost model;
 small for r << N).
 
-The roles (``LowRank``) record what the kernel computes: the activation, the
+The roles (``LowRank`` in ``kernels/spec.py``) record what the kernel computes: the activation, the
 three matmuls, the scale nodes whose product is alpha, the main-side value P
 the join adds to, and ``rank``, the columns the concatenation adds.  The
 exact checker (``exact/check.py``) evaluates those, not the nodes they
@@ -32,9 +32,9 @@ alpha or a wrong rank slice is a wrong value.
 
 The check declines, with the reason: a weight that is not a constant, shapes
 or dtypes that do not match, a rank above ``MAX_RANK`` (the (BLOCK_M, r)
-fp32 accumulator lives in registers beside the output tile's), T, U or P read
-outside the set (the kernel never forms them: P only with the low-rank term
-added), a main path that is not adds of values independent of C (then P + V
+fp32 accumulator lives in registers beside the output tile's), T, U, the
+scaled term or P needed outside the set (read there or a graph output: the
+kernel never forms them, P only with the low-rank term added), a main path that is not adds of values independent of C (then P + V
 is not P's adds on C + V), and tiles that do not fit.  No split-K: each
 program needs the whole K for its rows' x @ A.
 """
@@ -55,9 +55,11 @@ DOT_DTYPES = ("float16", "bfloat16", "float32")
 MAX_BATCH = 65535  # the batch runs on grid axis 1
 WIDE = 2**31  # offsets are int32
 # x @ A for the tile's rows stays in registers as a (BLOCK_M, rank padded to a
-# power of two) fp32 accumulator beside the (BLOCK_M, BLOCK_N) output tile's;
-# past 128 columns it is as large as a whole output tile again and ptxas
-# spills (or the tiles must shrink): a rank that large is no side branch
+# power of two) fp32 accumulator beside the (BLOCK_M, BLOCK_N) output tile's.
+# Up to 128 (BLOCK_R 128) sm_90 compiles at BLOCK_M 64 do not spill; at 256
+# the accumulator alone is 128 fp32 registers a thread at BLOCK_M 64 and 4
+# warps, so only small tiles would fit, each column of them recomputing a
+# product as large as the matmul's own: a rank that large is no side branch
 MAX_RANK = 128
 
 
@@ -102,9 +104,10 @@ def analyse(graph: Graph, r: Region) -> LowRank | Rejection:
         return Rejection(f"{up.name} {list(up.shape)} is not aligned with {mm.name} "
                          f"{list(mm.shape)}")  # fmt: skip
     if rank > MAX_RANK:
+        padded = 1 << (rank - 1).bit_length()
         return Rejection(f"rank {rank} of {down.inputs[1]} exceeds {MAX_RANK}: each program keeps "
-                         f"x @ A for its rows in registers (BLOCK_M x {rank} fp32 beside the "
-                         "output tile), which would spill")  # fmt: skip
+                         f"x @ A for its rows in registers (BLOCK_M x {padded} fp32 beside the "
+                         "output tile), which leaves room for small tiles only")  # fmt: skip
     written = set(r.exposed) | set(r.sinks)
     for t in (down.name, up.name):
         if t in written:
