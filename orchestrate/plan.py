@@ -21,7 +21,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from orchestrate.errors import InputError, check_format
 from orchestrate.ir import Attrs, Graph, Node
-from orchestrate.kernels.spec import VIEW, KernelSpec, LaunchConfig
+from orchestrate.kernels.spec import TEMPLATES, VIEW, KernelSpec, LaunchConfig
 
 PLAN_FORMAT = "orchestrate-plan/5"
 # what each earlier format lacks, for the message that refuses it
@@ -301,6 +301,8 @@ def _check_names(plan: Plan) -> None:
         _known(p.inputs, tensors, f"primitive {p.name!r} reads")
     _known(plan.graph.outputs, tensors, "graph.outputs")
     for k in plan.kernels:
+        if k.template not in TEMPLATES:
+            raise _Malformed(f"kernel {k.name!r}: unknown template {k.template!r}")
         _known(k.primitives, prims, f"kernel {k.name!r} runs")
         _known(k.outputs, prims, f"kernel {k.name!r} writes")
         _known(k.inputs, tensors, f"kernel {k.name!r} reads")

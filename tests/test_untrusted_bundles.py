@@ -121,6 +121,8 @@ PLAN_EDITS = {
                    "more than"),
     "unknown op": (_json_edit(_set(["primitives", 0, "op"], "system")), "unknown op 'system'"),
     "unknown kernel name": (_json_edit(_set(["kernels", 0, "name"], "evil")), "expected the name"),
+    "unknown template": (_json_edit(_set(["kernels", 0, "template"], "evil")),
+                         "kernel 'k000_[a-z_]+': unknown template 'evil'"),
     "kernel hash": (_json_edit(_set(["kernels", 0, "hash"], "0" * 16)), "does not match"),
     "unknown field": (_json_edit(_set(["kernels", 0, "extra"], 1)), "unknown field 'extra'"),
     "attr of a wrong kind": (_json_edit(_set(["primitives", 0, "attrs"], {"x": {"a": 1}})),

@@ -47,8 +47,9 @@ LIBRARY_MATMUL = "library_matmul"
 LIBRARY_CONV = "library_conv"
 LIBRARY_ATTENTION = "library_attention"
 LIBRARY = (LIBRARY_MATMUL, LIBRARY_CONV, LIBRARY_ATTENTION)
-TEMPLATES = (VIEW, POINTWISE, ROW_REDUCE, MATMUL, CONV, WINDOW, ATTENTION, MERGED_MATMUL,
-             *LIBRARY)  # fmt: skip
+# every template a plan may name (the plan reader refuses any other)
+TEMPLATES = (VIEW, POINTWISE, ROW_REDUCE, MATMUL, CONV, WINDOW, ATTENTION, NORM_MATMUL,
+             MERGED_MATMUL, LOW_RANK, *LIBRARY)  # fmt: skip
 # which kernels may run matmuls, convolutions and attention (--gemm-backends):
 # generated Triton, library calls, or both competing in the linear program
 GEMM_BACKENDS = ("triton", "library")
