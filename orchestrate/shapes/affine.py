@@ -1,0 +1,121 @@
+"""Affine dimension expressions: ``c0 + c1*s1 + ... + cn*sn`` over named symbols.
+
+Immutable and canonical (terms sorted by symbol, no zero coefficients), so
+two expressions are equal exactly when ``==`` says so and print the same.
+Adding, subtracting and scaling by an integer always give an Affine;
+multiplying two non-constant expressions or dividing inexactly does not, and
+gives a :class:`NotAffine` with the reason instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from orchestrate.shapes.dims import DimRange
+
+
+@dataclass(frozen=True)
+class NotAffine:
+    """A result that has no affine form; ``reason`` says why in one line."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Affine:
+    const: int = 0
+    terms: tuple[tuple[str, int], ...] = ()
+
+    @staticmethod
+    def of(value: Affine | int | str) -> Affine:
+        """An int is a constant, a str a symbol."""
+        if isinstance(value, Affine):
+            return value
+        if isinstance(value, str):
+            return Affine(0, ((value, 1),))
+        return Affine(int(value))
+
+    @staticmethod
+    def _make(const: int, coeffs: Mapping[str, int]) -> Affine:
+        return Affine(const, tuple(sorted((s, c) for s, c in coeffs.items() if c)))
+
+    @property
+    def is_const(self) -> bool:
+        return not self.terms
+
+    @property
+    def symbols(self) -> frozenset[str]:
+        return frozenset(s for s, _ in self.terms)
+
+    def __add__(self, other: Affine | int) -> Affine:
+        other = Affine.of(other)
+        coeffs = dict(self.terms)
+        for s, c in other.terms:
+            coeffs[s] = coeffs.get(s, 0) + c
+        return Affine._make(self.const + other.const, coeffs)
+
+    __radd__ = __add__
+
+    def __neg__(self) -> Affine:
+        return Affine(-self.const, tuple((s, -c) for s, c in self.terms))
+
+    def __sub__(self, other: Affine | int) -> Affine:
+        return self + -Affine.of(other)
+
+    def __rsub__(self, other: Affine | int) -> Affine:
+        return Affine.of(other) + -self
+
+    def __mul__(self, k: int) -> Affine:
+        if not isinstance(k, int) or isinstance(k, bool):
+            return NotImplemented
+        return Affine._make(self.const * k, {s: c * k for s, c in self.terms})
+
+    __rmul__ = __mul__
+
+    def times(self, other: Affine | int) -> Affine | NotAffine:
+        """The product, when one side is a constant."""
+        other = Affine.of(other)
+        if other.is_const:
+            return self * other.const
+        if self.is_const:
+            return other * self.const
+        return NotAffine(f"({self}) * ({other}) is a product of symbols")
+
+    def floordiv(self, k: Affine | int) -> Affine | NotAffine:
+        """``self // k`` for a constant ``k``: exact for every binding, or a
+        constant; anything else has no affine form."""
+        k = Affine.of(k)
+        if not k.is_const:
+            return NotAffine(f"({self}) / ({k}) divides by a symbol")
+        d = k.const
+        if d == 0:
+            return NotAffine(f"({self}) / 0 divides by zero")
+        if self.is_const:
+            return Affine(self.const // d)
+        if self.const % d or any(c % d for _, c in self.terms):
+            return NotAffine(f"({self}) / {d} is not exact for every value of its symbols")
+        return Affine._make(self.const // d, {s: c // d for s, c in self.terms})
+
+    def evaluate(self, binding: Mapping[str, int]) -> int:
+        """The value with each symbol replaced by ``binding[symbol]``."""
+        return self.const + sum(c * binding[s] for s, c in self.terms)
+
+    def bounds(self, ranges: Mapping[str, DimRange]) -> tuple[int, int]:
+        """(smallest, largest) value over the declared ranges of its symbols."""
+        lo = hi = self.const
+        for s, c in self.terms:
+            r = ranges[s]
+            lo += c * (r.min if c > 0 else r.max)
+            hi += c * (r.max if c > 0 else r.min)
+        return lo, hi
+
+    def __str__(self) -> str:
+        parts = []
+        for s, c in self.terms:
+            mag = s if abs(c) == 1 else f"{abs(c)}*{s}"
+            parts.append(("- " if c < 0 else "+ ") + mag)
+        if self.const or not parts:
+            parts.append(("- " if self.const < 0 else "+ ") + str(abs(self.const)))
+        text = " ".join(parts)
+        return text[2:] if text.startswith("+ ") else "-" + text[2:]
