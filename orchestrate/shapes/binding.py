@@ -1,0 +1,108 @@
+"""Bind each input dimension of an ONNX model to a constant or a symbol.
+
+A number stays a constant.  A dimension given a range by ``--shape
+NAME=1..8x2..64`` becomes the input's ``dim_param`` when it has one (so
+``batch`` is the same symbol in every input) or a generated ``NAME_AXIS``;
+``--dim SYMBOL=MIN..MAX`` gives a range to a ``dim_param`` wherever it
+appears.  A range whose MIN equals its MAX is a constant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import onnx
+
+from orchestrate.errors import InputError
+from orchestrate.shapes.affine import Affine
+from orchestrate.shapes.dims import DimRange
+
+Shape = tuple[Affine, ...]
+
+
+def bind_inputs(
+    inputs: list[onnx.ValueInfoProto],
+    shapes: Mapping[str, tuple[DimRange, ...]],
+    dims: Mapping[str, DimRange],
+    source: str = "<model>",
+) -> tuple[dict[str, Shape], dict[str, DimRange]]:
+    """(input name -> symbolic shape, symbol -> range); InputError naming
+    the flag for a rank or fixed dimension that disagrees, an unknown input or
+    symbol, a symbol given two ranges, or a dynamic dimension left unbound."""
+    by_name = {i.name: i for i in inputs}
+    for name in shapes:
+        if name not in by_name:
+            known = ", ".join(by_name) or "none"
+            raise InputError(
+                f"--shape {name}=...: the model has no input {name!r} (inputs: {known})"
+            )
+    params = {d.dim_param for i in inputs for d in _dims(i) if d.dim_param}
+    for symbol in dims:
+        if symbol not in params:
+            known = ", ".join(sorted(params)) or "none"
+            raise InputError(f"--dim {symbol}=...: the model has no dimension {symbol!r} "
+                             f"(dimensions: {known})")  # fmt: skip
+    ranges: dict[str, DimRange] = {}
+    out: dict[str, Shape] = {}
+    for name, vi in by_name.items():
+        if not vi.type.HasField("tensor_type"):
+            raise InputError(f"{source}: input {name!r} is not a tensor")
+        model_dims = _dims(vi)
+        given = shapes.get(name)
+        if (
+            given is not None
+            and vi.type.tensor_type.HasField("shape")
+            and len(model_dims) != len(given)
+        ):
+            raise InputError(f"--shape {name}=...: input {name!r} has rank {len(model_dims)}, "
+                             f"not {len(given)}")  # fmt: skip
+        if given is None and not vi.type.tensor_type.HasField("shape"):
+            raise InputError(f"{source}: input {name!r} has unknown rank; pass --shape {name}=...")
+        shape = []
+        for k in range(len(given) if given is not None else len(model_dims)):
+            d = model_dims[k] if k < len(model_dims) else None
+            r = given[k] if given is not None else None
+            shape.append(_bind_one(name, k, d, r, dims, ranges, source))
+        out[name] = tuple(shape)
+    return out, ranges
+
+
+def _bind_one(name, k, d, r, dims, ranges, source) -> Affine:
+    fixed = d is not None and d.HasField("dim_value")
+    if r is not None:
+        if fixed and not (r.fixed and r.min == d.dim_value):
+            raise InputError(
+                f"--shape {name}=...: axis {k} of input {name!r} is fixed at {d.dim_value}"
+            )
+        if r.fixed:
+            return Affine.of(r.min)
+        symbol = d.dim_param if d is not None and d.dim_param else f"{name}_{k}"
+        if symbol in dims and dims[symbol] != r:
+            raise InputError(f"--shape {name}=...: axis {k} is {symbol!r}, given {dims[symbol]} by --dim "
+                             f"and {r} by --shape")  # fmt: skip
+        return _declare(symbol, r, ranges, f"--shape {name}=...")
+    if fixed:
+        return Affine.of(d.dim_value)
+    if d is not None and d.dim_param and d.dim_param in dims:
+        return _declare(d.dim_param, dims[d.dim_param], ranges, f"--dim {d.dim_param}=...")
+    what = f"dimension {d.dim_param!r}" if d is not None and d.dim_param else "a dynamic dimension"
+    hint = f"--dim {d.dim_param}=MIN..MAX or " if d is not None and d.dim_param else ""
+    raise InputError(
+        f"{source}: input {name!r} has {what} at axis {k}; pass {hint}--shape {name}=..."
+    )
+
+
+def _declare(symbol: str, r: DimRange, ranges: dict[str, DimRange], flag: str) -> Affine:
+    if r.fixed:
+        return Affine.of(r.min)
+    if ranges.get(symbol, r) != r:
+        raise InputError(
+            f"{flag}: dimension {symbol!r} is given two ranges, {ranges[symbol]} and {r}"
+        )
+    ranges[symbol] = r
+    return Affine.of(symbol)
+
+
+def _dims(vi: onnx.ValueInfoProto):
+    tt = vi.type.tensor_type
+    return list(tt.shape.dim) if vi.type.HasField("tensor_type") and tt.HasField("shape") else []
