@@ -151,7 +151,13 @@ def _shapes(texts) -> dict[str, tuple[int, ...]]:
     bad one is a one-line error like any other."""
     from orchestrate.errors import InputError
     from orchestrate.frontend import parse_shape
+    from orchestrate.shapes.dims import is_range_text
 
+    for text in texts:
+        if is_range_text(text):
+            raise InputError(f"--shape {text}: planning for a range of shapes is not built yet "
+                             "(issue 14; `orchestrate inspect` shows its symbolic shapes); "
+                             "give one number per dimension")  # fmt: skip
     out: dict[str, tuple[int, ...]] = {}
     for name, dims in map(parse_shape, texts):
         if name in out and out[name] != dims:
@@ -207,13 +213,24 @@ def decompose(model: Path, output: Path, shapes) -> None:
 @click.option("--dtype", default=None, metavar="fp16|bf16|fp32",
               help="Show the primitive graph run at this precision (as optimize --dtype).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--dim", "dims", metavar="SYMBOL=MIN..MAX[@OPT]", multiple=True,
+              help="A range for a symbolic dimension of the model, e.g. --dim seq=2..64; with it, "
+                   "or a range in --shape (x=1..8x2..64), show symbolic shapes instead.")  # fmt: skip
 @reports_errors
-def inspect(model: Path, shapes, dtype, as_json: bool) -> None:
-    """Op types and tensor sizes of MODEL, before and after operator fission."""
+def inspect(model: Path, shapes, dtype, as_json: bool, dims) -> None:
+    """Op types and tensor sizes of MODEL, before and after operator fission.
+
+    With a range of shapes (--shape x=1..8x2..64, --dim seq=2..64): the
+    symbolic shape of each output (every value with --json), the declared
+    ranges, and the nodes symbolic inference declines."""
     from orchestrate import pipeline
     from orchestrate.precision import check_dtype
+    from orchestrate.shapes.dims import is_range_text
     from orchestrate.summary import format_inspection, inspection
 
+    if dims or any(map(is_range_text, shapes)):
+        _inspect_symbolic(model, shapes, dtype, as_json, dims)
+        return
     check_dtype(dtype, "--dtype")
     onnx_model = pipeline.load(model)
     graph = pipeline.fission_model(onnx_model, _shapes(shapes), str(model))
@@ -225,6 +242,34 @@ def inspect(model: Path, shapes, dtype, as_json: bool) -> None:
         click.echo(json.dumps(info, indent=2))
     else:
         click.echo(format_inspection(info))
+
+
+def _inspect_symbolic(model: Path, shapes, dtype, as_json: bool, dims) -> None:
+    from orchestrate import pipeline
+    from orchestrate.errors import InputError
+    from orchestrate.shapes import report
+    from orchestrate.shapes.dims import parse_dim, parse_range_shape
+    from orchestrate.shapes.infer import infer_shapes
+
+    if dtype is not None:
+        raise InputError(f"--dtype {dtype}: not read with a range of shapes yet (issue 14)")
+    given: dict = {}
+    for text in shapes:
+        name, ranges = parse_range_shape(text)
+        if given.setdefault(name, ranges) != ranges:
+            raise InputError(f"--shape {name}: given twice with different dimensions")
+    symbols: dict = {}
+    for text in dims:
+        name, r = parse_dim(text)
+        if symbols.setdefault(name, r) != r:
+            raise InputError(f"--dim {name}: given twice with different ranges")
+    result = infer_shapes(pipeline.load(model), given, symbols, str(model))
+    if as_json:
+        import json
+
+        click.echo(json.dumps(report.as_json(result), indent=2))
+    else:
+        click.echo("\n".join(report.lines(result)))
 
 
 def plan_options(fn):

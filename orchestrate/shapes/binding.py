@@ -44,7 +44,9 @@ def bind_inputs(
                              f"(dimensions: {known})")  # fmt: skip
     ranges: dict[str, DimRange] = {}
     out: dict[str, Shape] = {}
-    for name, vi in by_name.items():
+    # inputs given by --shape first, so that their dim_params bind the same
+    # dim_param of the other inputs
+    for name, vi in sorted(by_name.items(), key=lambda item: item[0] not in shapes):
         if not vi.type.HasField("tensor_type"):
             raise InputError(f"{source}: input {name!r} is not a tensor")
         model_dims = _dims(vi)
@@ -64,7 +66,8 @@ def bind_inputs(
             r = given[k] if given is not None else None
             shape.append(_bind_one(name, k, d, r, dims, ranges, source))
         out[name] = tuple(shape)
-    return out, ranges
+    order = {name: out[name] for name in by_name}
+    return order, {s: r for s, r in ranges.items() if not r.fixed}
 
 
 def _bind_one(name, k, d, r, dims, ranges, source) -> Affine:
@@ -74,8 +77,6 @@ def _bind_one(name, k, d, r, dims, ranges, source) -> Affine:
             raise InputError(
                 f"--shape {name}=...: axis {k} of input {name!r} is fixed at {d.dim_value}"
             )
-        if r.fixed:
-            return Affine.of(r.min)
         symbol = d.dim_param if d is not None and d.dim_param else f"{name}_{k}"
         if symbol in dims and dims[symbol] != r:
             raise InputError(f"--shape {name}=...: axis {k} is {symbol!r}, given {dims[symbol]} by --dim "
@@ -83,6 +84,9 @@ def _bind_one(name, k, d, r, dims, ranges, source) -> Affine:
         return _declare(symbol, r, ranges, f"--shape {name}=...")
     if fixed:
         return Affine.of(d.dim_value)
+    if d is not None and d.dim_param in ranges:
+        r = ranges[d.dim_param]
+        return Affine.of(r.min) if r.fixed else Affine.of(d.dim_param)
     if d is not None and d.dim_param and d.dim_param in dims:
         return _declare(d.dim_param, dims[d.dim_param], ranges, f"--dim {d.dim_param}=...")
     what = f"dimension {d.dim_param!r}" if d is not None and d.dim_param else "a dynamic dimension"
@@ -93,14 +97,14 @@ def _bind_one(name, k, d, r, dims, ranges, source) -> Affine:
 
 
 def _declare(symbol: str, r: DimRange, ranges: dict[str, DimRange], flag: str) -> Affine:
-    if r.fixed:
-        return Affine.of(r.min)
+    """The symbol (a number when MIN == MAX); ``ranges`` keeps fixed ones too
+    until binding ends, so that every use of a dim_param agrees."""
     if ranges.get(symbol, r) != r:
         raise InputError(
             f"{flag}: dimension {symbol!r} is given two ranges, {ranges[symbol]} and {r}"
         )
     ranges[symbol] = r
-    return Affine.of(symbol)
+    return Affine.of(r.min) if r.fixed else Affine.of(symbol)
 
 
 def _dims(vi: onnx.ValueInfoProto):
