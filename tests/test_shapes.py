@@ -210,7 +210,7 @@ def graphs(draw):
     for _ in range(draw(st.integers(1, 6))):
         rank = len(shape)
         op = draw(st.sampled_from(["relu", "add_y", "matmul", "transpose", "split_last", "slice",
-                                   "reduce", "concat", "range", "expand", "softmax", "flatten_last"]))  # fmt: skip
+                                   "reduce", "concat", "range", "expand", "softmax", "flatten_last", "merge_last"]))  # fmt: skip
         out = fresh()
         if op == "relu":
             nodes.append(helper.make_node("Relu", [cur], [out]))
@@ -251,6 +251,20 @@ def graphs(draw):
             tgt = const([0] * (rank - 2) + [-1])
             nodes.append(helper.make_node("Reshape", [cur, tgt], [out]))
             shape = shape[:-2] + [shape[-2] * shape[-1]]
+        elif op == "merge_last" and rank >= 3 and any(isinstance(d, int) for d in shape[-2:]):
+            # Reshape to [dims..., d(-2) * d(-1)] with the product computed by Mul
+            sh, parts = f"{out}s", []
+            nodes.append(helper.make_node("Shape", [cur], [sh]))
+            for k in range(rank):
+                g = f"{out}g{k}"
+                nodes.append(helper.make_node("Gather", [sh, const([k])], [g], axis=0))
+                parts.append(g)
+            prod, tgt = f"{out}p", f"{out}t"
+            nodes.append(helper.make_node("Mul", parts[-2:], [prod]))
+            nodes.append(helper.make_node("Concat", [*parts[:-2], prod], [tgt], axis=0))
+            nodes.append(helper.make_node("Reshape", [cur, tgt], [out]))
+            a, b = shape[-2:]
+            shape = shape[:-2] + [a * b if isinstance(a, int) and isinstance(b, int) else "merged"]
         elif op == "slice":
             ax = draw(st.integers(0, rank - 1))
             sh, e = f"{out}s", f"{out}e"
