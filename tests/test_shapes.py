@@ -355,3 +355,34 @@ def test_exported_bert_has_symbolic_output_shapes(dynamic_bert, dynamo):
     assert len(longer.declined) == 2 and all(d.op == "Slice" for d in longer.declined)
     assert "may exceed the dim 64" in longer.declined[0].reason
     assert longer.shape("last_hidden_state") is None
+
+
+@pytest.mark.parametrize(
+    "name, dynamo, opset, output, tail",
+    [("gpt2", False, 15, "logits", "1000"), ("llama", True, 18, "logits", "1000")],
+)
+def test_exported_decoders_have_symbolic_output_shapes(tmp_path, name, dynamo, opset, output, tail):
+    from examples import export_example
+
+    path = tmp_path / f"{name}.onnx"
+    export_example(name, path, dynamo=dynamo, opset=opset, dynamic=True)
+    model = onnx.load(path)
+    dims = {"batch": DimRange(2, 3), "sequence": DimRange(2, 12)}
+    result = infer_shapes(model, dims=dims)
+    assert [str(d) for d in result.shape(output)] == ["batch", "sequence", tail]
+    assert_matches_frontend(
+        model, dims, [{"batch": 2, "sequence": 5}, {"batch": 3, "sequence": 12}]
+    )
+
+
+def test_a_reshape_merging_batch_and_sequence_is_declined_by_name(tmp_path):
+    """nn.MultiheadAttention folds the batch into the heads axis: (seq, batch * heads, ...)."""
+    from examples import export_example
+
+    path = tmp_path / "enc.onnx"
+    export_example("torch_encoder", path, dynamo=True, opset=18, dynamic=True)
+    result = infer_shapes(
+        onnx.load(path), dims={"batch": DimRange(1, 4), "sequence": DimRange(2, 8)}
+    )
+    assert result.declined and all(d.op == "Reshape" for d in result.declined)
+    assert "product" in result.declined[0].reason and result.shape("y") is None
