@@ -27,7 +27,8 @@ def lines(result: SymbolicShapes) -> list[str]:
         shape = result.shape(name)
         out.append(f"  {name:<{width}}  {shape_text(shape)}{_largest(result, shape)}")
     if result.declined:
-        out.append(f"declined ({len(result.declined)} nodes; what depends on them is unknown):")
+        n = len(result.declined)
+        out.append(f"declined ({n} node{'s' * (n != 1)}; what depends on them is unknown):")
         out.extend(f"  {d}" for d in result.declined)
     else:
         out.append("declined: none")
