@@ -280,6 +280,9 @@ def plan_options(fn):
     fn = click.option("--max-kernel-nodes", type=click.IntRange(1, 64), default=16,
                       show_default=True, help="Most primitives in one candidate kernel.")(fn)  # fmt: skip
     fn = click.option("--tf32", is_flag=True, help="Let fp32 matmuls use TF32 tensor cores.")(fn)
+    fn = click.option("--no-rewrites", "no_rewrites", is_flag=True,
+                      help="Plan without the pattern rules (attention, merged siblings, norm past "
+                           "matmul, low rank): only sets enumeration builds.")(fn)  # fmt: skip
     fn = click.option("--gemm-backends", "gemm_backends", default="triton,library",
                       show_default=True, metavar="LIST",
                       help="Who may run matmuls, convolutions and attention: generated Triton "
@@ -311,6 +314,7 @@ def _plan_options(
     no_recompute,
     dtype,
     gemm_backends,
+    no_rewrites,
 ):
     from orchestrate.errors import InputError
     from orchestrate.kernels.enumerate import Limits
@@ -321,6 +325,7 @@ def _plan_options(
             device=device, memory_budget=memory_budget, time_limit=time_limit, tf32=tf32,
             limits=Limits(max_nodes=max_kernel_nodes), reproducible=reproducible,
             recompute=not no_recompute, dtype=dtype, gemm_backends=gemm_backends,
+            rewrites=not no_rewrites,
         )  # fmt: skip
     except PlanOptionError as e:  # name the flag, not the field
         flag = _PLAN_FLAGS.get(e.field, e.field)

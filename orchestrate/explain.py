@@ -99,6 +99,7 @@ def summary_lines(result: Plan) -> list[str]:
         f"solver: {sol.status}, gap {sol.gap:.4g}, {sol.seconds} s, {sol.solves} solves",
         f"kernels: {s.kernels} planned, {functions} distinct specs",
         f"precision: {precision_text(result)}",
+        *([] if result.options.rewrites else ["rewrite rules: off (--no-rewrites)"]),
         "",
         f"{'plan':<13}{'kernels':>8}{'bytes':>12}{'predicted us':>14}{'speedup':>9}",
     ]  # fmt: skip

@@ -158,6 +158,7 @@ class Options:
     max_kernel_nodes: int
     dtype: str | None  # --dtype: fp32, fp16 or bf16; None: the model's own precision
     gemm_backends: tuple[str, ...]  # --gemm-backends: triton, library or both
+    rewrites: bool  # pattern rules on (--no-rewrites: off)
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,7 @@ class PlanOptions:
     # who may run matmuls, convolutions and attention: generated Triton kernels,
     # library calls (cuBLAS, cuDNN, SDPA through torch), or both competing
     gemm_backends: tuple[str, ...] = GEMM_BACKENDS
+    rewrites: bool = True  # pattern rules propose their sets (--no-rewrites: none)
 
     def __post_init__(self):
         d = self.device
@@ -103,7 +104,7 @@ class PlanOptions:
                     math.isfinite(t) and t > 0):  # fmt: skip
                 raise PlanOptionError("time_limit", t, "must be a finite number of seconds > 0")
             object.__setattr__(self, "time_limit", float(t))
-        for name in ("tf32", "recompute", "reproducible"):
+        for name in ("tf32", "recompute", "reproducible", "rewrites"):
             v = getattr(self, name)
             if not isinstance(v, (bool, np.bool_)):
                 raise PlanOptionError(name, v, "must be True or False")
@@ -136,11 +137,13 @@ class PlanOptions:
     def target(self) -> Target:
         """The rules' target: configurations ranked by predicted time."""
         device = get_device(self.device)
-        return Target(device, self.tf32, rank=Ranker(device), gemm_backends=self.gemm_backends)
+        return Target(device, self.tf32, rank=Ranker(device), gemm_backends=self.gemm_backends,
+                      rewrites=self.rewrites)  # fmt: skip
 
     def record(self) -> Options:
         return Options(self.memory_budget, self.time_limit, self.tf32, self.recompute,
-                       self.limits.max_nodes, self.dtype, self.gemm_backends)  # fmt: skip
+                       self.limits.max_nodes, self.dtype, self.gemm_backends,
+                       self.rewrites)  # fmt: skip
 
 
 def plan(

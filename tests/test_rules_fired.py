@@ -77,7 +77,18 @@ def test_explain_names_the_rules_that_fired(tmp_path):
     assert "2 kernels" in row and "k0" in row
 
 
-def test_a_plan_where_no_rule_fires_lists_none(monkeypatch, graph):
-    for name in [r.name for r in enumeration.pattern_rules()]:
-        _without(monkeypatch, name)
-    assert plan(graph, OPTIONS).plan.rules == ()
+def test_no_rewrites_plans_without_any_pattern_rule(graph, planned):
+    alone = plan(graph, PlanOptions(device="h200", reproducible=True, rewrites=False)).plan
+    assert alone.rules == () and not alone.options.rewrites
+    pattern = {"attention", "merged_matmul", "norm_matmul", "low_rank", "library_attention"}
+    assert not pattern & {k.template for k in alone.kernels}
+    assert alone.summary.predicted_us > planned.summary.predicted_us
+
+
+def test_no_rewrites_from_the_command_line(tmp_path):
+    out = tmp_path / "plan.json"
+    r = CliRunner().invoke(cli.main, ["plan", DEMO, "-o", str(out), "--no-rewrites"])
+    assert r.exit_code == 0, r.output
+    assert "rewrite rules: off (--no-rewrites)" in r.output
+    assert json.loads(out.read_text())["options"]["rewrites"] is False
+    assert "rules that fired" not in CliRunner().invoke(cli.main, ["explain", str(out)]).output

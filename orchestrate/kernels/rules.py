@@ -131,7 +131,9 @@ def _unjudged(r: Region) -> str:
 
 def pattern_rules(target: Target | None = None) -> list[Rule]:
     """The rules that propose sets enumeration never builds (those ``target``
-    allows, when given)."""
+    allows, when given: none under ``--no-rewrites``)."""
+    if target is not None and not target.rewrites:
+        return []
     return [rule for rule in RULES
             if rule.propose is not None and (target is None or allowed(rule, target))]  # fmt: skip
 

@@ -78,12 +78,15 @@ class Target:
     time; loading a bundle ranks its recorded configuration first.  Without a
     rank the first configuration that fits is taken.  ``gemm_backends``: who
     may run matmul, conv and attention sets (``GEMM_BACKENDS``); Triton runs
-    every other set whatever it says."""
+    every other set whatever it says.  ``rewrites``: whether the pattern
+    rules (attention, merged siblings, ...) propose their sets at all
+    (``--no-rewrites`` turns them off)."""
 
     device: Any  # orchestrate.devices.Device
     tf32: bool = False
     rank: Callable[[Graph, KernelSpec], float] | None = None
     gemm_backends: tuple[str, ...] = GEMM_BACKENDS
+    rewrites: bool = True
 
 
 # -- launch configuration --------------------------------------------------------
