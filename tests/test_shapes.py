@@ -386,3 +386,51 @@ def test_a_reshape_merging_batch_and_sequence_is_declined_by_name(tmp_path):
     )
     assert result.declined and all(d.op == "Reshape" for d in result.declined)
     assert "product" in result.declined[0].reason and result.shape("y") is None
+
+
+def _i64(name, values):
+    import numpy as np
+
+    return numpy_helper.from_array(np.array(values, dtype=np.int64), name)
+
+
+def test_expand_through_where_equal_and_conv_with_a_symbolic_batch():
+    """TorchScript's expand pattern (Where(Equal(shape, -1), 1, shape)) and a
+    conv: the batch may be symbolic; the dims come out as the frontend's."""
+    import numpy as np
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("MaxPool", ["c"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Shape", ["p"], ["sh"]),
+        helper.make_node("Equal", ["sh", "minus"], ["eq"]),
+        helper.make_node("Where", ["eq", "ones", "sh"], ["target"]),
+        helper.make_node("Expand", ["bias", "target"], ["y"]),
+    ]
+    w = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")
+    bias = numpy_helper.from_array(np.ones((1, 4, 1, 1), np.float32), "bias")
+    inits = [w, bias, _i64("minus", [-1, -1, -1, -1]), _i64("ones", [1, 1, 1, 1])]
+    x = helper.make_tensor_value_info("x", F, [None, 3, None, None])
+    model = _model(nodes, [x], ["y"], inits)
+    result = infer_shapes(model, {"x": parse_range_shape("x=1..5x3x9x9")[1]})
+    assert result.ranges == {"x_0": DimRange(1, 5)}
+    assert [str(d) for d in result.shape("y")] == ["x_0", "4", "2", "2"]
+    for b in (1, 4):
+        assert result.at("y", {"x_0": b}) == concrete(model, {"x": (b, 3, 9, 9)})["y"]
+    spatial = infer_shapes(model, {"x": parse_range_shape("x=2x3x8..12x9")[1]})
+    assert [d.node for d in spatial.declined] == ["Conv_0"]
+    assert "spatial axis 2 is x_2" in spatial.declined[0].reason
+
+
+def test_a_reshape_by_half_a_symbol_is_declined_with_the_division():
+    nodes = [
+        helper.make_node("Shape", ["x"], ["sh"]),
+        helper.make_node("Div", ["sh", "two"], ["half"], name="halve"),
+        helper.make_node("Reshape", ["x", "half"], ["y"]),
+    ]
+    x = helper.make_tensor_value_info("x", F, ["n"])
+    model = _model(nodes, [x], ["y"], [_i64("two", [2])])
+    result = infer_shapes(model, dims={"n": DimRange(2, 8)})
+    assert [str(d) for d in result.declined] == [
+        "node 'halve' (Div): (n) / 2 is not exact for every value of its symbols"
+    ]

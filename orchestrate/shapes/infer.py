@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import numpy_helper
 
+from orchestrate.errors import InputError
 from orchestrate.frontend import DEFAULT_DOMAINS, graph_inputs
 from orchestrate.shapes.affine import Affine
 from orchestrate.shapes.binding import bind_inputs
@@ -69,7 +70,10 @@ def infer_shapes(
     """Symbolic shapes of every value of ``model`` (see the module doc).
     InputError (naming the flag) for a binding that does not fit the model."""
     if model.functions:
-        model = onnx.inliner.inline_local_functions(model)
+        try:
+            model = onnx.inliner.inline_local_functions(model)
+        except Exception as e:  # noqa: BLE001 - as the frontend: a bad model
+            raise InputError(f"{source}: cannot inline local functions ({e})") from None
     g = model.graph
     inputs = graph_inputs(model)
     bound, ranges = bind_inputs(inputs, shapes or {}, dims or {}, source)

@@ -30,7 +30,7 @@ SAME_SHAPE = frozenset(
     Gelu Dropout IsNaN IsInf Floor Ceil Sin Cos Softplus Softsign LeakyRelu Elu Selu HardSigmoid
     HardSwish Clip Sign Round Mish Trilu CumSum LayerNormalization BatchNormalization
     InstanceNormalization LpNormalization Hardmax Celu ThresholdedRelu Shrink Cast CastLike
-    Erf Tan Atan Asin Acos Sinh Cosh SimplifiedLayerNormalization RMSNormalization""".split()
+    Tan Atan Asin Acos Sinh Cosh SimplifiedLayerNormalization RMSNormalization""".split()
 )
 BROADCAST = frozenset(
     """Add Sub Mul Div Pow Equal Less Greater LessOrEqual GreaterOrEqual And Or Xor Max Min Sum
@@ -84,37 +84,41 @@ def same_shape(r: Rules, node, ins):
     return outs
 
 
-def _elementwise(r: Rules, op: str, a: Affine, b: Affine) -> Affine:
+def _elementwise(r: Rules, op: str, a: Affine, b: Affine) -> Affine | None:
+    """``a op b`` on shape values; None when the contents are not decided for
+    every binding (the shape still is); Decline when Mul or Div leaves affine
+    form, since such a value is a dimension that cannot be expressed."""
     if op == "Add":
         return a + b
     if op == "Sub":
         return a - b
     if op == "Mul":
         return ok(a.times(b))
+    if op == "Div" and a.is_const and b.is_const and b.const:
+        q = abs(a.const) // abs(b.const)  # ONNX's integer Div truncates toward zero
+        return Affine.of(q if (a.const < 0) == (b.const < 0) else -q)
     if op == "Div":
         return ok(a.floordiv(b))
     if op in ("Max", "Min"):
         lo, hi = r.bounds(a - b)
         if lo >= 0 or hi <= 0:
             return a if (lo >= 0) == (op == "Max") else b
-        raise Decline(f"{op}({a}, {b}) is not decided for every value")
+        return None
     if op in ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"):
         lo, hi = r.bounds(a - b)
         tests = {"Equal": (lo == hi == 0, lo > 0 or hi < 0), "Less": (hi < 0, lo >= 0),
                  "Greater": (lo > 0, hi <= 0), "LessOrEqual": (hi <= 0, lo > 0),
                  "GreaterOrEqual": (lo >= 0, hi < 0)}  # fmt: skip
         yes, no = tests[op]
-        if yes or no:
-            return Affine.of(int(yes))
-        raise Decline(f"{op}({a}, {b}) is not decided for every value")
+        return Affine.of(int(yes)) if yes or no else None
     if op in ("And", "Or") and a.is_const and b.is_const:
         return Affine.of(
             int(bool(a.const) and bool(b.const) if op == "And" else bool(a.const) or bool(b.const))
         )
-    raise Decline(f"{op} of shape values {a} and {b}")
+    return None
 
 
-def _flat_broadcast(datas, shapes, out_shape):
+def _flat_broadcast(datas, out_shape):
     size = const(product(out_shape), "the size")
     out = []
     for k in range(size):
@@ -129,11 +133,12 @@ def broadcast(r: Rules, node, ins):
     dtype = _out_type(node, ins)
     data = None
     if dtype in INT_TYPES and all(v.data is not None for v in ins) and len(shape) <= 1:
-        rows = _flat_broadcast([v.data for v in ins], [v.shape for v in ins], shape)
-        if node.op_type == "Where":
-            data = tuple(b if const(c, "a Where condition") else e for c, b, e in rows)
+        rows = _flat_broadcast([v.data for v in ins], shape)
+        if node.op_type == "Where" and all(c.is_const for c, _, _ in rows):
+            data = tuple(b if c.const else e for c, b, e in rows)
         elif len(ins) == 2:
             data = tuple(_elementwise(r, node.op_type, a, b) for a, b in rows)
+            data = None if None in data else data
     return [Value(shape, dtype, data)]
 
 
