@@ -434,3 +434,43 @@ def test_a_reshape_by_half_a_symbol_is_declined_with_the_division():
     assert [str(d) for d in result.declined] == [
         "node 'halve' (Div): (n) / 2 is not exact for every value of its symbols"
     ]
+
+
+def _one_op(op, inputs, inits=(), outputs=("y",), **attrs):
+    x = [helper.make_tensor_value_info(n, t, dims) for n, t, dims in inputs]
+    ins = [n for n, _, _ in inputs] + [t.name for t in inits]
+    return _model([helper.make_node(op, ins, list(outputs), **attrs)], x, list(outputs), inits)
+
+
+def _ones(name, shape, dtype="float32"):
+    import numpy as np
+
+    return numpy_helper.from_array(np.ones(shape, dtype), name)
+
+
+ONE_OP_MODELS = {
+    "einsum": lambda: _one_op("Einsum", [("a", F, ["n", 2, 3]), ("b", F, ["n", 3, "m"])], equation="bij,bjk->bik"),
+    "depth_to_space": lambda: _one_op("DepthToSpace", [("x", F, ["n", 8, "m", 3])], blocksize=2),
+    "space_to_depth": lambda: _one_op("SpaceToDepth", [("x", F, ["n", 2, 4, 6])], blocksize=2),
+    "one_hot": lambda: _one_op("OneHot", [("i", TensorProto.INT64, ["n", "m"])],
+                               [_i64("depth", 5), _ones("v", (2,))], axis=1),  # fmt: skip
+    "split": lambda: _one_op("Split", [("x", F, ["n", 6])], [_i64("s", [2, 4])], ("y", "z"), axis=1),
+    "pad": lambda: _one_op("Pad", [("x", F, ["n", "m"])], [_i64("p", [0, 1, 2, 3])]),
+    "tile": lambda: _one_op("Tile", [("x", F, ["n", "m"])], [_i64("r", [3, 1])]),
+    "flatten": lambda: _one_op("Flatten", [("x", F, ["n", 2, 3])], axis=1),
+    "gemm": lambda: _one_op("Gemm", [("x", F, [3, "n"])], [_ones("w", (5, 3))], transA=1, transB=1),
+    "reduce_max": lambda: _one_op("ReduceMax", [("x", F, ["n", "m", 2])], [_i64("ax", [1])], keepdims=0),
+    "global_pool": lambda: _one_op("GlobalAveragePool", [("x", F, ["n", 2, 5, 5])]),
+    "gather_nd": lambda: _one_op("GatherND", [("x", F, ["n", 4, 3])], [_i64("ix", [[1], [2]])]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(ONE_OP_MODELS))
+def test_one_op_models_match_the_frontend(name):
+    ranges = {"n": DimRange(1, 4), "m": DimRange(2, 5)}
+    model = ONE_OP_MODELS[name]()
+    used = {
+        d.dim_param for i in model.graph.input for d in i.type.tensor_type.shape.dim if d.dim_param
+    }
+    assert_matches_frontend(model, {s: r for s, r in ranges.items() if s in used},
+                            [{"n": 1, "m": 2}, {"n": 4, "m": 5}, {"n": 3, "m": 3}])  # fmt: skip

@@ -30,7 +30,7 @@ SAME_SHAPE = frozenset(
     Gelu Dropout IsNaN IsInf Floor Ceil Sin Cos Softplus Softsign LeakyRelu Elu Selu HardSigmoid
     HardSwish Clip Sign Round Mish Trilu CumSum LayerNormalization BatchNormalization
     InstanceNormalization LpNormalization Hardmax Celu ThresholdedRelu Shrink Cast CastLike
-    Tan Atan Asin Acos Sinh Cosh SimplifiedLayerNormalization RMSNormalization""".split()
+    Acosh Asinh Atanh Swish GroupNormalization LRN MeanVarianceNormalization EyeLike Tan Atan Asin Acos Sinh Cosh SimplifiedLayerNormalization RMSNormalization""".split()
 )
 BROADCAST = frozenset(
     """Add Sub Mul Div Pow Equal Less Greater LessOrEqual GreaterOrEqual And Or Xor Max Min Sum
@@ -501,6 +501,45 @@ def topk(r: Rules, node, ins):
     return [Value(shape, x.dtype), Value(shape, INT64)]
 
 
+def einsum(r: Rules, node, ins):
+    eq = node.attrs["equation"]
+    eq = eq.decode() if isinstance(eq, bytes) else eq
+    eq = eq.replace(" ", "")
+    if "." in eq:
+        raise Decline("Einsum with an ellipsis has no symbolic rule yet")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    sizes: dict[str, Affine] = {}
+    for term, v in zip(terms, ins):
+        for letter, d in zip(term, v.shape):
+            if letter in sizes and sizes[letter] != d and ONE not in (sizes[letter], d):
+                raise Decline(f"index {letter!r} is {sizes[letter]} and {d}")
+            if sizes.get(letter, ONE) == ONE:
+                sizes[letter] = d
+    if not arrow:
+        out = "".join(sorted(c for c in sizes if lhs.count(c) == 1))
+    return [Value(tuple(sizes[c] for c in out), ins[0].dtype)]
+
+
+def depth_space(r: Rules, node, ins):
+    x = ins[0]
+    b = node.attrs["blocksize"]
+    n, c, h, w = x.shape
+    if node.op_type == "DepthToSpace":
+        shape = (n, ok(c.floordiv(b * b)), h * b, w * b)
+    else:
+        shape = (n, c * (b * b), ok(h.floordiv(b)), ok(w.floordiv(b)))
+    return [Value(shape, x.dtype)]
+
+
+def one_hot(r: Rules, node, ins):
+    idx = ins[0]
+    depth = known(ins[1], "the OneHot depth")[0]
+    rank = len(idx.shape) + 1
+    axis = _axis(node.attrs.get("axis", -1), rank)
+    return [Value(idx.shape[:axis] + (depth,) + idx.shape[axis:], ins[2].dtype)]
+
+
 RULES = {
     **{op: same_shape for op in SAME_SHAPE}, **{op: broadcast for op in BROADCAST},
     **{op: reduce for op in REDUCE}, **{op: window for op in POOL},
@@ -509,5 +548,6 @@ RULES = {
     "Concat": concat, "Gather": gather, "GatherElements": gather_elements, "GatherND": gather_nd,
     "Slice": slice_, "Expand": expand, "ConstantOfShape": constant_of_shape, "Range": range_,
     "Split": split, "GlobalAveragePool": global_pool, "GlobalMaxPool": global_pool, "Pad": pad,
-    "Tile": tile, "TopK": topk,
+    "Tile": tile, "TopK": topk, "GlobalLpPool": global_pool, "Einsum": einsum,
+    "DepthToSpace": depth_space, "SpaceToDepth": depth_space, "OneHot": one_hot,
 }  # fmt: skip
