@@ -154,6 +154,11 @@ def test_cli_range_errors_are_one_line(tmp_path):
     one_line_error(invoke("inspect", path, "--dim", "len=2..4"), "--dim len=", "no dimension 'len'")
     one_line_error(invoke("inspect", path, "--dim", "seq=2..4"), "'batch'", "--dim batch=MIN..MAX")
     one_line_error(invoke("inspect", path, "--shape", "x=1..2x3x9"), "axis 2", "fixed at 8")
+    one_line_error(
+        invoke("inspect", path, "--shape", "x=1..2x3x8", "--dtype", "fp16"), "--dtype fp16"
+    )
+    r = invoke("inspect", path, "--shape", "x=1..2x3x8", "--shape", "x=1..3x3x8")
+    one_line_error(r, "--shape x", "given twice")
 
 
 @pytest.mark.parametrize("command", ["plan", "optimize"])
