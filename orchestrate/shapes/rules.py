@@ -69,11 +69,11 @@ def ints(v: Value | None, what: str) -> list[int]:
     return [const(x, what) for x in known(v, what)]
 
 
+@dataclass(frozen=True)
 class Rules:
-    """Rules need the declared ranges to decide a clamp or a comparison."""
+    """What the rules share: the declared ranges, to decide a clamp or a comparison."""
 
-    def __init__(self, ranges: Mapping[str, DimRange]):
-        self.ranges = ranges
+    ranges: Mapping[str, DimRange]
 
     def bounds(self, x: Affine) -> tuple[int, int]:
         return x.bounds(self.ranges)
