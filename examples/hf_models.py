@@ -35,7 +35,7 @@ if not torch.cuda.is_available():
 import orchestrate  # noqa: E402
 from examples.export import ExportError, export  # noqa: E402
 
-SEQ, IMAGE, VOCAB = 16, 32, 256
+SEQ, IMAGE, VOCAB, MELS = 16, 32, 256, 16
 LM = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
           vocab_size=VOCAB, max_position_embeddings=64)  # fmt: skip
 GQA = dict(LM, num_key_value_heads=2)
@@ -59,6 +59,12 @@ def _architectures(t) -> dict[str, tuple[Callable[[], torch.nn.Module], str]]:
         "clip-text": (lambda: t.CLIPTextModel(t.CLIPTextConfig(**LM)), "ids"),
         "t5-encoder": (lambda: t.T5EncoderModel(t.T5Config(
             d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=VOCAB)), "ids"),
+        "whisper-encoder": (lambda: t.WhisperModel(t.WhisperConfig(
+            d_model=64, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+            num_mel_bins=MELS, max_source_positions=SEQ, max_target_positions=SEQ,
+            vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            decoder_start_token_id=1)).encoder, "audio"),
         "vit": (lambda: t.ViTModel(t.ViTConfig(
             hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
             image_size=IMAGE, patch_size=8)), "image"),
@@ -83,6 +89,8 @@ class LastHidden(torch.nn.Module):
 def _example(kind: str) -> torch.Tensor:
     if kind == "ids":
         return torch.randint(0, VOCAB, (1, SEQ))
+    if kind == "audio":  # log-mel features: two frames per encoder position (stride-2 conv)
+        return torch.randn(1, MELS, 2 * SEQ)
     return torch.randn(1, 3, IMAGE, IMAGE)
 
 
