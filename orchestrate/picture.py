@@ -45,7 +45,8 @@ RENDERED = {".svg": "svg", ".png": "png", ".pdf": "pdf"}  # suffix -> dot -T for
 COLOURS = {
     "matmul": "#a6cee3", "attention": "#fdbf6f", "conv": "#b2df8a", "row_reduce": "#fb9a99",
     "pointwise": "#e0e0e0", "window": "#cab2d6", "merged_matmul": "#8dd3c7",
-    "norm_matmul": "#bebada", "low_rank": "#80b1d3", "library_matmul": "#d9d9d9",
+    "norm_matmul": "#bebada", "norm_merged_matmul": "#bc80bd", "low_rank": "#80b1d3",
+    "library_matmul": "#d9d9d9",
     "library_conv": "#ccebc5", "library_attention": "#ffed6f",
 }  # fmt: skip
 OTHER = "#ffffb3"

@@ -124,4 +124,5 @@ def test_rules_lists_the_table():
     assert r.exit_code == 0, r.output
     names = [line.split()[0] for line in r.output.splitlines() if " library " not in line]
     assert names == ["view", "pointwise", "row_reduce", "matmul", "conv", "window",
-                     "merged_matmul", "attention", "norm_matmul", "low_rank"]  # fmt: skip
+                     "norm_merged_matmul", "merged_matmul", "attention", "norm_matmul",
+                     "low_rank"]  # fmt: skip

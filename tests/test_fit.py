@@ -21,7 +21,14 @@ from orchestrate import pipeline
 from orchestrate.emit import kernel_source
 from orchestrate.emit.source import Launch, module, pointers
 from orchestrate.kernels.fit import working_set
-from orchestrate.kernels.spec import ATTENTION, MERGED_MATMUL, NORM_MATMUL, SCRATCH_DTYPES, VIEW
+from orchestrate.kernels.spec import (
+    ATTENTION,
+    MERGED_MATMUL,
+    NORM_MATMUL,
+    NORM_MERGED_MATMUL,
+    SCRATCH_DTYPES,
+    VIEW,
+)
 from orchestrate.planner import PlanOptions, plan
 from orchestrate.precision import lower_precision
 from tests import graphs
@@ -120,7 +127,7 @@ def test_the_shared_memory_model_brackets_the_compiled_kernels(tmp_path):
     compiled = json.loads(run.stdout.strip().splitlines()[-1])
     templates = {spec.template for _, _, spec, _ in kernels}
     assert templates == {"pointwise", "row_reduce", "matmul", "conv", "window", ATTENTION,
-                         MERGED_MATMUL, NORM_MATMUL}  # fmt: skip
+                         MERGED_MATMUL, NORM_MATMUL, NORM_MERGED_MATMUL}  # fmt: skip
     bad, spilled = [], []
     for (label, g, spec, _), (shared, spill) in zip(kernels, compiled):
         if spill is not None and spill > SPILL_TOLERANCE:

@@ -90,6 +90,10 @@ the row nodes once per row per column of tiles; each shift's column vector
 @ W once per row of tiles; scaling and shifting the accumulator, then the
 epilogue, once per output element.
 
+``norm_merged_matmul`` (a norm moved past merged siblings,
+``kernels/norm_siblings.py``): the merged grid and bytes (x in place of n);
+flops: each segment's as a ``norm_matmul`` of its columns.
+
 ``low_rank`` (x @ W + alpha (x @ A) @ B as one matmul over K + r,
 ``kernels/low_rank.py``): grid and loop steps of the matmul x @ W (no
 split-K); bytes: x, W, A, B and the epilogue inputs read once, the outputs
@@ -149,6 +153,7 @@ from orchestrate.kernels.spec import (
     MATMUL,
     MERGED_MATMUL,
     NORM_MATMUL,
+    NORM_MERGED_MATMUL,
     POINTWISE,
     ROW_REDUCE,
     VIEW,
@@ -354,6 +359,9 @@ def split_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
     if spec.template == MERGED_MATMUL:  # no prologue: each segment's dots and epilogue
         parts = [_anchored_flops(graph, s) for s in segment_specs(graph, spec)]
         return sum(p[0] for p in parts), sum(p[2] for p in parts)
+    if spec.template == NORM_MERGED_MATMUL:  # each segment as a norm_matmul of its columns
+        parts = [norm_matmul_flops(graph, s) for s in segment_specs(graph, spec)]
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
     roles = spec.roles
     other = 0
     if isinstance(roles, Anchored):
@@ -488,7 +496,7 @@ def grid(graph: Graph, spec: KernelSpec) -> int:
         *batch, m, n = graph.producer[spec.anchor].shape
         tiles = math.ceil(m / c["BLOCK_M"]) * math.ceil(n / c["BLOCK_N"]) * math.prod(batch)
         return tiles * split_k(c)
-    if spec.template == MERGED_MATMUL:
+    if spec.template in (MERGED_MATMUL, NORM_MERGED_MATMUL):
         *batch, m, _ = graph.producer[spec.anchor].shape
         cols = sum(math.ceil(graph.producer[s.anchor].shape[-1] / c["BLOCK_N"])
                    for s in spec.roles.segments)  # fmt: skip
@@ -511,7 +519,8 @@ def loop_steps(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
     """(dependent loop steps per block, steps in flight at once)."""
     c = spec.config
     piped = max(1, c.num_stages - 1)
-    if spec.template in (MATMUL, MERGED_MATMUL, NORM_MATMUL, LOW_RANK):  # split-K: its share
+    # split-K: its share
+    if spec.template in (MATMUL, MERGED_MATMUL, NORM_MATMUL, NORM_MERGED_MATMUL, LOW_RANK):
         k = graph.types[graph.producer[spec.anchor].inputs[0]].shape[-1]
         return math.ceil(math.ceil(k / c["BLOCK_K"]) / split_k(c)), piped
     if spec.template == CONV:

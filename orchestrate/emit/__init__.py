@@ -24,6 +24,7 @@ from orchestrate.emit import (
     low_rank,
     matmul,
     norm_matmul,
+    norm_siblings,
     pointwise,
     row_reduce,
     siblings,
@@ -39,6 +40,7 @@ from orchestrate.kernels.spec import (
     MATMUL,
     MERGED_MATMUL,
     NORM_MATMUL,
+    NORM_MERGED_MATMUL,
     POINTWISE,
     ROW_REDUCE,
     VIEW,
@@ -56,6 +58,7 @@ GENERATORS = {
     WINDOW: window.window,
     ATTENTION: attention.attention,
     NORM_MATMUL: norm_matmul.norm_matmul,
+    NORM_MERGED_MATMUL: norm_siblings.norm_merged_matmul,
     LOW_RANK: low_rank.low_rank,
     **{template: library.library for template in LIBRARY},  # plain launchers calling torch
 }

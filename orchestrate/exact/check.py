@@ -14,7 +14,10 @@ weights concatenated along N (in segment order), each segment's recorded
 columns [start, stop) as that sibling's result, then each segment's own
 epilogue, which sees only its own segment.  A wrong split of the merged
 weights (ranges swapped or shifted, a weight in the wrong segment, a sibling
-dropped, an epilogue on another sibling's columns) is a wrong value.
+dropped, an epilogue on another sibling's columns) is a wrong value.  A norm moved
+past the siblings (``kernels/norm_siblings.py``) is the roles' ``prologue``:
+its nodes are evaluated first, as any kernel's (what is outside the fragment
+becomes a variable, as in a norm_matmul kernel), and give the activation.
 
 A low-rank branch folded into its matmul (``kernels/low_rank.py``) is
 evaluated from its roles too: one matmul of [x | alpha (x @ A)[:, :rank]]
@@ -241,7 +244,7 @@ def _run_merged(graph: ir.Graph, k: Kernel, frag: Fragment, written,
     by the recorded columns, each segment's epilogue on its own columns."""
     roles = k.merged
     claimed = {n for g in roles.segments for n in (g.anchor, *g.epilogue)}
-    stray = next((n for n in k.nodes if n not in claimed), None)
+    stray = next((n for n in k.nodes if n not in claimed and n not in roles.prologue), None)
     if stray is not None:
         raise _Wrong(stray, f"kernel {k.name} runs {stray!r} in none of its segments")
     for g in roles.segments:  # the roles describe the plan's own matmuls
@@ -249,7 +252,10 @@ def _run_merged(graph: ir.Graph, k: Kernel, frag: Fragment, written,
         if n is None or n.op is not ir.Op.MATMUL or n.inputs != (roles.activation, g.weight):
             raise _Wrong(g.anchor, f"kernel {k.name}: segment {g.anchor!r} is not "
                                    f"{roles.activation} @ {g.weight} in the plan's graph")  # fmt: skip
-    x = _read(graph, k, roles.activation, {}, written, trial)
+    before: dict[str, Value] = {}  # the activation's own nodes (a norm), as the kernel's
+    for name in roles.prologue:
+        before[name] = _node(graph, k, name, before, written, frag, trial)
+    x = _read(graph, k, roles.activation, before, written, trial)
     weights = [_read(graph, k, g.weight, {}, written, trial) for g in roles.segments]
     f = trial.field
     try:
@@ -258,7 +264,7 @@ def _run_merged(graph: ir.Graph, k: Kernel, frag: Fragment, written,
     except ValueError as e:
         raise _Wrong(roles.anchor, f"kernel {k.name} cannot multiply its merged weights ({e})"
                      ) from None  # fmt: skip
-    local: dict[str, Value] = {}
+    local: dict[str, Value] = dict(before)
     for g in roles.segments:
         mine: dict[str, Value] = {
             g.anchor: (y[0][..., g.start : g.stop], y[1][..., g.start : g.stop])

@@ -61,6 +61,7 @@ from orchestrate.kernels.spec import (
     MATMUL,
     MERGED_MATMUL,
     NORM_MATMUL,
+    NORM_MERGED_MATMUL,
     ROW_REDUCE,
     Anchored,
     AttentionRoles,
@@ -93,7 +94,7 @@ class WorkingSet:
 def working_set(graph: Graph, spec: KernelSpec) -> WorkingSet:
     if spec.template in (MATMUL, NORM_MATMUL, CONV):  # a norm_matmul's roles are Anchored
         return _dot_tiles(graph, spec)
-    if spec.template == MERGED_MATMUL:
+    if spec.template in (MERGED_MATMUL, NORM_MERGED_MATMUL):  # per segment: a (norm_)matmul
         return _merged(graph, spec)
     if spec.template == LOW_RANK:
         return _low_rank(graph, spec)

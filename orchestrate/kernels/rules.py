@@ -28,6 +28,7 @@ from orchestrate.kernels import (
     library,
     low_rank,
     norm_matmul,
+    norm_siblings,
     pointwise,
     row_reduce,
     siblings,
@@ -41,6 +42,7 @@ from orchestrate.kernels.spec import (
     MATMUL,
     MERGED_MATMUL,
     NORM_MATMUL,
+    NORM_MERGED_MATMUL,
     KernelSpec,
     Rejection,
     Target,
@@ -50,6 +52,7 @@ RULES: list[Rule] = (
     pointwise.RULES
     + row_reduce.RULES
     + anchored.RULES
+    + norm_siblings.RULES
     + siblings.RULES
     + attention.RULES
     + norm_matmul.RULES
@@ -57,7 +60,9 @@ RULES: list[Rule] = (
     + library.RULES
 )
 # the Triton rules --gemm-backends governs
-GEMM_RULES = frozenset({MATMUL, MERGED_MATMUL, NORM_MATMUL, LOW_RANK, CONV, ATTENTION})
+GEMM_RULES = frozenset(
+    {MATMUL, MERGED_MATMUL, NORM_MATMUL, NORM_MERGED_MATMUL, LOW_RANK, CONV, ATTENTION}
+)
 
 
 def allowed(rule: Rule, target: Target) -> bool:

@@ -41,6 +41,7 @@ WINDOW = "window"
 ATTENTION = "attention"
 NORM_MATMUL = "norm_matmul"  # a norm moved past the matmul it feeds (kernels/norm_matmul.py)
 MERGED_MATMUL = "merged_matmul"  # sibling matmuls reading one activation, one launch
+NORM_MERGED_MATMUL = "norm_merged_matmul"  # a norm moved past merged siblings (norm_siblings.py)
 LOW_RANK = "low_rank"  # x @ W + (x @ A) @ B as one matmul over K + r (kernels/low_rank.py)
 # library kernels: a call into torch (cuBLAS, cuDNN, SDPA) in place of generated Triton
 LIBRARY_MATMUL = "library_matmul"
@@ -49,7 +50,7 @@ LIBRARY_ATTENTION = "library_attention"
 LIBRARY = (LIBRARY_MATMUL, LIBRARY_CONV, LIBRARY_ATTENTION)
 # every template a plan may name (the plan reader refuses any other)
 TEMPLATES = (VIEW, POINTWISE, ROW_REDUCE, MATMUL, CONV, WINDOW, ATTENTION, NORM_MATMUL,
-             MERGED_MATMUL, LOW_RANK, *LIBRARY)  # fmt: skip
+             MERGED_MATMUL, NORM_MERGED_MATMUL, LOW_RANK, *LIBRARY)  # fmt: skip
 # which kernels may run matmuls, convolutions and attention (--gemm-backends):
 # generated Triton, library calls, or both competing in the linear program
 GEMM_BACKENDS = ("triton", "library")
@@ -293,10 +294,15 @@ class Siblings:
 
     activation: str
     segments: tuple[Segment, ...]
+    prologue: tuple[str, ...] = ()  # nodes computing the activation in the kernel (a norm)
 
     @property
     def anchor(self) -> str:
         return self.segments[0].anchor
+
+    def segment_roles(self, g: Segment) -> Anchored:
+        """Segment ``g`` as the roles of a one-matmul kernel."""
+        return Anchored(g.anchor, self.prologue, g.epilogue)
 
 
 @dataclass(frozen=True)
@@ -465,17 +471,19 @@ def with_hash(graph: Graph, spec: KernelSpec) -> KernelSpec:
 def segment_specs(graph: Graph, spec: KernelSpec) -> tuple[KernelSpec, ...]:
     """A merged matmul's segments, each as the one-matmul spec the matmul
     template reads (its anchor and epilogue, no prologue, the merged spec's
-    configuration): the fit model, the cost terms and the generator apply
-    per segment."""
+    configuration), or with a norm in the prologue the norm_matmul spec of
+    that segment: the fit model, the cost terms and the generator apply per
+    segment."""
     roles = spec.roles
     assert isinstance(roles, Siblings)
+    template = NORM_MATMUL if roles.prologue else MATMUL
     out = []
     for g in roles.segments:
-        nodes = (g.anchor, *g.epilogue)
+        nodes = (*roles.prologue, g.anchor, *g.epilogue)
         inputs = dict.fromkeys(i for n in nodes for i in graph.producer[n].inputs if i not in nodes)
         out.append(KernelSpec(
-            MATMUL, nodes, tuple(inputs), tuple(t for t in spec.outputs if t in nodes),
+            template, nodes, tuple(inputs), tuple(t for t in spec.outputs if t in nodes),
             tuple(t for t in spec.optional if t in nodes), graph.producer[g.anchor].shape,
-            Anchored(g.anchor, (), g.epilogue), spec.config,
+            roles.segment_roles(g), spec.config,
         ))  # fmt: skip
     return tuple(out)
