@@ -26,7 +26,7 @@ from orchestrate.emit.codegen import TL_DTYPE, Evaluator, Index, broadcast_index
 from orchestrate.emit.expr import Const, Sym
 from orchestrate.emit.matmul import accumulator_dtype, epilogue, grouped_tile, multiply_accumulate
 from orchestrate.emit.norm_matmul import _columns, _monomial, _product, _sum, _times
-from orchestrate.emit.siblings import _select
+from orchestrate.emit.siblings import select_segment
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph
 from orchestrate.kernels.norm_siblings import NormSiblings
@@ -49,16 +49,7 @@ def norm_merged_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...],
     # -- the segment: its weight, its width, its first tile ------------------------
     body.comment(f"{len(segments)} matmuls of norm(x) as one: the grid "
                  "holds each segment's tiles in turn; the norm's row factors move past the dots")  # fmt: skip
-    body.raw("tile = tl.program_id(0)")
-    for i, n in enumerate(widths[:-1]):  # the last segment takes the rest
-        before = f"end_{i - 1} + " if i else ""
-        body.raw(f"end_{i} = {before}tl.cdiv({m}, BLOCK_M) * tl.cdiv({n}, BLOCK_N)")
-    body.comment("this program's segment: its weight, its width N and its first tile")
-    w, n, start = _select(body, [ptrs.get(g.weight) for g in roles.segments],
-                          [str(x) for x in widths],
-                          ["0", *(f"end_{i}" for i in range(len(widths) - 1))])  # fmt: skip
-    body.raw(f"w_ptr = {w}")
-    body.raw(f"n = {n}")
+    start = select_segment(body, ptrs, roles, m)
     grouped_tile(body, m, "n", pid=f"tile - {start}")
     body.raw("pid_b = tl.program_id(1)")
     pid_b = Sym("pid_b", 0, nbatch, lane=False)

@@ -48,16 +48,7 @@ def merged_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: st
     # -- the segment: its weight, its width, its first tile ------------------------
     body.comment(f"{len(segments)} matmuls of {ptrs.name(roles.activation)} as one: the grid "
                  "holds each segment's tiles in turn")  # fmt: skip
-    body.raw("tile = tl.program_id(0)")
-    for i, n in enumerate(widths[:-1]):  # the last segment takes the rest
-        before = f"end_{i - 1} + " if i else ""
-        body.raw(f"end_{i} = {before}tl.cdiv({m}, BLOCK_M) * tl.cdiv({n}, BLOCK_N)")
-    body.comment("this program's segment: its weight, its width N and its first tile")
-    w, n, start = _select(body, [ptrs.get(g.weight) for g in roles.segments],
-                          [str(x) for x in widths],
-                          ["0", *(f"end_{i}" for i in range(len(widths) - 1))])  # fmt: skip
-    body.raw(f"w_ptr = {w}")
-    body.raw(f"n = {n}")
+    start = select_segment(body, ptrs, roles, m)
     body.comment(f"C{list(graph.producer[roles.anchor].shape[:-1])} x N = "
                  f"A{list(a_t.shape)} @ W[{kk}, N]"
                  + (f", batch {list(batch)} on grid axis 1" if batch else ""))  # fmt: skip
@@ -127,6 +118,23 @@ def merged_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: st
         body=body.code(),
         grid=[f"    grid = ({tiles}, {nbatch})"],
     )
+
+
+def select_segment(body: Body, ptrs, roles: Siblings, m: int) -> str:
+    """Emit the mapping of program id 0 to this program's segment: its weight
+    (``w_ptr``), its width (``n``); return the segment's first tile."""
+    widths = [g.stop - g.start for g in roles.segments]
+    body.raw("tile = tl.program_id(0)")
+    for i, n in enumerate(widths[:-1]):  # the last segment takes the rest
+        before = f"end_{i - 1} + " if i else ""
+        body.raw(f"end_{i} = {before}tl.cdiv({m}, BLOCK_M) * tl.cdiv({n}, BLOCK_N)")
+    body.comment("this program's segment: its weight, its width N and its first tile")
+    w, n, start = _select(body, [ptrs.get(g.weight) for g in roles.segments],
+                          [str(x) for x in widths],
+                          ["0", *(f"end_{i}" for i in range(len(widths) - 1))])  # fmt: skip
+    body.raw(f"w_ptr = {w}")
+    body.raw(f"n = {n}")
+    return start
 
 
 def _select(body: Body, *choices: list[str]) -> list[str]:
