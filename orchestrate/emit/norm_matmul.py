@@ -78,51 +78,19 @@ def norm_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str)
     body.raw(f"mask_n = rn < {n}")
     zero_a = body.lazy("zero_a", "tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.int32)")
     zero_b = body.lazy("zero_b", "tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.int32)")
-    acc_dtype = TL_DTYPE[accumulator_dtype(a_t.dtype)]
-    body.raw(f"acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={acc_dtype})  # (x * g) @ W")
-    body.comment("each row's running mean and sum of squared deviations")
-    body.raw("mean = tl.zeros((BLOCK_M,), dtype=tl.float32)")
-    body.raw("m2 = tl.zeros((BLOCK_M,), dtype=tl.float32)")
-    shifted = [f"hw{j}" for j in range(len(roles.shifts))]
-    for j, (_, _, cols) in enumerate(roles.shifts):
-        what = f"shift {j}'s column vector @ W" if cols else "the column sums of W"
-        body.raw(f"{shifted[j]} = tl.zeros((BLOCK_N,), dtype=tl.float32)  # {what}")
+    b_index = broadcast_index(Index(bdims + (Sym("rk[:, None]", 0, kk), rn), Sym("mask_b")),
+                              (*batch, kk, n), w_t.shape)  # fmt: skip
+
+    def weight(loop: Body) -> str:
+        return Evaluator(graph, set(), loop, ptrs, zero=zero_b, broadcast_all=True).value(
+            w_name, b_index)  # fmt: skip
 
     # -- K loop ------------------------------------------------------------------
-    body.comment(f"walk K = {kk} in BLOCK_K steps: raw x tiles, their statistics, the dot")
-    body.raw(f"for k0 in range(0, {kk}, BLOCK_K):")
-    loop = body.fork(body.indent + "    ")
-    loop.raw("rk = k0 + tl.arange(0, BLOCK_K)")
-    loop.raw(f"mask_k = rk < {kk}")
-    loop.raw("mask_a = mask_m[:, None] & mask_k[None, :]")
-    loop.raw("mask_b = mask_k[:, None] & mask_n[None, :]")
-    mask_a, mask_b = Sym("mask_a"), Sym("mask_b")
-    a_index = broadcast_index(Index(bdims + (rm, Sym("rk[None, :]", 0, kk)), mask_a),
-                              (*batch, m, kk), graph.types[roles.x].shape)  # fmt: skip
-    ev = Evaluator(graph, set(roles.feed), loop, ptrs, zero=zero_a, broadcast_all=True)
-    x = ev.value(roles.x, a_index)
-    if not loop.zero_where_off(x, mask_a):  # padded columns must add nothing
-        x = loop.let(f"tl.where(mask_a, {x}, 0.0)", "x")
-    loop.comment("this block's row statistics, merged into the running ones (Chan et al.)")
-    loop.raw(f"count = tl.minimum({kk} - k0, BLOCK_K).to(tl.float32)")
-    loop.raw(f"block_mean = tl.sum({x}, axis=1) / count")
-    loop.raw(f"centred = tl.where(mask_a, {x} - block_mean[:, None], 0.0)")
-    loop.raw("delta = block_mean - mean")
-    loop.raw("seen = k0 + count")
-    loop.raw("mean += delta * (count / seen)")
-    loop.raw("m2 += tl.sum(centred * centred, axis=1) + delta * delta * (k0 * count / seen)")
-    cols_row = _columns(graph, loop, ptrs, "rk[None, :]", "mask_k[None, :]")
-    g = _product(loop, [cols_row(t, e) for t, e in roles.scale[2]])
-    a = loop.let(f"{x} * {g}", "a") if g else x
-    b_index = broadcast_index(Index(bdims + (Sym("rk[:, None]", 0, kk), rn), mask_b),
-                              (*batch, kk, n), w_t.shape)  # fmt: skip
-    wv = Evaluator(graph, set(), loop, ptrs, zero=zero_b, broadcast_all=True).value(w_name, b_index)
-    multiply_accumulate(loop, a, wv, a_t.dtype, k.config.precision)
-    cols_col = _columns(graph, loop, ptrs, "rk[:, None]", "mask_k[:, None]")
-    for j, (_, _, cols) in enumerate(roles.shifts):
-        h = _product(loop, [cols_col(t, e) for t, e in cols])
-        loop.raw(f"{shifted[j]} += tl.sum({f'{h} * {wv}' if h else wv}, axis=0)")
-    body.lines += loop.lines
+    shifted = statistics_loop(
+        graph, body, ptrs, roles, bdims, rm, (*batch, m, kk), zero_a, weight,
+        a_t.dtype, k.config.precision,
+        f"walk K = {kk} in BLOCK_K steps: raw x tiles, their statistics, the dot",
+    )  # fmt: skip
 
     # -- row values from the statistics, then the epilogue ----------------------
     body.comment("the row values: the graph's row nodes on the statistics")
@@ -155,6 +123,58 @@ def norm_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str)
         body=body.code(),
         grid=[f"    grid = (triton.cdiv({m}, BLOCK_M) * triton.cdiv({n}, BLOCK_N), {nbatch})"],
     )
+
+
+def statistics_loop(graph: Graph, body: Body, ptrs, roles, bdims, rm, a_shape, zero_a,
+                    weight, dtype: str, precision: str, walk: str) -> list[str]:  # fmt: skip
+    """The accumulators and the K loop of a norm moved past its matmul: each
+    raw x tile (through the kernel's prologue) feeds the rows' running mean
+    and squared deviations (Chan et al.'s merge), times gamma the dot with
+    the W tile that ``weight(loop)`` loads, and each shift's column vector
+    @ W.  Returns the names of the shifts' accumulators."""
+    *_, kk = a_shape
+    acc_dtype = TL_DTYPE[accumulator_dtype(dtype)]
+    body.raw(f"acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={acc_dtype})  # (x * g) @ W")
+    body.comment("each row's running mean and sum of squared deviations")
+    body.raw("mean = tl.zeros((BLOCK_M,), dtype=tl.float32)")
+    body.raw("m2 = tl.zeros((BLOCK_M,), dtype=tl.float32)")
+    shifted = [f"hw{j}" for j in range(len(roles.shifts))]
+    for j, (_, _, cols) in enumerate(roles.shifts):
+        what = f"shift {j}'s column vector @ W" if cols else "the column sums of W"
+        body.raw(f"{shifted[j]} = tl.zeros((BLOCK_N,), dtype=tl.float32)  # {what}")
+    body.comment(walk)
+    body.raw(f"for k0 in range(0, {kk}, BLOCK_K):")
+    loop = body.fork(body.indent + "    ")
+    loop.raw("rk = k0 + tl.arange(0, BLOCK_K)")
+    loop.raw(f"mask_k = rk < {kk}")
+    loop.raw("mask_a = mask_m[:, None] & mask_k[None, :]")
+    loop.raw("mask_b = mask_k[:, None] & mask_n[None, :]")
+    mask_a = Sym("mask_a")
+    a_index = broadcast_index(Index(bdims + (rm, Sym("rk[None, :]", 0, kk)), mask_a),
+                              a_shape, graph.types[roles.x].shape)  # fmt: skip
+    ev = Evaluator(graph, set(roles.feed), loop, ptrs, zero=zero_a, broadcast_all=True)
+    x = ev.value(roles.x, a_index)
+    if not loop.zero_where_off(x, mask_a):  # padded columns must add nothing
+        x = loop.let(f"tl.where(mask_a, {x}, 0.0)", "x")
+    loop.comment("this block's row statistics, merged into the running ones (Chan et al.)")
+    loop.raw(f"count = tl.minimum({kk} - k0, BLOCK_K).to(tl.float32)")
+    loop.raw(f"block_mean = tl.sum({x}, axis=1) / count")
+    loop.raw(f"centred = tl.where(mask_a, {x} - block_mean[:, None], 0.0)")
+    loop.raw("delta = block_mean - mean")
+    loop.raw("seen = k0 + count")
+    loop.raw("mean += delta * (count / seen)")
+    loop.raw("m2 += tl.sum(centred * centred, axis=1) + delta * delta * (k0 * count / seen)")
+    cols_row = _columns(graph, loop, ptrs, "rk[None, :]", "mask_k[None, :]")
+    g = _product(loop, [cols_row(t, e) for t, e in roles.scale[2]])
+    a = loop.let(f"{x} * {g}", "a") if g else x
+    wv = weight(loop)
+    multiply_accumulate(loop, a, wv, dtype, precision)
+    cols_col = _columns(graph, loop, ptrs, "rk[:, None]", "mask_k[:, None]")
+    for j, (_, _, cols) in enumerate(roles.shifts):
+        h = _product(loop, [cols_col(t, e) for t, e in cols])
+        loop.raw(f"{shifted[j]} += tl.sum({f'{h} * {wv}' if h else wv}, axis=0)")
+    body.lines += loop.lines
+    return shifted
 
 
 def _columns(graph: Graph, body: Body, ptrs, rk: str, mask: str):

@@ -22,10 +22,10 @@ from __future__ import annotations
 import math
 
 from orchestrate.emit.body import Body
-from orchestrate.emit.codegen import TL_DTYPE, Evaluator, Index, broadcast_index, split_linear
+from orchestrate.emit.codegen import Evaluator, Index, split_linear
 from orchestrate.emit.expr import Const, Sym
-from orchestrate.emit.matmul import accumulator_dtype, epilogue, grouped_tile, multiply_accumulate
-from orchestrate.emit.norm_matmul import _columns, _monomial, _product, _sum, _times
+from orchestrate.emit.matmul import epilogue, grouped_tile
+from orchestrate.emit.norm_matmul import _monomial, _sum, _times, statistics_loop
 from orchestrate.emit.siblings import select_segment
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph
@@ -61,50 +61,18 @@ def norm_merged_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...],
     body.raw(f"mask_m = rm < {m}")
     body.raw("mask_n = rn < n")
     zero_a = body.lazy("zero_a", "tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.int32)")
-    acc_dtype = TL_DTYPE[accumulator_dtype(a_t.dtype)]
-    body.raw(f"acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={acc_dtype})  # (x * g) @ W")
-    body.comment("each row's running mean and sum of squared deviations")
-    body.raw("mean = tl.zeros((BLOCK_M,), dtype=tl.float32)")
-    body.raw("m2 = tl.zeros((BLOCK_M,), dtype=tl.float32)")
-    shifted = [f"hw{j}" for j in range(len(roles.shifts))]
-    for j, (_, _, cols) in enumerate(roles.shifts):
-        what = f"shift {j}'s column vector @ W" if cols else "the column sums of W"
-        body.raw(f"{shifted[j]} = tl.zeros((BLOCK_N,), dtype=tl.float32)  # {what}")
+
+    def weight(loop: Body) -> str:
+        loop.raw("w = tl.load(w_ptr + rk[:, None] * n + rn[None, :], mask=mask_b, other=0.0)")
+        return "w"
 
     # -- one K loop for every segment: raw x tiles, their statistics, the dot --------
-    body.comment(f"walk K = {kk} in BLOCK_K steps: x tiles shared by all segments, W tiles "
-                 "from this segment's weight")  # fmt: skip
-    body.raw(f"for k0 in range(0, {kk}, BLOCK_K):")
-    loop = body.fork(body.indent + "    ")
-    loop.raw("rk = k0 + tl.arange(0, BLOCK_K)")
-    loop.raw(f"mask_k = rk < {kk}")
-    loop.raw("mask_a = mask_m[:, None] & mask_k[None, :]")
-    loop.raw("mask_b = mask_k[:, None] & mask_n[None, :]")
-    mask_a = Sym("mask_a")
-    a_index = broadcast_index(Index(bdims + (rm, Sym("rk[None, :]", 0, kk)), mask_a),
-                              (*batch, m, kk), graph.types[roles.x].shape)  # fmt: skip
-    ev = Evaluator(graph, set(roles.feed), loop, ptrs, zero=zero_a, broadcast_all=True)
-    x = ev.value(roles.x, a_index)
-    if not loop.zero_where_off(x, mask_a):  # padded columns must add nothing
-        x = loop.let(f"tl.where(mask_a, {x}, 0.0)", "x")
-    loop.comment("this block's row statistics, merged into the running ones (Chan et al.)")
-    loop.raw(f"count = tl.minimum({kk} - k0, BLOCK_K).to(tl.float32)")
-    loop.raw(f"block_mean = tl.sum({x}, axis=1) / count")
-    loop.raw(f"centred = tl.where(mask_a, {x} - block_mean[:, None], 0.0)")
-    loop.raw("delta = block_mean - mean")
-    loop.raw("seen = k0 + count")
-    loop.raw("mean += delta * (count / seen)")
-    loop.raw("m2 += tl.sum(centred * centred, axis=1) + delta * delta * (k0 * count / seen)")
-    cols_row = _columns(graph, loop, ptrs, "rk[None, :]", "mask_k[None, :]")
-    g = _product(loop, [cols_row(t, e) for t, e in roles.scale[2]])
-    a = loop.let(f"{x} * {g}", "a") if g else x
-    loop.raw("w = tl.load(w_ptr + rk[:, None] * n + rn[None, :], mask=mask_b, other=0.0)")
-    multiply_accumulate(loop, a, "w", a_t.dtype, k.config.precision)
-    cols_col = _columns(graph, loop, ptrs, "rk[:, None]", "mask_k[:, None]")
-    for j, (_, _, cols) in enumerate(roles.shifts):
-        h = _product(loop, [cols_col(t, e) for t, e in cols])
-        loop.raw(f"{shifted[j]} += tl.sum({f'{h} * w' if h else 'w'}, axis=0)")
-    body.lines += loop.lines
+    shifted = statistics_loop(
+        graph, body, ptrs, roles, bdims, rm, (*batch, m, kk), zero_a, weight,
+        a_t.dtype, k.config.precision,
+        f"walk K = {kk} in BLOCK_K steps: x tiles shared by all segments, W tiles "
+        "from this segment's weight",
+    )  # fmt: skip
 
     # -- row values from the statistics, then each segment's epilogue ---------------
     body.comment("the row values: the graph's row nodes on the statistics")
