@@ -9,17 +9,11 @@ said it fits) and at most twice it (or good kernels would be refused).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from orchestrate import pipeline
-from orchestrate.emit import kernel_source
-from orchestrate.emit.source import Launch, module, pointers
 from orchestrate.kernels.fit import working_set
 from orchestrate.kernels.spec import (
     ATTENTION,
@@ -32,6 +26,7 @@ from orchestrate.kernels.spec import (
 from orchestrate.planner import PlanOptions, plan
 from orchestrate.precision import lower_precision
 from tests import graphs
+from tests.compile_util import compile_sm90
 from tests.emit_util import spec_of
 from tests.test_attention import attention_fn
 from tests.util import has_nvidia_backend
@@ -40,19 +35,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # bytes of spill stores + loads a planned kernel may have (the fit model's
 # documented miss: fp16 matmul and attention spills of at most 0.6 KB)
 SPILL_TOLERANCE = 1024
-
-_COMPILE = """
-import importlib.util, json, sys
-from orchestrate.emit.compile_check import compile_module
-out = []
-for path, dtypes in json.load(open(sys.argv[1])):
-    spec = importlib.util.spec_from_file_location("m" + str(len(out)), path)
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    (c,) = compile_module(m, dtypes)
-    out.append([c.shared, c.spill_bytes])
-print(json.dumps(out))
-"""
 
 
 def _conv_bias(b, x, w, bias):
@@ -108,23 +90,9 @@ def _kernels(tmp_path: Path):
 @pytest.mark.skipif(not has_nvidia_backend(), reason="triton has no NVIDIA backend")
 def test_the_shared_memory_model_brackets_the_compiled_kernels(tmp_path):
     kernels = _kernels(tmp_path)
-    jobs = []
-    for i, (label, g, spec, writes) in enumerate(kernels):
-        ks = kernel_source(g, spec, writes, f"{spec.template}_{i}")
-        path = tmp_path / f"k{i}.py"
-        slots = {v: k for k, v in pointers(g, spec, writes).slots.items()}
-        launch = Launch("k", ks.name, tuple(slots[p] for p in ks.params))
-        path.write_text(module([ks], [launch], label))
-        dtypes = {t: g.types[t].dtype for t in (*spec.inputs, *writes)} | SCRATCH_DTYPES
-        jobs.append((str(path), dtypes))
-    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE, str(tmp_path / "jobs.json")], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
-    if run.returncode and "ptxas" in run.stderr and "not found" in run.stderr:
-        pytest.skip("no ptxas to compile with")
-    assert run.returncode == 0, run.stderr[-4000:]
-    compiled = json.loads(run.stdout.strip().splitlines()[-1])
+    jobs = [(g, spec, writes, f"{spec.template}_{i}", label)
+            for i, (label, g, spec, writes) in enumerate(kernels)]  # fmt: skip
+    compiled = compile_sm90(tmp_path, jobs, SCRATCH_DTYPES, timeout=900)
     templates = {spec.template for _, _, spec, _ in kernels}
     assert templates == {"pointwise", "row_reduce", "matmul", "conv", "window", ATTENTION,
                          MERGED_MATMUL, NORM_MATMUL, NORM_MERGED_MATMUL}  # fmt: skip

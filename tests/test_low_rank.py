@@ -13,9 +13,6 @@ the reason is asserted.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,8 +26,6 @@ import cli
 import orchestrate
 from orchestrate import pipeline
 from orchestrate.cost import roofline
-from orchestrate.emit import kernel_source
-from orchestrate.emit.source import Launch, module, pointers
 from orchestrate.kernels import config, low_rank, rules
 from orchestrate.kernels.fit import working_set
 from orchestrate.kernels.region import region
@@ -38,11 +33,10 @@ from orchestrate.kernels.rule import ranked
 from orchestrate.kernels.spec import LOW_RANK, KernelSpec, structural_hash, with_hash
 from orchestrate.planner import PlanOptions, plan
 from tests import graphs
+from tests.compile_util import compile_sm90
 from tests.test_every_candidate import candidate_failures, candidates
 from tests.test_fit import SPILL_TOLERANCE
 from tests.util import has_nvidia_backend
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -246,20 +240,6 @@ def _candidates(g, count: int) -> list[KernelSpec]:
     return [with_hash(g, k) for k in fit[:: max(1, len(fit) // count)][:count]]
 
 
-_COMPILE = """
-import importlib.util, json, sys
-from orchestrate.emit.compile_check import compile_module
-out = []
-for path, dtypes in json.load(open(sys.argv[1])):
-    spec = importlib.util.spec_from_file_location("m" + str(len(out)), path)
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    (c,) = compile_module(m, dtypes)
-    out.append([c.shared, c.spill_bytes])
-print(json.dumps(out))
-"""
-
-
 @pytest.mark.skipif(not has_nvidia_backend(), reason="triton has no NVIDIA backend")
 def test_the_kernels_compile_for_sm90_within_the_fit_model(tmp_path):
     """LoRA layers of BERT-base and Llama-style sizes, ranks 16 to 128, three
@@ -273,22 +253,10 @@ def test_the_kernels_compile_for_sm90_within_the_fit_model(tmp_path):
                                lora("bfloat16", rows=32, k=512, n=512, r=128, relu=True)]):  # fmt: skip
         g = pipeline.fission_model(model, None, f"model{i}")
         for j, spec in enumerate(_candidates(g, 3)):
-            ks = kernel_source(g, spec, spec.outputs, f"low_rank_{i}_{j}")
-            slots = {v: k for k, v in pointers(g, spec, spec.outputs).slots.items()}
-            path = tmp_path / f"k{i}_{j}.py"
-            path.write_text(module([ks], [Launch("k", ks.name, tuple(slots[p] for p in ks.params))],
-                                   ["low_rank"]))  # fmt: skip
-            jobs.append((str(path), {t: g.types[t].dtype for t in (*spec.inputs, *spec.outputs)}))
+            jobs.append((g, spec, spec.outputs, f"low_rank_{i}_{j}", ["low_rank"]))
             specs.append((g, spec))
     assert len(jobs) == 12
-    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE, str(tmp_path / "jobs.json")], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
-    if run.returncode and "ptxas" in run.stderr and "not found" in run.stderr:
-        pytest.skip("no ptxas to compile with")
-    assert run.returncode == 0, run.stderr[-4000:]
-    compiled = json.loads(run.stdout.strip().splitlines()[-1])
+    compiled = compile_sm90(tmp_path, jobs)
     for (g, spec), (shared, spill) in zip(specs, compiled):
         assert spill is None or spill <= SPILL_TOLERANCE, (spec.config, spill)
         model = working_set(g, spec).shared_bytes

@@ -14,9 +14,6 @@ merged across blocks.  Where it must decline, the reason is asserted.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,19 +27,17 @@ import orchestrate
 from orchestrate import pipeline
 from orchestrate.cost.roofline import cost
 from orchestrate.devices import get_device
-from orchestrate.emit import kernel_source
-from orchestrate.emit.source import Launch, module, pointers
 from orchestrate.kernels import config, norm_matmul, rules
 from orchestrate.kernels.fit import working_set
 from orchestrate.kernels.spec import NORM_MATMUL, ROW_REDUCE, KernelSpec
 from orchestrate.planner import PlanOptions, plan
 from orchestrate.tune import FakeTimer, Tune
 from tests import graphs
+from tests.compile_util import compile_sm90
 from tests.emit_util import assert_matches_reference, plan_from_sets
 from tests.test_fit import SPILL_TOLERANCE
 from tests.util import has_nvidia_backend
 
-ROOT = Path(__file__).resolve().parents[1]
 F32 = TensorProto.FLOAT
 
 
@@ -290,20 +285,6 @@ def _largest_candidate(g) -> KernelSpec:
     return max((k for k in found if isinstance(k, KernelSpec)), key=lambda k: len(k.nodes))
 
 
-_COMPILE = """
-import importlib.util, json, sys
-from orchestrate.emit.compile_check import compile_module
-out = []
-for path, dtypes in json.load(open(sys.argv[1])):
-    spec = importlib.util.spec_from_file_location("m" + str(len(out)), path)
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    (c,) = compile_module(m, dtypes)
-    out.append([c.shared, c.spill_bytes])
-print(json.dumps(out))
-"""
-
-
 @pytest.mark.skipif(not has_nvidia_backend(), reason="triton has no NVIDIA backend")
 def test_the_kernels_compile_for_sm90_within_the_fit_model(tmp_path):
     """BERT-base-sized blocks planned for an H200 compile for sm_90 within
@@ -315,22 +296,10 @@ def test_the_kernels_compile_for_sm90_within_the_fit_model(tmp_path):
                                llama_head("float16", rows=64, k=512, n=1024)]):  # fmt: skip
         g = pipeline.fission_model(model, None, f"model{i}")
         spec = _largest_candidate(g)
-        ks = kernel_source(g, spec, spec.outputs, f"norm_matmul_{i}")
-        slots = {v: k for k, v in pointers(g, spec, spec.outputs).slots.items()}
-        path = tmp_path / f"k{i}.py"
-        path.write_text(module([ks], [Launch("k", ks.name, tuple(slots[p] for p in ks.params))],
-                               ["norm_matmul"]))  # fmt: skip
-        jobs.append((str(path), {t: g.types[t].dtype for t in (*spec.inputs, *spec.outputs)}))
+        jobs.append((g, spec, spec.outputs, f"norm_matmul_{i}", ["norm_matmul"]))
         specs.append((g, spec))
     assert len(jobs) == 3
-    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE, str(tmp_path / "jobs.json")], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
-    if run.returncode and "ptxas" in run.stderr and "not found" in run.stderr:
-        pytest.skip("no ptxas to compile with")
-    assert run.returncode == 0, run.stderr[-4000:]
-    compiled = json.loads(run.stdout.strip().splitlines()[-1])
+    compiled = compile_sm90(tmp_path, jobs)
     for (g, spec), (shared, spill) in zip(specs, compiled):
         assert spill is None or spill <= SPILL_TOLERANCE, (spec.config, spill)
         model = working_set(g, spec).shared_bytes

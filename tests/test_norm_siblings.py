@@ -12,10 +12,6 @@ the kernels compile for sm_90 within the fit model's bracket.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,18 +23,16 @@ from onnx import TensorProto, helper
 import cli
 import orchestrate
 from orchestrate import pipeline
-from orchestrate.emit import kernel_source
-from orchestrate.emit.source import Launch, module, pointers
 from orchestrate.exact.bundle import verify_exact
 from orchestrate.kernels import config, norm_siblings, rules
 from orchestrate.kernels.fit import working_set
 from orchestrate.kernels.spec import NORM_MERGED_MATMUL, ROW_REDUCE, KernelSpec
 from orchestrate.planner import PlanOptions, plan
+from tests.compile_util import compile_sm90
 from tests.test_fit import SPILL_TOLERANCE
-from tests.test_norm_matmul import _COMPILE, _info, _model
+from tests.test_norm_matmul import _info, _model
 from tests.util import has_nvidia_backend
 
-ROOT = Path(__file__).resolve().parents[1]
 F32 = TensorProto.FLOAT
 
 
@@ -232,21 +226,9 @@ def test_the_kernels_compile_for_sm90_within_the_fit_model(tmp_path):
                                llama_block("float16", rows=64, k=512, kv=128, ff=1024)]):  # fmt: skip
         g = pipeline.fission_model(model, None, f"model{i}")
         spec = _largest_candidate(g)
-        ks = kernel_source(g, spec, spec.outputs, f"norm_merged_{i}")
-        slots = {v: k for k, v in pointers(g, spec, spec.outputs).slots.items()}
-        path = tmp_path / f"k{i}.py"
-        path.write_text(module([ks], [Launch("k", ks.name, tuple(slots[p] for p in ks.params))],
-                               ["norm_merged"]))  # fmt: skip
-        jobs.append((str(path), {t: g.types[t].dtype for t in (*spec.inputs, *spec.outputs)}))
+        jobs.append((g, spec, spec.outputs, f"norm_merged_{i}", ["norm_merged"]))
         specs.append((g, spec))
-    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE, str(tmp_path / "jobs.json")], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
-    if run.returncode and "ptxas" in run.stderr and "not found" in run.stderr:
-        pytest.skip("no ptxas to compile with")
-    assert run.returncode == 0, run.stderr[-4000:]
-    compiled = json.loads(run.stdout.strip().splitlines()[-1])
+    compiled = compile_sm90(tmp_path, jobs)
     for (g, spec), (shared, spill) in zip(specs, compiled):
         assert spill is None or spill <= SPILL_TOLERANCE, (spec.config, spill)
         model = working_set(g, spec).shared_bytes
