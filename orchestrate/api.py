@@ -17,7 +17,17 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrate import bundle, explain, onnxrt, pipeline, precision, reference, regenerate
+from orchestrate import (
+    bundle,
+    dynamic_api,
+    explain,
+    onnxrt,
+    pipeline,
+    precision,
+    reference,
+    regenerate,
+)
+from orchestrate.dynamic_api import parse_ranges
 from orchestrate.emit import emit
 from orchestrate.errors import InputError, OrchestrateError
 from orchestrate.frontend import check_shapes
@@ -32,6 +42,7 @@ from orchestrate.runtime import (
     interpreter_refusal,
     load_kernels,
 )
+from orchestrate.shapes.family import Family
 from orchestrate.tune import Tune
 from orchestrate.verify import Report, check_tolerance, verify
 from orchestrate.version import __version__
@@ -108,6 +119,8 @@ def load(out_dir: str | os.PathLike, *, interpret: bool | None = None) -> Bundle
     if interpret is not None and not isinstance(interpret, bool):
         raise InputError(f"interpret={interpret!r}: expected True, False or None")
     contents = bundle.read(out_dir)
+    if contents.dims is not None:
+        return dynamic_api.load_dynamic(Path(out_dir), contents, interpret)
     made = regenerate.regenerate(contents.plan, contents.constants,
                                  contents.manifest["model"]["file"], str(out_dir))  # fmt: skip
     if made.source != contents.kernels_py:
@@ -126,6 +139,7 @@ class Optimized:
     path: Path
     plan: Plan
     report: Report | None
+    family: Family | None = None  # a dynamic bundle's dimensions and how shapes follow them
 
 
 def optimize(
@@ -133,6 +147,7 @@ def optimize(
     out_dir: str | os.PathLike,
     *,
     shapes: Mapping[str, tuple[int, ...]] | None = None,
+    dims: Mapping[str, object] | None = None,
     options: PlanOptions | None = None,
     trials: int = 2,
     rtol: float | None = None,
@@ -154,10 +169,17 @@ def optimize(
     ``tune`` (``orchestrate.tune.Tune``: a timer, configurations per spec,
     a cache file) prices the candidates by measurement (``optimize --tune``).
     A bad argument is an InputError that names it (``_shape_option`` is the
-    name shape errors give ``shapes``)."""
+    name shape errors give ``shapes``).
+
+    A range in ``shapes`` (``{"x": "1..8x2..64@32"}``, or per dimension
+    ``("1..8", (2, 64, 32))``) or in ``dims`` (``{"seq": "2..64"}``) makes a
+    dynamic bundle, one for every shape in the range (``dynamic_api.py``);
+    it is verified at MIN, OPT, MAX and ``trials`` random shapes between."""
     model_path = _path(model_path, "model_path")
     out_dir = _path(out_dir, "out_dir")
-    shapes = check_shapes(shapes, _shape_option)
+    ranges = parse_ranges(shapes, dims, _shape_option)
+    if ranges is None:
+        shapes = check_shapes(shapes, _shape_option)
     trials = _count(trials, "trials", 0)
     rtol, atol = check_tolerance(rtol, "rtol"), check_tolerance(atol, "atol")
     if progress is not None and not callable(progress):
@@ -170,6 +192,11 @@ def optimize(
     bundle.check_destination(out, model_path)
     if rtol is None:
         rtol = default_rtol(options.dtype, options.tf32)
+    if ranges is not None:
+        if tune is not None:
+            raise InputError("--tune: not with a range of shapes yet (it times kernels at one "
+                             "shape); tune a static shape, or plan the range by the cost model")  # fmt: skip
+        return _optimize_range(model_path, out, ranges, options, trials, rtol, atol, progress)
     report_step = progress or (lambda stage, i, n: None)
     model = pipeline.load(model_path)
     # made before the work, so a model onnxruntime refuses is refused up front
@@ -214,6 +241,51 @@ def optimize(
         staging.discard()
         raise
     return Optimized(path, plan, result)
+
+
+def _optimize_range(model_path: Path, out: Path, ranges, options: PlanOptions, trials: int,
+                    rtol, atol, progress) -> Optimized:  # fmt: skip
+    """``optimize`` for a range of shapes: one dynamic bundle, verified at
+    MIN, OPT, MAX and ``trials`` random bindings."""
+    report_step = progress or (lambda stage, i, n: None)
+    model = pipeline.load(model_path)
+    session = onnxrt.reference(model, str(model_path)) if trials >= 0 else None
+    made = dynamic_api.built(model, model_path, ranges, options, progress)
+    plan, family = made.plan, made.family
+    staging = bundle.Staging(out, model_path)
+    try:
+        opt = family.at("opt")
+        info = {
+            "orchestrate": __version__,
+            "model": {"file": model_path.name, "sha256": bundle.sha256(model_path)},
+            "shapes": {
+                i.name: list(i.shape) for i in plan.graph.inputs if i.name in family.inputs
+            },  # fmt: skip
+        }
+        del opt
+        dims = family.to_json()
+        staging.write(plan, made.source, made.constants, _report_md(plan, None, family), info,
+                      dims)  # fmt: skip
+        report_step("emit", 1, 1)
+        loaded = load(staging.path)
+        bindings = dynamic_api.range_bindings(family, trials)
+        result = dynamic_api.verify_range(model, loaded, bindings, rtol=rtol, atol=atol,
+                                          source=str(model_path), session=session,
+                                          progress=progress)  # fmt: skip
+        staging.write(plan, made.source, made.constants, _report_md(plan, result, family), info,
+                      dims)  # fmt: skip
+        if not result.ok:
+            bad = result.first_failure()
+            raise VerificationError(
+                f"{model_path}: the generated kernels do not match onnxruntime on output "
+                f"{bad.name!r} at {result.bindings[bad.trial]}: {bad.detail}",
+                result,
+            )
+        path = staging.commit()
+    except BaseException:
+        staging.discard()
+        raise
+    return Optimized(path, plan, result, family)
 
 
 def verify_bundle(
@@ -342,8 +414,10 @@ def _plan_options(options, keywords: dict) -> PlanOptions:
     return PlanOptions(**keywords)
 
 
-def _report_md(plan: Plan, result: Report | None) -> str:
+def _report_md(plan: Plan, result: Report | None, family: Family | None = None) -> str:
     lines = [f"# orchestrate report: {plan.graph.name}", "", "## Summary", "", "```"]
+    if family is not None:
+        lines += explain.range_lines(family)
     lines += explain.summary_lines(plan)
     lines += ["```", "", "## Kernels", "", "```", explain.kernel_table(plan), "```", ""]
     lines += ["## Verification", ""]

@@ -6,6 +6,9 @@
       weights.npz    constants the kernels read (loaded with allow_pickle=False)
       report.md      the explain table, baselines and verification result
       manifest.json  format, versions, constant names, sha256 of every file
+      dims.json      only in a dynamic bundle (``--shape x=1..8x2..64``): its
+                     dimensions, their ranges, and the shapes and attributes
+                     that are polynomials of them (``shapes/family.py``)
 
 numpy has no bfloat16 of its own (orchestrate uses ml_dtypes' in memory), and
 an .npz of ml_dtypes arrays loads as raw bytes without pickles: a bfloat16
@@ -47,15 +50,17 @@ from orchestrate.files import (
 from orchestrate.ir import ALL_DTYPES, BFLOAT16
 from orchestrate.plan import Plan
 
-BUNDLE_FORMAT = "orchestrate-bundle/5"
+BUNDLE_FORMAT = "orchestrate-bundle/6"
 # what each earlier format lacks, for the message that refuses it
 _OLDER = {
     "orchestrate-bundle/1": "one jitted function per distinct kernel spec",
     "orchestrate-bundle/2": "the plan from which load regenerates kernels.py instead of importing it",
     "orchestrate-bundle/3": "the list of bfloat16 constants, stored as uint16 bit patterns",
     "orchestrate-bundle/4": "library kernels (cuBLAS, cuDNN, SDPA) among its kernels",
+    "orchestrate-bundle/5": "dynamic shapes (dims.json)",
 }
 FILES = ("plan.json", "kernels.py", "weights.npz", "report.md")
+DIMS = "dims.json"  # a dynamic bundle's family
 
 
 def sha256(path: Path) -> str:
@@ -66,7 +71,7 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-_NAMES = frozenset((*FILES, "manifest.json"))
+_NAMES = frozenset((*FILES, DIMS, "manifest.json"))
 
 
 def _show(name: str) -> str:
@@ -98,9 +103,11 @@ def replace_problem(folder: Path) -> str | None:
     if not isinstance(found, str) or (found != BUNDLE_FORMAT and found not in _OLDER):
         return "manifest.json does not name an orchestrate bundle format"
     hashes = manifest.get("files")
-    if not isinstance(hashes, dict) or set(hashes) != set(FILES):
+    if not isinstance(hashes, dict) or set(hashes) not in (set(FILES), {*FILES, DIMS}):
         return "manifest.json does not list the bundle's files"
-    for name in FILES:
+    if DIMS in names and DIMS not in hashes:
+        return f"holds a {DIMS} its manifest does not list"
+    for name in hashes:
         if name not in names:
             return f"{name} is missing"
         if sha256(folder / name) != hashes[name]:
@@ -159,25 +166,30 @@ class Staging:
             raise
 
     def write(self, plan: Plan, kernels_py: str, constants: Mapping[str, np.ndarray],
-              report: str, info: dict) -> None:  # fmt: skip
+              report: str, info: dict, dims: dict | None = None) -> None:  # fmt: skip
+        """``dims``: a dynamic bundle's family (``Family.to_json``)."""
         try:
-            self._write(plan, kernels_py, constants, report, info)
+            self._write(plan, kernels_py, constants, report, info, dims)
         except OSError as e:
             raise InputError(f"{self.out}: cannot write the bundle ({e.strerror})") from None
 
-    def _write(self, plan, kernels_py, constants, report, info) -> None:
+    def _write(self, plan, kernels_py, constants, report, info, dims) -> None:
         keys = {name: f"c{i}" for i, name in enumerate(sorted(constants))}
         (self.path / "plan.json").write_text(json.dumps(plan.to_json(), indent=1) + "\n")
         (self.path / "kernels.py").write_text(kernels_py)
         with open(self.path / "weights.npz", "wb") as f:
             np.savez(f, **{keys[k]: stored(_c_order(v)) for k, v in constants.items()})
         (self.path / "report.md").write_text(report)
+        files = FILES
+        if dims is not None:
+            (self.path / DIMS).write_text(json.dumps(dims, indent=1) + "\n")
+            files = (*FILES, DIMS)
         manifest = {
             "format": BUNDLE_FORMAT,
             **info,
             "constants": keys,
             "bfloat16": sorted(k for k, v in constants.items() if v.dtype == BFLOAT16),
-            "files": {name: sha256(self.path / name) for name in FILES},
+            "files": {name: sha256(self.path / name) for name in files},
         }
         (self.path / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
@@ -231,6 +243,7 @@ class Contents:
     constants: dict[str, np.ndarray]
     manifest: dict[str, Any]
     kernels_py: str  # the shipped source: compared with what orchestrate generates, never run
+    dims: dict | None = None  # a dynamic bundle's family, as dims.json holds it
 
 
 def read(folder: str | os.PathLike) -> Contents:
@@ -250,7 +263,7 @@ def read(folder: str | os.PathLike) -> Contents:
                  "run `orchestrate optimize` on the model again")  # fmt: skip
     _check_manifest(manifest, folder)
     data = {}
-    for name in FILES:
+    for name in manifest["files"]:
         data[name] = _bytes(folder, name)
         if data[name] is None:
             raise InputError(f"{folder}: {name} is missing")
@@ -264,7 +277,10 @@ def read(folder: str | os.PathLike) -> Contents:
         raise InputError(
             f"{folder}: kernels.py is not the ASCII source orchestrate writes"
         ) from None
-    return Contents(plan, constants, manifest, kernels_py)
+    dims = _json(data[DIMS], folder, DIMS) if DIMS in data else None
+    if dims is not None and not isinstance(dims, dict):
+        raise InputError(f"{folder}: {DIMS} is not a JSON object")
+    return Contents(plan, constants, manifest, kernels_py, dims)
 
 
 # what each manifest field must hold: (check, what to say when it does not)
@@ -283,9 +299,9 @@ _MANIFEST = {
     "bfloat16": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)
                  and len(set(v)) == len(v),
                  "a list of distinct constant names"),
-    "files": (lambda v: isinstance(v, dict) and set(v) == set(FILES) and all(
+    "files": (lambda v: isinstance(v, dict) and set(v) in (set(FILES), {*FILES, DIMS}) and all(
         isinstance(x, str) and re.fullmatch("[0-9a-f]{64}", x) for x in v.values()),
-        f"an object of sha256 digests for {', '.join(FILES)}"),
+        f"an object of sha256 digests for {', '.join(FILES)} (and {DIMS})"),
 }  # fmt: skip
 
 

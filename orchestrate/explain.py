@@ -163,3 +163,16 @@ def rejected_table(result: Plan) -> str:
         lines += ["", "rules that matched but declined:"]
         lines += [f"  {d.rule} at {d.at}: {d.reason}" for d in result.declined]
     return "\n".join(lines)
+
+
+def range_lines(family) -> list[str]:
+    """A dynamic plan's dimensions, their ranges and where it was priced
+    (``shapes/family.Family``)."""
+    dims = ", ".join(f"{d.name} {d.range.min}..{d.range.max}" for d in family.dims)
+    opt = family.named(family.at("opt"))
+    grid = "; ".join(f"{d.name} {list(v)}" for d, v in zip(family.dims, family.grid.values))
+    return [
+        f"range: {dims}; one kernels.py for every shape in it",
+        f"planned and priced at OPT ({opt}); every kernel also legal at MIN and MAX",
+        f"kernels lifted from the grid {grid}; {len(family.sliced)} constants sliced from MAX",
+    ]

@@ -38,12 +38,13 @@ def fission_file(path: str | os.PathLike, shapes=None) -> ir.Graph:
     return fission(prepared, str(path), consume=True)
 
 
-def plan_graph(graph: ir.Graph, options=None, progress=None, tune=None):
+def plan_graph(graph: ir.Graph, options=None, progress=None, tune=None, admit=None):
     """The planner's result (``orchestrate.plan.Planned``); ``tune`` (a
-    ``tune.Tune``) prices by measurement."""
+    ``tune.Tune``) prices by measurement; ``admit`` refuses kernels beyond
+    the rules (a dynamic plan's range)."""
     from orchestrate.planner import PlanOptions, plan
 
-    return plan(graph, options or PlanOptions(), progress, tune)
+    return plan(graph, options or PlanOptions(), progress, tune, admit)
 
 
 def write_plan(result, output: str | os.PathLike) -> None:

@@ -151,12 +151,14 @@ def plan(
     options: PlanOptions = PlanOptions(),
     progress: Progress | None = None,
     tune: Tune | None = None,
+    admit: Callable[[ir.Graph, KernelSpec], KernelSpec | Rejection] | None = None,
 ) -> Planned:
     """The optimal plan for ``graph``; under ``tune``, priced by measurement
-    where it measured (``orchestrate/tune/``, ``cost/measured.py``)."""
+    where it measured (``orchestrate/tune/``, ``cost/measured.py``).  Every
+    kernel must pass ``admit`` too (a dynamic plan's range, ``shapes/admit.py``)."""
     started = time.perf_counter()
     report = progress or (lambda stage, i, n: None)
-    target = options.target()
+    target = replace(options.target(), admit=admit)
     parts = partition(graph)
     groups = group_identical(graph, parts)  # representative partition -> its copies
     found = {}

@@ -73,9 +73,13 @@ def _type(shape: tuple[int, ...], dtype: str, name: str, source: str) -> ir.Tens
     return ir.TensorType(tuple(shape), dtype)
 
 
-def planned(plan: Plan, graph: ir.Graph, source: str) -> Planned:
+def planned(plan: Plan, graph: ir.Graph, source: str, *, check_hash: bool = True) -> Planned:
     """The plan with the spec of every kernel, matched again by the rules and
-    checked against the structural hash and launch configuration recorded."""
+    checked against the structural hash and launch configuration recorded.
+    ``check_hash=False`` for the plan instantiated at another binding of a
+    dynamic bundle's dimensions (``orchestrate/shapes/family.py``): its specs
+    hold other shapes, so their hashes differ; the template, the
+    configuration and the tensors must still be the recorded ones."""
     try:
         target = Target(
             get_device(plan.device), plan.options.tf32, gemm_backends=plan.options.gemm_backends
@@ -90,17 +94,24 @@ def planned(plan: Plan, graph: ir.Graph, source: str) -> Planned:
             raise InputError(f"{where}: expected the name k{i:03d}_{k.template}")
         # the recorded configuration first: the rules still check that it fits
         recorded = replace(target, rank=lambda _, s, c=k.config: 0 if s.config == c else 1)
+        if not check_hash and k.template != VIEW:  # another binding: the plan's configuration
+            recorded = replace(recorded, pin=(k.template, k.config))
         found = match_all(graph, k.primitives, recorded)
         # the generated kernel or the library call, as the plan says
         spec = found if isinstance(found, Rejection) else next(
             (s for s in found if s.template == k.template), found[0])  # fmt: skip
         if isinstance(spec, Rejection):
             raise InputError(f"{where}: its primitives are not one kernel ({spec.reason})")
-        if spec.template != k.template or (k.template != VIEW and spec.hash != k.hash):
+        if spec.template != k.template or (
+            check_hash and k.template != VIEW and spec.hash != k.hash
+        ):
             raise InputError(f"{where}: does not match the kernel its primitives make "
                              f"({spec.template}, hash {spec.hash})")  # fmt: skip
         if k.template != VIEW and spec.config != k.config:
-            raise InputError(f"{where}: launch configuration differs from the rules' choice")
+            # at another binding the configuration is pinned to the recorded
+            # one; only interpreter blocks the plan left empty are the rules'
+            if check_hash or replace(spec.config, interpret=()) != replace(k.config, interpret=()):
+                raise InputError(f"{where}: launch configuration differs from the rules' choice")
         if not set(spec.outputs) <= set(k.outputs) <= set(spec.outputs) | set(spec.optional):
             raise InputError(f"{where}: writes {list(k.outputs)}, which its primitives do not")
         if tuple(spec.inputs) != tuple(k.inputs):

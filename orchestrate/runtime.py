@@ -252,7 +252,8 @@ class Program:
 
     def __init__(self, planned: Planned, graph: ir.Graph, kernels_module, *,
                  interpret: bool | None = None, cuda_graph: bool = True,
-                 indices: IndexChecks | None = None):  # fmt: skip
+                 indices: IndexChecks | None = None,
+                 dims: Mapping[str, int] | None = None):  # fmt: skip
         import torch
 
         self.torch = torch
@@ -261,6 +262,8 @@ class Program:
         check_runnable(graph, self.interpret, planned.specs)
         self.device = "cpu" if self.interpret else "cuda"
         self.launches = kernels_module.KERNELS
+        # a dynamic bundle's launchers take the binding of its dimensions
+        self.dims = dict(dims or {})
         self.types = plan.types
         self.input_types = {i.name: (i.shape, i.dtype) for i in plan.graph.inputs}
         self.outputs = list(plan.graph.outputs)
@@ -443,9 +446,9 @@ class Program:
             values[s] = feeds[name]
         for s, src, shape in self._input_views:
             values[s] = values[src].reshape(shape)
-        interpret = self.interpret
+        interpret, dims = self.interpret, self.dims
         for launch, args in self._steps:
-            launch(*args(values), interpret=interpret)
+            launch(*args(values), interpret=interpret, **dims)
         return {o: values[s] for o, s in self._output_slots}
 
     def _replay(self, feeds: Mapping[str, object]) -> dict[str, object]:

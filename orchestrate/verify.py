@@ -54,6 +54,8 @@ class Report:
 
     checks: tuple[OutputCheck, ...]
     simulated: str = ""
+    # a dynamic bundle's: the binding each trial ran at (``batch=1, seq=2``)
+    bindings: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -76,6 +78,10 @@ class Report:
     def verdict(self, trials: int) -> str:
         """One line: what was compared with onnxruntime over ``trials``, and
         the outcome.  A simulated report never says verified."""
+        if self.bindings:
+            outcome = "verified" if self.ok else "FAILED"
+            return (f"{outcome} against onnxruntime at {len(self.bindings)} shapes across the "
+                    f"range: {'; '.join(self.bindings)}")  # fmt: skip
         if not self.simulated:
             outcome = "verified" if self.ok else "FAILED"
             return f"{outcome} against onnxruntime over {trials} random trials"

@@ -12,13 +12,15 @@ in ``kernels/rules.py``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchestrate.bounds import device_checked
 from orchestrate.ir import Graph
 from orchestrate.kernels.fit import fits
 from orchestrate.kernels.region import Region
 from orchestrate.kernels.spec import (
+    ATTENTION,
+    ROW_REDUCE,
     KernelSpec,
     LaunchConfig,
     Rejection,
@@ -54,6 +56,30 @@ def accept(
     return with_hash(graph, found[0])
 
 
+# blocks that must hold a whole dimension (the rest tile it, with masks): a
+# pinned configuration must be at least as large as the template's own choice
+COVERING = {ROW_REDUCE: ("BLOCK_COLS",), ATTENTION: ("BLOCK_D", "BLOCK_DV")}
+
+
+def pinned_config(template: str, pin: LaunchConfig,
+                  space: Sequence[LaunchConfig]) -> LaunchConfig | Rejection:  # fmt: skip
+    """``pin`` for this shape: its interpreter blocks are the template's own
+    when it has none, and every block in ``COVERING`` holds what the
+    template's first configuration holds."""
+    if not space:
+        return Rejection(f"no {template} configuration")
+    own = space[0]
+    if not pin.interpret:
+        pin = replace(pin, interpret=own.interpret)
+    for key in COVERING.get(template, ()):
+        for mine, theirs in ((dict(pin.blocks), dict(own.blocks)),
+                             (dict(pin.interpret), dict(own.interpret))):  # fmt: skip
+            if key in theirs and mine.get(key, 0) < theirs[key]:
+                return Rejection(f"{key}={mine.get(key, 0)} of the plan's configuration does not "
+                                 f"cover this shape, which needs {theirs[key]}")  # fmt: skip
+    return pin
+
+
 def ranked(
     graph: Graph, template: str, r: Region, space: tuple[int, ...], roles: Roles,
     optional: tuple[str, ...], configs: Sequence[LaunchConfig], target: Target,
@@ -61,6 +87,11 @@ def ranked(
     """Every configuration that fits, as unhashed specs, best first: the
     order a tuner measures them in.  A Rejection when none fits."""
     refused: KernelSpec | Rejection = Rejection(f"no {template} configuration")
+    if target.pin is not None and target.pin[0] == template:
+        pinned = pinned_config(template, target.pin[1], configs)
+        if isinstance(pinned, Rejection):
+            return pinned
+        configs = [pinned]
     checks = device_checked(graph, r.names)
     fitting: list[KernelSpec] = []
     for c in configs:

@@ -81,7 +81,15 @@ def match(graph: Graph, names: Iterable[str], target: Target) -> KernelSpec | Re
     judging = _judging(r, target)
     if not judging:
         return _refusal(r, target)
-    return judging[0].match(graph, r, target)
+    return _admitted(graph, judging[0].match(graph, r, target), target)
+
+
+def _admitted(graph: Graph, spec: KernelSpec | Rejection,
+              target: Target) -> KernelSpec | Rejection:  # fmt: skip
+    """``spec`` as the target's ``admit`` takes it (itself, widened, or refused)."""
+    if target.admit is None or isinstance(spec, Rejection):
+        return spec
+    return target.admit(graph, spec)
 
 
 def match_all(graph: Graph, names: Iterable[str], target: Target) -> list[KernelSpec] | Rejection:
@@ -93,7 +101,7 @@ def match_all(graph: Graph, names: Iterable[str], target: Target) -> list[Kernel
     judging = _judging(r, target)
     if not judging:
         return _refusal(r, target)
-    found = [rule.match(graph, r, target) for rule in judging]
+    found = [_admitted(graph, rule.match(graph, r, target), target) for rule in judging]
     specs = [k for k in found if isinstance(k, KernelSpec)]
     return specs or found[0]
 

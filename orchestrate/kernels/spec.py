@@ -88,6 +88,16 @@ class Target:
     rank: Callable[[Graph, KernelSpec], float] | None = None
     gemm_backends: tuple[str, ...] = GEMM_BACKENDS
     rewrites: bool = True
+    # (template, launch configuration) that template's rule must take, checked
+    # to fit and to cover the shape (``kernels/rule.ranked``): a dynamic
+    # bundle's kernels, matched again at another binding of its dimensions,
+    # keep the plan's configuration
+    pin: tuple[str, LaunchConfig] | None = None
+    # a check every kernel must also pass: the kernel to use (the same, or
+    # with blocks widened) or the Rejection saying why not.  A dynamic plan
+    # admits only kernels legal at every binding of its range
+    # (``shapes/admit.py``); ``kernels/rules.match`` applies it
+    admit: Callable[[Graph, KernelSpec], KernelSpec | Rejection] | None = None
 
 
 # -- launch configuration --------------------------------------------------------

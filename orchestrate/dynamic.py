@@ -1,0 +1,213 @@
+"""A plan for a range of shapes: one bundle, every binding of its dimensions.
+
+``--shape input_ids=1..8x2..64@32`` (or ``--dim batch=1..8``) makes the
+input's dimensions symbols with ranges (``shapes/binding.py``).  Then:
+
+1. the graph at OPT is planned as any static graph, except that every
+   candidate must also be legal at MIN and MAX with its configuration
+   (``shapes/admit.py``), so the linear program prices at OPT and fit is
+   checked at MAX;
+2. the frontend runs at a grid of generic bindings (``shapes/probes.py``)
+   and the family of primitive graphs is lifted from them and checked at
+   MIN, OPT and MAX (``shapes/family.py``);
+3. the plan's kernels, printed at each grid point with the plan's
+   configurations, become one ``kernels.py`` whose kernels take the
+   dimensions as runtime arguments (``emit/lift.py``).
+
+``regenerate`` does 3 again from a bundle's files (a bundle is data: what
+runs is what orchestrate prints from them); ``DynamicProgram`` runs it at any
+binding in the range (``dynamic_runtime.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+import onnx
+
+from orchestrate import ir, pipeline, precision, regenerate
+from orchestrate.emit import emit
+from orchestrate.emit.lift import Unliftable, lift_source
+from orchestrate.errors import InputError
+from orchestrate.frontend import graph_inputs
+from orchestrate.plan import Plan, Planned
+from orchestrate.shapes.admit import range_admit
+from orchestrate.shapes.affine import Affine
+from orchestrate.shapes.binding import bind_inputs
+from orchestrate.shapes.dims import DimRange
+from orchestrate.shapes.family import Binding, Dim, Family, lift_family
+from orchestrate.shapes.poly import Grid
+from orchestrate.shapes.probes import grid_values
+
+
+@dataclass(frozen=True)
+class Ranges:
+    """What the user declared: input -> per-axis ranges (``--shape``) and
+    symbol -> range (``--dim``)."""
+
+    shapes: Mapping[str, tuple[DimRange, ...]]
+    dims: Mapping[str, DimRange]
+
+
+@dataclass(frozen=True)
+class Symbolic:
+    """The model's inputs bound to the declared ranges: each input's shape
+    as affine dimensions and the dynamic dimensions in binding order."""
+
+    inputs: Mapping[str, tuple[Affine, ...]]
+    dims: tuple[Dim, ...]
+
+    def shapes_at(self, binding: Binding) -> dict[str, tuple[int, ...]]:
+        values = {d.name: v for d, v in zip(self.dims, binding)}
+        return {k: tuple(a.evaluate(values) for a in v) for k, v in self.inputs.items()}
+
+
+def bind(model: onnx.ModelProto, ranges: Ranges, source: str) -> Symbolic:
+    """InputError naming the flag when the ranges do not fit the model, or
+    when they leave no dimension dynamic (then plan a static shape)."""
+    inputs, found = bind_inputs(graph_inputs(model), ranges.shapes, ranges.dims, source)
+    order: list[str] = []
+    for shape in inputs.values():
+        for a in shape:
+            order += [s for s in sorted(a.symbols) if s not in order]
+    if not order:
+        raise InputError("--shape: every range has MIN = MAX; give the shape as numbers instead")
+    dims = tuple(Dim(name, f"dim{i}", found[name]) for i, name in enumerate(order))
+    return Symbolic(inputs, dims)
+
+
+@dataclass(frozen=True)
+class Built:
+    """A dynamic plan: ``plan`` at OPT (configurations pinned for the range),
+    the ``family``, the graph and specs at OPT, the lifted ``source`` and the
+    ``constants`` a bundle stores (sliced ones at MAX)."""
+
+    plan: Plan
+    family: Family
+    graph: ir.Graph
+    planned: Planned
+    source: str
+    constants: dict[str, np.ndarray]
+
+
+class _Graphs:
+    """The primitive graph at a binding, made once; constants equal to the
+    first graph's share its arrays (a model's weights are held once)."""
+
+    def __init__(self, model, symbolic: Symbolic, dtype: str | None, source: str):
+        self.model, self.symbolic, self.dtype, self.source = model, symbolic, dtype, source
+        self.made: dict[Binding, ir.Graph] = {}
+        self.first: ir.Graph | None = None
+
+    def __call__(self, binding: Binding) -> ir.Graph:
+        if binding not in self.made:
+            g = pipeline.fission_model(self.model, self.symbolic.shapes_at(binding), self.source)
+            g = precision.lower_precision(g, self.dtype, self.source)
+            if self.first is None:
+                self.first = g
+            else:
+                ref = self.first.constants
+                shared = {k: ref[k] if k in ref and _same(ref[k], v) else v
+                          for k, v in g.constants.items()}  # fmt: skip
+                g = ir.Graph(g.nodes, g.inputs, g.outputs, shared, g.name)
+            self.made[binding] = g
+        return self.made[binding]
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a is b or (a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b))
+
+
+def build(model: onnx.ModelProto, ranges: Ranges, options, model_file: str, source: str,
+          progress=None) -> Built:  # fmt: skip
+    """Plan ``model`` for ``ranges`` (see the module doc)."""
+    report = progress or (lambda stage, i, n: None)
+    symbolic = bind(model, ranges, source)
+    dims = symbolic.dims
+    graphs = _Graphs(model, symbolic, options.dtype, source)
+    at = {w: tuple(getattr(d.range, w) for d in dims) for w in ("opt", "min", "max")}
+    g_opt = graphs(at["opt"])
+    ends = {_named(dims, at[w]): graphs(at[w]) for w in ("max", "min") if at[w] != at["opt"]}
+    admit = range_admit(ends, options.target()) if ends else None
+    planned = pipeline.plan_graph(g_opt, options, progress=progress, admit=admit)
+    avoid = {d for n in g_opt.nodes for d in n.shape} | {
+        d for i in g_opt.inputs for d in i.type.shape
+    }
+    grid = Grid(tuple(grid_values(d.range, avoid) for d in dims))
+    points = grid.points
+    for i, p in enumerate(points):
+        report("range", i + 1, len(points))
+        graphs(p)
+    checks = {at[w]: graphs(at[w]) for w in ("min", "opt", "max")}
+    family = lift_family(dims, grid, {p: graphs(p) for p in points}, checks, at["max"], source)
+    plan = _pinned(planned.plan, family, checks[at["max"]], at["max"], source)
+    constants = _stored(plan, g_opt, checks[at["max"]], family)
+    made = regenerate_dynamic(plan, family, constants, model_file, source, at_opt=g_opt)
+    return Built(made.planned.plan, family, made.graph, made.planned, made.source, constants)
+
+
+def _named(dims, binding: Binding) -> str:
+    return ", ".join(f"{d.name}={v}" for d, v in zip(dims, binding))
+
+
+def _pinned(plan: Plan, family: Family, g_max: ir.Graph, top: Binding, source: str) -> Plan:
+    """``plan`` with each kernel's interpreter blocks those of MAX, so that
+    the recorded configuration serves the whole range there too."""
+    bare = replace(plan, kernels=tuple(
+        replace(k, config=replace(k.config, interpret=())) for k in plan.kernels))  # fmt: skip
+    at_max = regenerate.planned(family.plan_at(bare, top), g_max, source, check_hash=False)
+    return replace(plan, kernels=tuple(
+        replace(k, config=s.config) if not k.is_view else k
+        for k, s in zip(plan.kernels, at_max.specs)))  # fmt: skip
+
+
+def _stored(plan: Plan, g_opt: ir.Graph, g_max: ir.Graph, family: Family) -> dict[str, np.ndarray]:
+    """The constants the kernels read, the sliced ones at MAX."""
+    used = {t for k in plan.kernels for t in k.inputs}
+    return {k: (g_max if k in family.sliced else g_opt).constants[k]
+            for k in g_opt.constants if k in used}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A dynamic plan at one binding: the primitive graph, the plan with its
+    specs, as a static plan has them."""
+
+    graph: ir.Graph
+    planned: Planned
+
+
+def instance(plan: Plan, family: Family, constants: Mapping[str, np.ndarray], binding: Binding,
+             source: str, graph: ir.Graph | None = None) -> Instance:  # fmt: skip
+    """The plan at ``binding`` (its graph rebuilt from the plan and the
+    constants, and type-checked, unless ``graph`` is given)."""
+    at = family.plan_at(plan, binding)
+    if graph is None:
+        graph = regenerate.primitive_graph(at, family.constants_at(constants, binding), source)
+    try:
+        return Instance(graph, regenerate.planned(at, graph, source, check_hash=False))
+    except InputError as e:
+        raise InputError(f"{e} (at {family.named(binding)})") from None
+
+
+def regenerate_dynamic(plan: Plan, family: Family, constants: Mapping[str, np.ndarray],
+                       model_file: str, source: str,
+                       at_opt: ir.Graph | None = None) -> regenerate.Regenerated:  # fmt: skip
+    """The graph and specs at OPT and the lifted ``kernels.py`` (see the module doc)."""
+    title = regenerate.title(model_file)
+    opt = family.at("opt")
+    here = instance(plan, family, constants, opt, source, at_opt)
+    printed = {}
+    for p in family.grid.points:
+        inst = instance(plan, family, constants, p, source)
+        printed[p] = emit(inst.graph, inst.planned, title=title)
+    shown = emit(here.graph, here.planned, title=title)
+    lifted = lift_source(printed, family.grid, family.codes, [d.name for d in family.dims],
+                         shown, family.named(opt))  # fmt: skip
+    if isinstance(lifted, Unliftable):
+        where = f"kernel function {lifted.function}" if lifted.function else "the kernels"
+        raise InputError(f"{source}: {where} cannot serve the range: {lifted.reason}; "
+                         "narrow the range with --shape or --dim")  # fmt: skip
+    return regenerate.Regenerated(here.graph, here.planned, lifted)

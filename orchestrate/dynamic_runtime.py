@@ -1,0 +1,134 @@
+"""Running a dynamic bundle at any binding of its dimensions.
+
+The kernels module is one for the whole range: it is loaded once, and each
+kernel is compiled once (Triton specializes a dimension that is 1 or a
+multiple of 16, so a few variants at most).  A run reads the binding off the
+inputs' shapes, checks it (every input agrees on each dimension, each
+dimension inside its declared range: otherwise a one-line InputError that
+names the input and the dimension), and runs the :class:`runtime.Program`
+of that binding.
+
+Buffers grow on demand: each binding seen gets its own Program, with its
+own pooled buffers and, on a GPU, its own CUDA graph (captured at its second
+run, as for a static bundle).  A CUDA graph replays fixed addresses, so the
+buffers of a captured shape must stay where they were; one pool sized for
+MAX would hold the largest shape's memory for every shape and still need a
+graph per shape.  The Programs of the ``cache`` most recently used bindings
+are kept (least recently used dropped first, its buffers and graph freed),
+so memory is bounded by ``cache`` shapes' buffers, and a workload cycling
+through a few shapes replays graphs without recapturing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+
+import numpy as np
+
+from orchestrate.dynamic import instance
+from orchestrate.errors import InputError
+from orchestrate.plan import Plan
+from orchestrate.runtime import IndexChecks, Program
+from orchestrate.shapes.family import Binding, Family
+from orchestrate.shapes.poly import Poly
+
+DEFAULT_CACHE = 8  # bindings whose Program (buffers, CUDA graph) is kept
+
+
+def _bare(p: Poly) -> int | None:
+    """The dimension ``p`` is exactly (``dim_k``), or None."""
+    if len(p.terms) == 1:
+        exps, c = p.terms[0]
+        if c == 1 and sum(exps) == 1:
+            return exps.index(1)
+    return None
+
+
+def binding_of(family: Family, shapes: Mapping[str, tuple[int, ...]]) -> Binding:
+    """The binding the inputs' shapes give; InputError for inputs that
+    disagree on a dimension or lie outside its range.  (Other shape errors
+    are the Program's, which checks every input against the binding.)"""
+    seen: dict[int, tuple[int, str, int]] = {}  # dim -> (value, input, axis)
+    for name, polys in family.inputs.items():
+        shape = shapes.get(name)
+        if shape is None:
+            raise InputError(f"missing input {name!r}")
+        if len(shape) != len(polys):
+            raise InputError(f"input {name!r}: rank {len(shape)}, expected {len(polys)}")
+        for axis, p in enumerate(polys):
+            k = _bare(p)
+            if k is None:
+                continue
+            v = int(shape[axis])
+            dim = family.dims[k]
+            if k in seen and seen[k][0] != v:
+                other, o_axis = seen[k][1], seen[k][2]
+                raise InputError(f"input {name!r}: axis {axis} is {dim.name}={v}, but axis "
+                                 f"{o_axis} of input {other!r} gives {dim.name}={seen[k][0]}")  # fmt: skip
+            seen.setdefault(k, (v, name, axis))
+    missing = [d.name for k, d in enumerate(family.dims) if k not in seen]
+    if missing:  # pragma: no cover - binding.py gives every dimension an input axis
+        raise InputError(f"no input gives dimension {missing[0]!r}")
+    for k, (v, name, axis) in sorted(seen.items()):
+        r = family.dims[k].range
+        if v not in r:
+            raise InputError(f"input {name!r}: axis {axis} is {family.dims[k].name}={v}, outside "
+                             f"the bundle's range {r.min}..{r.max}")  # fmt: skip
+    return tuple(seen[k][0] for k in range(len(family.dims)))
+
+
+class DynamicProgram:
+    """A dynamic plan's Programs, one per binding in use (see the module doc)."""
+
+    def __init__(self, plan: Plan, family: Family, constants: Mapping[str, np.ndarray],
+                 kernels_module, source: str, *, interpret: bool, cuda_graph: bool = True,
+                 cache: int = DEFAULT_CACHE):  # fmt: skip
+        if not isinstance(cache, int) or isinstance(cache, bool) or cache < 1:
+            raise InputError(f"cache={cache!r}: expected a number of shapes >= 1")
+        self.plan, self.family, self.constants = plan, family, constants
+        self.module, self.source = kernels_module, source
+        self.interpret, self.cuda_graph, self.cache = interpret, cuda_graph, cache
+        self._programs: OrderedDict[Binding, Program] = OrderedDict()
+        self._lock = threading.Lock()
+        self.made = 0  # Programs made (a binding seen again after eviction counts again)
+
+    def program(self, binding: Binding) -> Program:
+        with self._lock:
+            found = self._programs.get(binding)
+            if found is not None:
+                self._programs.move_to_end(binding)
+                return found
+        inst = instance(self.plan, self.family, self.constants, binding, self.source)
+        codes = dict(zip(self.family.codes, binding))
+        made = Program(inst.planned, inst.graph, self.module, interpret=self.interpret,
+                       cuda_graph=self.cuda_graph, indices=IndexChecks(inst.graph, inst.planned),
+                       dims=codes)  # fmt: skip
+        with self._lock:
+            self.made += 1
+            self._programs[binding] = made
+            while len(self._programs) > self.cache:
+                self._programs.popitem(last=False)
+        return made
+
+    def binding(self, inputs: Mapping[str, object]) -> Binding:
+        if not isinstance(inputs, Mapping):
+            raise InputError(f"inputs: expected a dict of arrays by input name, got "
+                             f"{type(inputs).__name__}")  # fmt: skip
+        shapes = {k: tuple(np.shape(v)) if not hasattr(v, "shape") else tuple(v.shape)
+                  for k, v in inputs.items()}  # fmt: skip
+        return binding_of(self.family, shapes)
+
+    def check_inputs(self, inputs: Mapping[str, object]) -> None:
+        """InputError for inputs outside the range or not agreeing with each
+        other, or any error the binding's Program finds."""
+        self.program(self.binding(inputs)).check_inputs(inputs)
+
+    def run(self, inputs: Mapping[str, object]) -> dict[str, object]:
+        return self.program(self.binding(inputs)).run(inputs)
+
+    @property
+    def cached(self) -> tuple[Binding, ...]:
+        """The bindings whose Programs are kept, least recently used first."""
+        return tuple(self._programs)

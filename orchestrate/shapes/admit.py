@@ -1,0 +1,67 @@
+"""Admitting a kernel to a dynamic plan: legal at every binding of the range.
+
+The planner enumerates and prices candidates on the graph at OPT.  A kernel
+it may choose must also be one kernel, with the same launch configuration,
+on the graphs at the range's ends.  So fit on chip is checked at MAX, and a
+block that must hold a whole dimension (``kernels/rule.COVERING``: a
+single-pass row's columns) is widened to what MAX needs, then checked to fit
+at OPT and at every end: the linear program prices the widened kernel.
+``range_admit`` returns that check (``Target.admit``); a refused kernel is
+declined with its reason, which ``explain --rejected`` shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+from orchestrate import ir
+from orchestrate.kernels.rule import COVERING
+from orchestrate.kernels.rules import match_all
+from orchestrate.kernels.spec import VIEW, KernelSpec, LaunchConfig, Rejection, Target
+
+
+def range_admit(graphs: Mapping[str, ir.Graph],
+                target: Target) -> Callable[[ir.Graph, KernelSpec], KernelSpec | Rejection]:  # fmt: skip
+    """The check of a kernel ``spec`` matched on a graph (at OPT) against
+    each of ``graphs`` (by where it is: ``batch=8, seq=64``)."""
+    plain = replace(target, rank=None, admit=None)
+
+    def same(graph: ir.Graph, spec: KernelSpec, pin: LaunchConfig | None) -> KernelSpec | Rejection:
+        found = match_all(graph, spec.nodes, replace(plain, pin=pin and (spec.template, pin)))
+        if isinstance(found, Rejection):
+            return found
+        return next((s for s in found if s.template == spec.template),
+                    Rejection(f"no {spec.template} kernel there"))  # fmt: skip
+
+    def admit(graph: ir.Graph, spec: KernelSpec) -> KernelSpec | Rejection:
+        if spec.template == VIEW:
+            pin = None
+        else:
+            pin = replace(spec.config, interpret=())
+            for where, other in graphs.items():
+                own = same(other, spec, None)
+                if isinstance(own, Rejection):
+                    return Rejection(f"legal at OPT, not at {where}: {own.reason}")
+                pin = _widened(spec.template, pin, own.config)
+        for where, other in graphs.items():
+            there = same(other, spec, pin)
+            if isinstance(there, Rejection):
+                return Rejection(f"legal at OPT, not at {where}: {there.reason}")
+        if pin is None or pin == replace(spec.config, interpret=()):
+            return spec
+        here = same(graph, spec, pin)  # the widened kernel, fitted and hashed at OPT
+        if isinstance(here, Rejection):
+            return Rejection(f"widened for the range, it does not fit: {here.reason}")
+        return here
+
+    return admit
+
+
+def _widened(template: str, pin: LaunchConfig, own: LaunchConfig) -> LaunchConfig:
+    """``pin`` with each covering block at least ``own``'s."""
+    mine, theirs = dict(pin.blocks), dict(own.blocks)
+    for key in COVERING.get(template, ()):
+        if key in mine and key in theirs and theirs[key] > mine[key]:
+            mine[key] = theirs[key]
+    return replace(pin, blocks=tuple(mine.items()))

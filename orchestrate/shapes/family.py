@@ -1,0 +1,337 @@
+"""One primitive graph for a range of shapes: the family, lifted from instances.
+
+The frontend folds shape arithmetic to constants, so it makes one primitive
+graph per binding of the dimensions.  A :class:`Family` is what those graphs
+share and how they differ: the same primitives, ops, inputs and dtypes at
+every binding, and shapes and integer attributes that are polynomials of the
+binding (``shapes/poly.py``).  Constants that depend on the binding (position
+embeddings gathered for ``seq`` positions, a causal mask of ``seq x seq``) are
+kept once, at MAX, and sliced: the family checks that each is a prefix of
+the MAX one.
+
+``lift_family`` builds it from the graphs at a grid of bindings and checks it
+against the graphs at other bindings (MIN, OPT, MAX).  What does not hold
+(a node that exists at one binding only, a shape that no polynomial gives, a
+constant that is not a prefix) is an InputError naming the node, so nothing
+is planned for a range the bundle could not serve.  ``plan_at`` and
+``constants_at`` make the concrete plan of one binding, which the runner and
+the emitter use exactly as a static plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from orchestrate import ir
+from orchestrate.errors import InputError
+from orchestrate.plan import Plan, Primitive
+from orchestrate.shapes.dims import DimRange
+from orchestrate.shapes.poly import Grid, NotLifted, Poly
+
+Binding = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One dynamic dimension: the model's name for it (text from the model:
+    it reaches generated source only through ``emit.text``), its code name
+    in generated source (``dim0``) and its range."""
+
+    name: str
+    code: str
+    range: DimRange
+
+
+@dataclass(frozen=True)
+class Family:
+    """``dims`` in binding order, the ``grid`` the family was lifted on, and
+    what varies: graph input shapes, primitive shapes, primitive attributes
+    (``attrs[node][attr]``: the value with :class:`Poly` leaves) and the
+    shapes of the constants kept at MAX and sliced (``sliced``)."""
+
+    dims: tuple[Dim, ...]
+    grid: Grid
+    inputs: Mapping[str, tuple[Poly, ...]]
+    shapes: Mapping[str, tuple[Poly, ...]]
+    attrs: Mapping[str, Mapping[str, Any]]
+    sliced: Mapping[str, tuple[Poly, ...]]
+
+    @property
+    def codes(self) -> tuple[str, ...]:
+        return tuple(d.code for d in self.dims)
+
+    def binding(self, values: Mapping[str, int]) -> Binding:
+        return tuple(values[d.name] for d in self.dims)
+
+    def at(self, which: str) -> Binding:
+        """``min``, ``opt`` or ``max`` of every dimension."""
+        return tuple(getattr(d.range, which) for d in self.dims)
+
+    def named(self, binding: Binding) -> str:
+        return ", ".join(f"{d.name}={v}" for d, v in zip(self.dims, binding))
+
+    def contains(self, binding: Binding) -> bool:
+        return all(v in d.range for d, v in zip(self.dims, binding))
+
+    def input_shape(self, name: str, binding: Binding) -> tuple[int, ...]:
+        return tuple(p(binding) for p in self.inputs[name])
+
+    def plan_at(self, plan: Plan, binding: Binding) -> Plan:
+        """``plan`` (made at any binding of the family) with every shape and
+        attribute at ``binding``."""
+        prims = tuple(self._primitive(p, binding) for p in plan.primitives)
+        inputs = tuple(
+            replace(i, shape=self.input_shape(i.name, binding)) if i.name in self.inputs else i
+            for i in plan.graph.inputs
+        )
+        return replace(plan, primitives=prims, graph=replace(plan.graph, inputs=inputs))
+
+    def _primitive(self, p: Primitive, binding: Binding) -> Primitive:
+        shape = self.shapes.get(p.name)
+        attrs = self.attrs.get(p.name)
+        if shape is None and attrs is None:
+            return p
+        new = p
+        if shape is not None:
+            new = replace(new, shape=tuple(d(binding) for d in shape))
+        if attrs is not None:
+            merged = dict(p.attrs)
+            merged.update({k: _evaluate(v, binding) for k, v in attrs.items()})
+            new = replace(new, attrs=ir.Attrs(merged))
+        return new
+
+    def constants_at(self, constants: Mapping[str, np.ndarray],
+                     binding: Binding) -> dict[str, np.ndarray]:  # fmt: skip
+        """The constants at ``binding``: the sliced ones cut from their MAX value."""
+        out = dict(constants)
+        for name, shape in self.sliced.items():
+            cut = tuple(slice(0, d(binding)) for d in shape)
+            out[name] = np.ascontiguousarray(constants[name][cut])
+        return out
+
+    # -- the file --------------------------------------------------------------
+
+    def to_json(self) -> dict:
+        return {
+            "dims": [
+                {
+                    "name": d.name,
+                    "code": d.code,
+                    "min": d.range.min,
+                    "max": d.range.max,
+                    "opt": d.range.opt,
+                }
+                for d in self.dims
+            ],  # fmt: skip
+            "grid": [list(v) for v in self.grid.values],
+            "inputs": {k: [p.to_json() for p in v] for k, v in sorted(self.inputs.items())},
+            "shapes": {k: [p.to_json() for p in v] for k, v in sorted(self.shapes.items())},
+            "attrs": {
+                k: {a: _value_json(x) for a, x in sorted(v.items())}
+                for k, v in sorted(self.attrs.items())
+            },  # fmt: skip
+            "sliced": {k: [p.to_json() for p in v] for k, v in sorted(self.sliced.items())},
+        }
+
+    @staticmethod
+    def from_json(data: Mapping, source: str) -> Family:
+        try:
+            dims = tuple(
+                Dim(str(d["name"]), _code(d["code"], i), DimRange(int(d["min"]), int(d["max"]),
+                                                                  int(d["opt"])))
+                for i, d in enumerate(data["dims"])
+            )  # fmt: skip
+            grid = Grid(tuple(tuple(int(x) for x in v) for v in data["grid"]))
+            n = len(dims)
+            if grid.rank != n:
+                raise ValueError("grid and dims disagree")
+
+            def shapes(d: Mapping) -> dict:
+                return {
+                    str(k): tuple(Poly.from_json(p, n, f"{k}") for p in v) for k, v in d.items()
+                }
+
+            attrs = {str(k): {str(a): _value_from_json(x, n, f"{k}.{a}") for a, x in v.items()}
+                     for k, v in data["attrs"].items()}  # fmt: skip
+            return Family(dims, grid, shapes(data["inputs"]), shapes(data["shapes"]), attrs,
+                          shapes(data["sliced"]))  # fmt: skip
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise InputError(f"{source}: malformed dimensions ({e})") from None
+
+
+def _code(value, i: int) -> str:
+    if value != f"dim{i}":
+        raise ValueError(f"dimension {i} must have code name dim{i}")
+    return value
+
+
+def _evaluate(value, binding: Binding):
+    if isinstance(value, Poly):
+        return value(binding)
+    if isinstance(value, tuple):
+        return tuple(_evaluate(v, binding) for v in value)
+    return value
+
+
+def _value_json(value):
+    if isinstance(value, Poly):
+        return {"poly": value.to_json()}
+    if isinstance(value, tuple):
+        return {"tuple": [_value_json(v) for v in value]}
+    return {"value": value}
+
+
+def _value_from_json(data, rank: int, where: str):
+    if "poly" in data:
+        return Poly.from_json(data["poly"], rank, where)
+    if "tuple" in data:
+        return tuple(_value_from_json(v, rank, where) for v in data["tuple"])
+    value = data["value"]
+    if not isinstance(value, (int, float, str)) or isinstance(value, bool):
+        raise ValueError(f"{where}: unexpected attribute value")
+    return value
+
+
+# -- lifting ---------------------------------------------------------------------
+
+
+def lift_family(dims: Sequence[Dim], grid: Grid, graphs: Mapping[Binding, ir.Graph],
+                checks: Mapping[Binding, ir.Graph], top: Binding, source: str) -> Family:  # fmt: skip
+    """The family of ``graphs`` (one per grid point), checked against
+    ``checks`` (other bindings: MIN, OPT, MAX); ``top`` is the binding whose
+    constants are kept for slicing (MAX, which must be in ``checks``)."""
+    points = grid.points
+    first = graphs[points[0]]
+    every = {**graphs, **checks}
+    for b, g in every.items():
+        _same_structure(first, g, dims, b, source)
+    where = _Where(dims, source)
+    inputs = {}
+    for i, inp in enumerate(first.inputs):
+        lifted = _lift_shape([graphs[p].inputs[i].type.shape for p in points], grid,
+                             where.of(f"input {inp.name!r}"))  # fmt: skip
+        if lifted is not None:
+            inputs[inp.name] = lifted
+    shapes, attrs = {}, {}
+    for k, node in enumerate(first.nodes):
+        at = where.of(f"node {node.name!r} ({node.op.value})")
+        lifted = _lift_shape([graphs[p].nodes[k].shape for p in points], grid, at)
+        if lifted is not None:
+            shapes[node.name] = lifted
+        changed = {}
+        for a in node.attrs:
+            values = [graphs[p].nodes[k].attrs[a] for p in points]
+            if any(v != values[0] for v in values):
+                changed[a] = _lift_value(values, grid, at + f", attribute {a!r}")
+        if changed:
+            attrs[node.name] = changed
+    sliced = {}
+    for name in first.constants:
+        arrays = [graphs[p].constants[name] for p in points]
+        if all(a.shape == arrays[0].shape and np.array_equal(a, arrays[0]) for a in arrays):
+            continue
+        at = where.of(f"constant {name!r}")
+        lifted = _lift_shape([a.shape for a in arrays], grid, at)
+        if lifted is None:
+            raise InputError(f"{at}: its values change with the shape ({source})")
+        sliced[name] = lifted
+    family = Family(tuple(dims), grid, inputs, shapes, attrs, sliced)
+    for b, g in every.items():
+        _check_instance(family, g, b, checks.get(top) or graphs[top], source)
+    return family
+
+
+class _Where:
+    def __init__(self, dims: Sequence[Dim], source: str):
+        self.names = ", ".join(d.name for d in dims)
+        self.source = source
+
+    def of(self, what: str) -> str:
+        return f"{self.source}: {what} cannot serve the range of {self.names}"
+
+
+def _lift_shape(shapes: Sequence[tuple[int, ...]], grid: Grid, at: str) -> tuple[Poly, ...] | None:
+    """The shape as polynomials, or None when it is the same at every point."""
+    if all(s == shapes[0] for s in shapes):
+        return None
+    if any(len(s) != len(shapes[0]) for s in shapes):
+        raise InputError(f"{at}: its rank changes with the shape")
+    out = []
+    for axis in range(len(shapes[0])):
+        p = grid.lift([s[axis] for s in shapes])
+        if isinstance(p, NotLifted):
+            raise InputError(f"{at}: axis {axis}: {p.reason}")
+        out.append(p)
+    return tuple(out)
+
+
+def _lift_value(values: Sequence[Any], grid: Grid, at: str):
+    first = values[0]
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        p = grid.lift(list(values))
+        if isinstance(p, NotLifted):
+            raise InputError(f"{at}: {p.reason}")
+        return p
+    if all(isinstance(v, tuple) and len(v) == len(first) for v in values):
+        return tuple(_lift_value([v[i] for v in values], grid, at) for i in range(len(first)))
+    if all(v == first for v in values):
+        return first
+    raise InputError(f"{at}: it changes with the shape ({first!r}, {values[-1]!r})")
+
+
+def _same_structure(a: ir.Graph, b: ir.Graph, dims: Sequence[Dim], binding: Binding,
+                    source: str) -> None:  # fmt: skip
+    at = ", ".join(f"{d.name}={v}" for d, v in zip(dims, binding))
+    if len(a.nodes) != len(b.nodes) or [n.name for n in a.nodes] != [n.name for n in b.nodes]:
+        only = sorted({n.name for n in a.nodes} ^ {n.name for n in b.nodes})
+        what = f"primitive {only[0]!r} exists at one binding only" if only else "the order differs"
+        raise InputError(f"{source}: the model's primitives change at {at}: {what}; "
+                         "narrow the range with --shape or --dim")  # fmt: skip
+    for x, y in zip(a.nodes, b.nodes):
+        if (
+            x.op != y.op
+            or x.inputs != y.inputs
+            or x.dtype != y.dtype
+            or set(x.attrs) != set(y.attrs)
+        ):
+            raise InputError(f"{source}: node {x.name!r} ({x.op.value}) differs at {at} "
+                             f"({y.op.value}, inputs {list(y.inputs)}); narrow the range")  # fmt: skip
+    if [(i.name, i.type.dtype) for i in a.inputs] != [(i.name, i.type.dtype) for i in b.inputs]:
+        raise InputError(f"{source}: the graph inputs differ at {at}")
+    if a.outputs != b.outputs or set(a.constants) != set(b.constants):
+        raise InputError(f"{source}: the graph's outputs or constants differ at {at}")
+
+
+def _check_instance(family: Family, g: ir.Graph, binding: Binding, top: ir.Graph,
+                    source: str) -> None:  # fmt: skip
+    """``g`` (the graph made at ``binding``) is what the family gives there."""
+    at = family.named(binding)
+    for i in g.inputs:
+        if i.name in family.inputs and family.input_shape(i.name, binding) != i.type.shape:
+            raise InputError(f"{source}: input {i.name!r} at {at} is {list(i.type.shape)}, not "
+                             f"{list(family.input_shape(i.name, binding))}")  # fmt: skip
+    for n in g.nodes:
+        shape = family.shapes.get(n.name)
+        want = tuple(d(binding) for d in shape) if shape is not None else None
+        if want is not None and want != n.shape:
+            raise InputError(f"{source}: node {n.name!r} ({n.op.value}) at {at} has shape "
+                             f"{list(n.shape)}, not {list(want)}: the range's formula does not "
+                             "hold there; narrow the range")  # fmt: skip
+        for a, v in family.attrs.get(n.name, {}).items():
+            if _evaluate(v, binding) != n.attrs[a]:
+                raise InputError(f"{source}: node {n.name!r} ({n.op.value}) at {at}: attribute "
+                                 f"{a!r} is {n.attrs[a]!r}, not {_evaluate(v, binding)!r}; "
+                                 "narrow the range")  # fmt: skip
+    cut = family.constants_at({k: top.constants[k] for k in family.sliced}, binding)
+    for name, arr in cut.items():
+        mine = g.constants[name]
+        if mine.shape != arr.shape or not np.array_equal(mine, arr):
+            raise InputError(f"{source}: constant {name!r} at {at} is not the first "
+                             f"{list(mine.shape)} of its value at MAX; narrow the range")  # fmt: skip
+    for name, arr in g.constants.items():
+        if name not in family.sliced and not np.array_equal(arr, top.constants[name]):
+            raise InputError(f"{source}: constant {name!r} changes at {at}; narrow the range")
