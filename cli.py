@@ -142,8 +142,39 @@ def shape_option(fn):
         "shapes",
         metavar="NAME=DIMS",
         multiple=True,
-        help="Bind a dynamic input shape, e.g. --shape input_ids=1x128 (repeatable).",
+        help="Bind a dynamic input shape, e.g. --shape input_ids=1x128, or give a range: "
+        "--shape input_ids=1..8x2..64@32 (MIN..MAX@OPT per dimension; OPT defaults to MAX) "
+        "for one bundle serving every shape in it (repeatable).",
     )(fn)
+
+
+def dim_option(fn):
+    return click.option(
+        "--dim", "dims", metavar="SYMBOL=MIN..MAX[@OPT]", multiple=True,
+        help="A range for a symbolic dimension of the model wherever it appears, e.g. "
+             "--dim batch=1..8 --dim sequence=2..64@32 (repeatable).",
+    )(fn)  # fmt: skip
+
+
+def _ranges(texts, dims):
+    """--shape and --dim as (input -> per-axis DimRanges, symbol -> DimRange)
+    when any gives a range, else None (a static shape: ``_shapes``)."""
+    from orchestrate.errors import InputError
+    from orchestrate.shapes.dims import is_range_text, parse_dim, parse_range_shape
+
+    if not dims and not any(map(is_range_text, texts)):
+        return None
+    given: dict = {}
+    for text in texts:
+        name, ranges = parse_range_shape(text)
+        if given.setdefault(name, ranges) != ranges:
+            raise InputError(f"--shape {name}: given twice with different dimensions")
+    symbols: dict = {}
+    for text in dims:
+        name, r = parse_dim(text)
+        if symbols.setdefault(name, r) != r:
+            raise InputError(f"--dim {name}: given twice with different ranges")
+    return given, symbols
 
 
 def _shapes(texts) -> dict[str, tuple[int, ...]]:
@@ -155,9 +186,8 @@ def _shapes(texts) -> dict[str, tuple[int, ...]]:
 
     for text in texts:
         if is_range_text(text):
-            raise InputError(f"--shape {text}: planning for a range of shapes is not built yet "
-                             "(issue 14; `orchestrate inspect` shows its symbolic shapes); "
-                             "give one number per dimension")  # fmt: skip
+            raise InputError(f"--shape {text}: this command takes one shape, not a range "
+                             "(optimize, plan and verify take ranges)")  # fmt: skip
     out: dict[str, tuple[int, ...]] = {}
     for name, dims in map(parse_shape, texts):
         if name in out and out[name] != dims:
@@ -248,21 +278,11 @@ def _inspect_symbolic(model: Path, shapes, dtype, as_json: bool, dims) -> None:
     from orchestrate import pipeline
     from orchestrate.errors import InputError
     from orchestrate.shapes import report
-    from orchestrate.shapes.dims import parse_dim, parse_range_shape
     from orchestrate.shapes.infer import infer_shapes
 
     if dtype is not None:
         raise InputError(f"--dtype {dtype}: not read with a range of shapes yet (issue 14)")
-    given: dict = {}
-    for text in shapes:
-        name, ranges = parse_range_shape(text)
-        if given.setdefault(name, ranges) != ranges:
-            raise InputError(f"--shape {name}: given twice with different dimensions")
-    symbols: dict = {}
-    for text in dims:
-        name, r = parse_dim(text)
-        if symbols.setdefault(name, r) != r:
-            raise InputError(f"--dim {name}: given twice with different ranges")
+    given, symbols = _ranges(shapes, dims)
     result = infer_shapes(pipeline.load(model), given, symbols, str(model))
     if as_json:
         import json
@@ -418,23 +438,72 @@ class StageProgress:
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Where to write PLAN.json.")  # fmt: skip
 @shape_option
+@dim_option
 @plan_options
 @tune_options
 @reports_errors
-def plan(model: Path, output: Path, shapes, tune, tune_configs, **opts) -> None:
-    """Choose the kernels for MODEL: fission, candidates, costs, linear program."""
+def plan(model: Path, output: Path, shapes, dims, tune, tune_configs, **opts) -> None:
+    """Choose the kernels for MODEL: fission, candidates, costs, linear program.
+
+    With a range (--shape x=1..8x2..64@32, --dim seq=2..64): the plan at OPT
+    whose kernels serve the whole range, and its dimensions in
+    OUTPUT.dims.json beside it (explain shows them)."""
     from orchestrate import pipeline
-    from orchestrate.explain import summary_lines
+    from orchestrate.explain import range_lines, summary_lines
 
     tuning = _tuning(tune, tune_configs, opts["device"])
     options = _plan_options(**opts)
     pipeline.check_output_path(output, model)
-    graph = _lowered(pipeline.fission_file(model, _shapes(shapes)), options.dtype, model)
-    result = pipeline.plan_graph(graph, options, progress=StageProgress(), tune=tuning).plan
+    ranges = _ranges(shapes, dims)
+    family = None
+    if ranges is not None:
+        from orchestrate.dynamic import Ranges, build
+        from orchestrate.errors import InputError
+
+        if tuning is not None:
+            raise InputError("--tune: not with a range of shapes yet (it times kernels at one "
+                             "shape); tune a static shape, or plan the range by the cost model")  # fmt: skip
+        dims_file = _dims_file(output)
+        pipeline.check_output_path(dims_file, model)
+        made = build(pipeline.load(model), Ranges(*ranges), options, model.name, str(model),
+                     StageProgress())  # fmt: skip
+        result, family = made.plan, made.family
+    else:
+        graph = _lowered(pipeline.fission_file(model, _shapes(shapes)), options.dtype, model)
+        result = pipeline.plan_graph(graph, options, progress=StageProgress(), tune=tuning).plan
     pipeline.write_plan(result, output)
+    if family is not None:
+        import json
+
+        pipeline.write_atomic(dims_file, (json.dumps(family.to_json(), indent=1) + "\n").encode())
+        for line in range_lines(family):
+            click.echo(line)
     for line in summary_lines(result):
         click.echo(line)
-    click.echo(f"wrote {output}")
+    click.echo(f"wrote {output}" + (f" and {dims_file}" if family is not None else ""))
+
+
+def _dims_file(plan_file: Path) -> Path:
+    """Where a dynamic plan's dimensions go: OUT.dims.json beside OUT.json
+    (in a bundle, dims.json beside plan.json)."""
+    return plan_file.with_name(plan_file.stem + ".dims.json")
+
+
+def _family_beside(plan_file: Path):
+    """The dimensions of a dynamic plan (``_dims_file``, or a bundle's
+    dims.json), or None for a static one."""
+    from orchestrate.shapes.family import Family
+
+    for path in (_dims_file(plan_file), plan_file.with_name("dims.json")):
+        if path.is_file():
+            import json
+
+            try:
+                data = json.loads(path.read_text())
+            except (ValueError, UnicodeDecodeError):
+                return None
+            return Family.from_json(data, str(path))
+    return None
 
 
 @main.command()
@@ -463,9 +532,10 @@ def explain(plan_file: Path, picture: Path | None, roofline: Path | None, reject
         pipeline.check_output_path(roofline, plan_file, "the input plan")
         roofline_chart.check(roofline)
     result = pipeline.read_plan(plan_file)
+    family = _family_beside(plan_file)
     click.echo(ex.kernel_table(result, limit=limit))
     click.echo("")
-    for line in ex.summary_lines(result):
+    for line in (ex.range_lines(family) if family is not None else []) + ex.summary_lines(result):
         click.echo(line)
     if rejected:
         click.echo("")
@@ -513,27 +583,37 @@ def tolerance_options(fn):
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               required=True, help="Bundle folder to write (replaced only if it is a bundle).")  # fmt: skip
 @shape_option
+@dim_option
 @plan_options
 @click.option("--trials", type=click.IntRange(0, 100), default=2, show_default=True,
-              help="Random-input verification trials before success (0 skips).")  # fmt: skip
+              help="Random-input verification trials before success (0 skips; with a range "
+                   "of shapes: random shapes besides MIN, OPT and MAX).")  # fmt: skip
 @tolerance_options
 @tune_options
 @reports_errors
-def optimize(model: Path, out_dir: Path, shapes, trials, rtol, atol, tune, tune_configs,
+def optimize(model: Path, out_dir: Path, shapes, dims, trials, rtol, atol, tune, tune_configs,
              **opts) -> None:  # fmt: skip
-    """Optimize MODEL into a bundle of Triton kernels, verified against onnxruntime."""
+    """Optimize MODEL into a bundle of Triton kernels, verified against onnxruntime.
+
+    With a range (--shape x=1..8x2..64@32, --dim seq=2..64): one bundle for
+    every shape in it, planned at OPT, verified at MIN, OPT, MAX and --trials
+    random shapes between."""
     from orchestrate import api, explain
 
     tuning = _tuning(tune, tune_configs, opts["device"])
     rtol, atol = _tolerances(rtol, atol)
+    ranges = _ranges(shapes, dims)
+    given = dict(shapes=_shapes(shapes)) if ranges is None else dict(
+        shapes=ranges[0], dims=ranges[1])  # fmt: skip
     with _dtype_flag():
         result = api.optimize(
-            model, out_dir, shapes=_shapes(shapes), options=_plan_options(**opts), trials=trials,
+            model, out_dir, **given, options=_plan_options(**opts), trials=trials,
             rtol=rtol, atol=atol, progress=StageProgress(), tune=tuning, _shape_option="--shape",
         )  # fmt: skip
     click.echo(explain.kernel_table(result.plan, limit=25))
     click.echo("")
-    for line in explain.summary_lines(result.plan):
+    lines = explain.range_lines(result.family) if result.family is not None else []
+    for line in lines + explain.summary_lines(result.plan):
         click.echo(line)
     if result.report is not None:
         click.echo("")
@@ -627,6 +707,9 @@ def verify(bundle_dir: Path, model: Path, shapes, trials, rtol, atol, exact) -> 
     """Check that bundle OUT computes what MODEL computes (exit 1 if not)."""
     from orchestrate import api
 
+    if exact and (bundle_dir / "dims.json").exists():
+        _verify_exact_range(bundle_dir, model, shapes)
+        return
     if exact:
         from orchestrate.exact.bundle import verify_exact
 
@@ -651,9 +734,37 @@ def verify(bundle_dir: Path, model: Path, shapes, trials, rtol, atol, exact) -> 
         click.echo(line)
     bad = report.first_failure()
     if bad is not None:
-        _fail(f"{bundle_dir} does not match {model}: output {bad.name!r} (trial {bad.trial}): "
-              f"{bad.detail}", EXIT_MISMATCH)  # fmt: skip
-    click.echo(f"OK: {len(report.worst())} outputs match onnxruntime over {trials} trials")
+        where = (f"at {report.bindings[bad.trial]}" if report.bindings
+                 else f"(trial {bad.trial})")  # fmt: skip
+        _fail(f"{bundle_dir} does not match {model}: output {bad.name!r} {where}: {bad.detail}",
+              EXIT_MISMATCH)  # fmt: skip
+    if report.bindings:
+        click.echo(f"OK: {len(report.worst())} outputs match onnxruntime at "
+                   f"{len(report.bindings)} shapes: {'; '.join(report.bindings)}")  # fmt: skip
+    else:
+        click.echo(f"OK: {len(report.worst())} outputs match onnxruntime over {trials} trials")
+
+
+def _verify_exact_range(bundle_dir: Path, model: Path, shapes) -> None:
+    """verify --exact of a dynamic bundle: the plan at MIN, OPT and MAX."""
+    from orchestrate.errors import InputError
+    from orchestrate.exact.bundle import verify_exact_range
+
+    if shapes:
+        raise InputError("--shape: verify --exact checks a dynamic bundle at MIN, OPT and MAX "
+                         "of its range; give no --shape")  # fmt: skip
+    for where, result in verify_exact_range(bundle_dir, model):
+        click.echo(f"at {where}:")
+        for line in result.lines():
+            click.echo(f"  {line}")
+        bad = result.mismatch
+        if bad is not None:
+            _fail(f"{bundle_dir} does not compute what {model} computes at {where}: tensor "
+                  f"{bad.tensor!r}: {bad.detail}", EXIT_MISMATCH)  # fmt: skip
+        if not result.ok:
+            _fail(f"at {where}: the false-pass bound {result.bound:.3g} did not fall below 1e-9 "
+                  f"in {result.trials} trials", EXIT_MISMATCH)  # fmt: skip
+    click.echo("OK: the plan computes the original's function on the fragment at MIN, OPT and MAX")
 
 
 @main.command()

@@ -303,6 +303,8 @@ def verify_bundle(
     (``_shape_option`` is the name shape errors give ``shapes``)."""
     trials = _count(trials, "trials", 1)
     rtol, atol = check_tolerance(rtol, "rtol"), check_tolerance(atol, "atol")
+    if (_path(out_dir, "out_dir") / bundle.DIMS).exists():
+        return _verify_range(out_dir, model_path, shapes, trials, rtol, atol, _shape_option)
     loaded, model, graph = bundle_and_model(
         out_dir, model_path, shapes, _shape_option=_shape_option
     )
@@ -310,6 +312,28 @@ def verify_bundle(
         rtol = default_rtol(loaded.plan.options.dtype, loaded.plan.options.tf32)
     return verify(model, graph, loaded.run, trials=trials, rtol=rtol, atol=atol,
                   source=str(model_path))  # fmt: skip
+
+
+def _verify_range(out_dir, model_path, shapes, trials: int, rtol, atol, option: str) -> Report:
+    """``verify_bundle`` of a dynamic bundle: at the binding ``shapes`` give,
+    else at MIN, OPT, MAX and ``trials`` random bindings of its range."""
+    loaded = load(out_dir)
+    model_path = _path(model_path, "model_path")
+    model = pipeline.load(model_path)
+    family = loaded.family
+    at_opt = pipeline.fission_model(
+        model, dynamic_api.input_shapes(loaded, family.at("opt")), str(model_path), option=option
+    )
+    _check_same_interface(at_opt, loaded, model_path, Path(out_dir))
+    if shapes is not None:
+        shapes = check_shapes(shapes, option)
+        bindings = [dynamic_api.binding_of(family, shapes)]
+    else:
+        bindings = dynamic_api.range_bindings(family, trials)
+    if rtol is None:
+        rtol = default_rtol(loaded.plan.options.dtype, loaded.plan.options.tf32)
+    return dynamic_api.verify_range(model, loaded, bindings, rtol=rtol, atol=atol,
+                                    source=str(model_path))  # fmt: skip
 
 
 def default_rtol(dtype: str | None, tf32: bool) -> float | None:

@@ -20,6 +20,15 @@ from pathlib import Path
 from orchestrate import bundle, onnxrt, pipeline, reference
 from orchestrate.dynamic import Ranges, build, instance, regenerate_dynamic
 from orchestrate.dynamic_runtime import DynamicProgram, binding_of
+
+__all__ = [
+    "DynamicBundle",
+    "binding_of",
+    "load_dynamic",
+    "parse_ranges",
+    "range_bindings",
+    "verify_range",
+]
 from orchestrate.errors import InputError
 from orchestrate.plan import Plan
 from orchestrate.runtime import check_runnable, gpu_available, interpreter_refusal, load_kernels
@@ -105,6 +114,13 @@ class DynamicBundle:
         return binding_of(self.family, shapes)
 
     def check_inputs(self, inputs: Mapping[str, object]) -> None:
+        """InputError for inputs outside the range, disagreeing on a
+        dimension (both before anything is loaded), or refused by the
+        binding's Program (dtype, indices)."""
+        if not isinstance(inputs, Mapping):
+            raise InputError(f"inputs: expected a dict of arrays by input name, got "
+                             f"{type(inputs).__name__}")  # fmt: skip
+        self.binding(inputs)
         self.program.check_inputs(inputs)
 
     def run(self, inputs: Mapping[str, object]) -> dict[str, object]:

@@ -31,3 +31,37 @@ def verify_exact(out_dir: str | os.PathLike, model_path: str | os.PathLike,
         raise InputError(f"{model_path} does not match the bundle {out_dir}: their inputs or "
                          "outputs differ (pass the shapes the bundle was built with)")  # fmt: skip
     return check(original, plan_graph, kernels_of(made.plan, plan_graph, made.specs), seed=seed)
+
+
+def verify_exact_range(out_dir: str | os.PathLike, model_path: str | os.PathLike,
+                       *, seed: int | None = None) -> list[tuple[str, Result]]:  # fmt: skip
+    """A dynamic bundle's plan, checked as ``verify_exact`` at MIN, OPT and
+    MAX of its range: (binding, result) for each, against fission of the
+    model at that binding."""
+    from orchestrate.dynamic import instance
+    from orchestrate.shapes.family import Family
+
+    contents = bundle.read(out_dir)
+    if contents.dims is None:
+        raise InputError(f"{out_dir}: not a dynamic bundle (it has no {bundle.DIMS})")
+    family = Family.from_json(contents.dims, f"{out_dir}/{bundle.DIMS}")
+    model = pipeline.load(model_path)
+    out = []
+    for b in dict.fromkeys(family.at(w) for w in ("min", "opt", "max")):
+        inst = instance(contents.plan, family, contents.constants, b, str(out_dir))
+        shapes = {i.name: i.type.shape for i in inst.graph.inputs}
+        original = pipeline.fission_model(model, shapes, str(model_path))
+        if tuple(original.outputs) != tuple(inst.graph.outputs):
+            raise InputError(
+                f"{model_path} does not match the bundle {out_dir}: their outputs differ"
+            )
+        made = inst.planned
+        out.append(
+            (
+                family.named(b),
+                check(
+                    original, inst.graph, kernels_of(made.plan, inst.graph, made.specs), seed=seed
+                ),
+            )
+        )
+    return out
