@@ -187,7 +187,8 @@ def _shapes(texts) -> dict[str, tuple[int, ...]]:
     for text in texts:
         if is_range_text(text):
             raise InputError(f"--shape {text}: this command takes one shape, not a range "
-                             "(optimize, plan and verify take ranges)")  # fmt: skip
+                             "(optimize and plan take ranges; verify checks a dynamic bundle "
+                             "across its range when given no --shape)")  # fmt: skip
     out: dict[str, tuple[int, ...]] = {}
     for name, dims in map(parse_shape, texts):
         if name in out and out[name] != dims:
@@ -451,18 +452,16 @@ def plan(model: Path, output: Path, shapes, dims, tune, tune_configs, **opts) ->
     from orchestrate import pipeline
     from orchestrate.explain import range_lines, summary_lines
 
+    ranges = _ranges(shapes, dims)
+    _no_tune_with_range(tune, ranges)
     tuning = _tuning(tune, tune_configs, opts["device"])
     options = _plan_options(**opts)
     pipeline.check_output_path(output, model)
-    ranges = _ranges(shapes, dims)
     family = None
+    dims_file = _dims_file(output)
     if ranges is not None:
         from orchestrate.dynamic import Ranges, build
-        from orchestrate.errors import InputError
 
-        if tuning is not None:
-            raise InputError("--tune: not with a range of shapes yet (it times kernels at one "
-                             "shape); tune a static shape, or plan the range by the cost model")  # fmt: skip
         dims_file = _dims_file(output)
         pipeline.check_output_path(dims_file, model)
         made = build(pipeline.load(model), Ranges(*ranges), options, model.name, str(model),
@@ -472,6 +471,8 @@ def plan(model: Path, output: Path, shapes, dims, tune, tune_configs, **opts) ->
         graph = _lowered(pipeline.fission_file(model, _shapes(shapes)), options.dtype, model)
         result = pipeline.plan_graph(graph, options, progress=StageProgress(), tune=tuning).plan
     pipeline.write_plan(result, output)
+    if family is None and _read_family(dims_file) is not None:
+        dims_file.unlink()  # a static plan written over a dynamic one: its dimensions go
     if family is not None:
         import json
 
@@ -483,6 +484,14 @@ def plan(model: Path, output: Path, shapes, dims, tune, tune_configs, **opts) ->
     click.echo(f"wrote {output}" + (f" and {dims_file}" if family is not None else ""))
 
 
+def _no_tune_with_range(tune: bool, ranges) -> None:
+    from orchestrate.errors import InputError
+
+    if tune and ranges is not None:
+        raise InputError("--tune: not with a range of shapes yet (it times kernels at one "
+                         "shape); tune a static shape, or plan the range by the cost model")  # fmt: skip
+
+
 def _dims_file(plan_file: Path) -> Path:
     """Where a dynamic plan's dimensions go: OUT.dims.json beside OUT.json
     (in a bundle, dims.json beside plan.json)."""
@@ -492,18 +501,27 @@ def _dims_file(plan_file: Path) -> Path:
 def _family_beside(plan_file: Path):
     """The dimensions of a dynamic plan (``_dims_file``, or a bundle's
     dims.json), or None for a static one."""
+    for path in (_dims_file(plan_file), plan_file.with_name("dims.json")):
+        found = _read_family(path)
+        if found is not None:
+            return found
+    return None
+
+
+def _read_family(path: Path):
+    """The Family in ``path``, or None when there is no such file or it
+    holds no JSON (a malformed family is an InputError naming the file)."""
+    import json
+
     from orchestrate.shapes.family import Family
 
-    for path in (_dims_file(plan_file), plan_file.with_name("dims.json")):
-        if path.is_file():
-            import json
-
-            try:
-                data = json.loads(path.read_text())
-            except (ValueError, UnicodeDecodeError):
-                return None
-            return Family.from_json(data, str(path))
-    return None
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return Family.from_json(data, str(path))
 
 
 @main.command()
@@ -600,9 +618,10 @@ def optimize(model: Path, out_dir: Path, shapes, dims, trials, rtol, atol, tune,
     random shapes between."""
     from orchestrate import api, explain
 
+    ranges = _ranges(shapes, dims)
+    _no_tune_with_range(tune, ranges)
     tuning = _tuning(tune, tune_configs, opts["device"])
     rtol, atol = _tolerances(rtol, atol)
-    ranges = _ranges(shapes, dims)
     given = dict(shapes=_shapes(shapes)) if ranges is None else dict(
         shapes=ranges[0], dims=ranges[1])  # fmt: skip
     with _dtype_flag():

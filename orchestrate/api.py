@@ -249,12 +249,11 @@ def _optimize_range(model_path: Path, out: Path, ranges, options: PlanOptions, t
     MIN, OPT, MAX and ``trials`` random bindings."""
     report_step = progress or (lambda stage, i, n: None)
     model = pipeline.load(model_path)
-    session = onnxrt.reference(model, str(model_path)) if trials >= 0 else None
+    session = onnxrt.reference(model, str(model_path))  # refused up front, as for one shape
     made = dynamic_api.built(model, model_path, ranges, options, progress)
     plan, family = made.plan, made.family
     staging = bundle.Staging(out, model_path)
     try:
-        opt = family.at("opt")
         info = {
             "orchestrate": __version__,
             "model": {"file": model_path.name, "sha256": bundle.sha256(model_path)},
@@ -262,7 +261,6 @@ def _optimize_range(model_path: Path, out: Path, ranges, options: PlanOptions, t
                 i.name: list(i.shape) for i in plan.graph.inputs if i.name in family.inputs
             },  # fmt: skip
         }
-        del opt
         dims = family.to_json()
         staging.write(plan, made.source, made.constants, _report_md(plan, None, family), info,
                       dims)  # fmt: skip

@@ -203,6 +203,8 @@ def regenerate_dynamic(plan: Plan, family: Family, constants: Mapping[str, np.nd
     for p in family.grid.points:
         inst = instance(plan, family, constants, p, source)
         printed[p] = emit(inst.graph, inst.planned, title=title)
+    for end in ("min", "max"):  # the rules take the plan's kernels at the range's ends too
+        instance(plan, family, constants, family.at(end), source)
     shown = emit(here.graph, here.planned, title=title)
     lifted = lift_source(printed, family.grid, family.codes, [d.name for d in family.dims],
                          shown, family.named(opt))  # fmt: skip

@@ -48,6 +48,10 @@ def range_admit(graphs: Mapping[str, ir.Graph],
             there = same(other, spec, pin)
             if isinstance(there, Rejection):
                 return Rejection(f"legal at OPT, not at {where}: {there.reason}")
+            looped = getattr(spec.roles, "looped", None)
+            if looped is not None and getattr(there.roles, "looped", None) != looped:
+                return Rejection(f"rows are {'looped' if looped else 'one pass'} at OPT but not "
+                                 f"at {where}: the range crosses the single-pass row limit")  # fmt: skip
         if pin is None or pin == replace(spec.config, interpret=()):
             return spec
         here = same(graph, spec, pin)  # the widened kernel, fitted and hashed at OPT

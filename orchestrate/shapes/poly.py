@@ -86,10 +86,15 @@ class Poly:
 
     @staticmethod
     def from_json(data, rank: int, where: str) -> Poly:
+        def whole(x) -> int:
+            if type(x) is not int:
+                raise ValueError
+            return x
+
         try:
-            terms = tuple(sorted((tuple(int(x) for x in e), int(c)) for e, c in data))
+            terms = tuple(sorted((tuple(whole(x) for x in e), whole(c)) for e, c in data))
         except (TypeError, ValueError):
-            raise ValueError(f"{where}: not a polynomial") from None
+            raise ValueError(f"{where}: not a polynomial with integer coefficients") from None
         if any(len(e) != rank or min(e, default=0) < 0 or max(e, default=0) > 2 for e, _ in terms):
             raise ValueError(f"{where}: a polynomial term of the wrong shape")
         return Poly(tuple((e, c) for e, c in terms if c))

@@ -7,8 +7,10 @@ for the whole range: odd (a power-of-two block never divides them, so every
 mask stays), at least 3 (a 1 or a 2 makes size-1 broadcasts and special
 cases), different from every fixed dimension of the model (so no two
 tensors' shapes coincide by accident and share a kernel they would not
-share elsewhere), and spread over the range.  A range with three values or
-fewer is taken whole: then the polynomials are exact on all of it.
+share elsewhere), and spread over the range.  A range too short to hold
+three such values (``batch=1..2``) takes them just above MAX: the grid only
+prints code, and the graphs at MIN, OPT and MAX are checked against what
+is lifted there.
 """
 
 from __future__ import annotations
@@ -19,21 +21,27 @@ from orchestrate.shapes.dims import DimRange
 
 
 def grid_values(r: DimRange, avoid: Iterable[int] = ()) -> tuple[int, ...]:
-    """Up to three values of ``r`` for the grid (see the module doc)."""
-    everything = list(range(r.min, r.max + 1))
-    if len(everything) <= 3:
-        return tuple(everything)
+    """Three values for the grid (see the module doc): generic ones of the
+    range, else generic ones above MAX, else the range whole."""
     avoid = set(avoid)
+    everything = list(range(r.min, r.max + 1))
     for keep in (
         lambda v: v % 2 == 1 and v >= 3 and v not in avoid,
         lambda v: v % 2 == 1 and v >= 3,
-        lambda v: v >= 3,
-        lambda v: True,
     ):
         pool = [v for v in everything if keep(v)]
         if len(pool) >= 3:
             return _spread(pool)
-    return _spread(everything)  # pragma: no cover - a range of more than 3 always has 3
+    # a short range (batch 1..2): 1 and 2 make special cases, so the grid
+    # takes generic values above it; MIN, OPT and MAX are checked against
+    # the polynomials found there
+    above = [v for v in everything if v >= 3 and v % 2 == 1]
+    v = max(r.max + 1, 3)
+    while len(above) < 3:
+        if v % 2 == 1 and v not in avoid:
+            above.append(v)
+        v += 1
+    return tuple(sorted(above))
 
 
 def _spread(pool: list[int]) -> tuple[int, ...]:
