@@ -1,6 +1,6 @@
 """`make hf-check`: Hugging Face architectures through `orchestrate optimize`.
 
-    python -m examples.hf_models [--models bert gpt2 ...] [--out out/hf]
+    python -m examples.hf_models [--models bert gpt2 ...] [--out out/hf] [--range 1..8x2..64]
 
 Each architecture is built by ``transformers`` from a small config with random
 weights (no download: ``HF_HUB_OFFLINE=1``), wrapped so that ``forward`` takes
@@ -9,6 +9,11 @@ exporters, then optimized and verified against onnxruntime (two random
 trials, fp32, rtol 1e-4).  One table row per model and exporter; a model torch
 cannot export is reported as such, not counted as ours.  Exit status 1 if any
 exported model fails to optimize or verify.
+
+With ``--range`` (token models only), each is exported with dynamic batch and
+sequence axes and optimized once for the range (``--shape x=RANGE``): the
+bundle is verified at MIN, OPT, MAX and two random shapes between, and the
+predicted time at OPT is compared with a static plan for that shape.
 
 ``transformers`` is not a dependency of orchestrate: the Makefile target
 installs it into .venv first (it does not pull torch).
@@ -121,6 +126,43 @@ def check(name: str, build, kind: str, dynamo: bool, out: Path) -> tuple[list[st
     ], True  # fmt: skip
 
 
+def check_range(name: str, build, dynamo: bool, out: Path, rng: str) -> tuple[list[str], bool]:
+    """One row for a dynamic export optimized once for ``rng`` (``--range``)."""
+    exporter = "dynamo, opset 18" if dynamo else "torchscript, opset 17"
+    torch.manual_seed(0)
+    src = out / f"{name}_{'dynamo' if dynamo else 'torchscript'}_dynamic.onnx"
+    try:
+        with torch.no_grad():
+            # batch 2: torch.export refuses an example whose dynamic dimension is 1
+            example = torch.randint(0, VOCAB, (2, SEQ))
+            export(LastHidden(build().eval()), [example], src, dynamo=dynamo,
+                   opset=18 if dynamo else 17, input_names=["x"], output_names=["y"],
+                   dynamic_axes={"x": {0: "batch", 1: "sequence"}})  # fmt: skip
+    except ExportError as e:
+        reason = str(e).split("export failed: ")[-1].splitlines()[0][:70]
+        return [name, exporter, rng, "-", "-", "-", f"torch cannot export: {reason}"], True
+    started = time.perf_counter()
+    try:
+        result = orchestrate.optimize(src, src.with_suffix(".orch"), shapes={"x": rng}, trials=2,
+                                      rtol=1e-4)  # fmt: skip
+    except orchestrate.OrchestrateError as e:
+        return [name, exporter, rng, "-", "-", "-", f"FAILED: {e}"], False
+    from orchestrate import pipeline
+
+    opt = result.family.at("opt")
+    graph = pipeline.fission_model(pipeline.load(src), {"x": opt}, str(src))
+    static = pipeline.plan_graph(graph).plan.summary.predicted_us
+    dyn = result.plan.summary.predicted_us
+    worst = max(c.rel for c in result.report.checks)
+    shapes = "; ".join(result.report.bindings)
+    ok = dyn <= 1.10 * static
+    return [
+        name, exporter, rng, f"{dyn:.1f} / {static:.1f} ({dyn / static:.3f}x)", shapes,
+        f"{worst:.1e}",
+        ("verified" if ok else "SLOWER THAN 1.10x STATIC") + f" ({time.perf_counter() - started:.0f} s)",
+    ], ok  # fmt: skip
+
+
 def _in_attention(plan) -> str:
     """Softmaxes (row maxima) inside attention kernels / all of them."""
     maxima = {p.name for p in plan.primitives if p.op == "reduce_max"}
@@ -132,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", help="a subset of the architectures")
     parser.add_argument("--out", type=Path, default=Path("out/hf"))
+    parser.add_argument("--range", default=None, metavar="BxS",
+                        help="dynamic batch x sequence range for the token models, e.g. 1..8x2..64")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         import transformers
@@ -146,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.range:
+        return _main_range(archs, args, transformers.__version__)
     head = ["model", "exporter", "ONNX nodes", "kernels greedy / ILP",
             "predicted us greedy / ILP", "softmax in attention", "worst rel. error",
             "result"]  # fmt: skip
@@ -158,6 +204,23 @@ def main(argv: list[str] | None = None) -> int:
         for dynamo in (False, True):
             print(f"{name} ({'dynamo' if dynamo else 'torchscript'}) ...", file=sys.stderr)
             row, passed = check(name, build, kind, dynamo, args.out)
+            ok &= passed
+            print("| " + " | ".join(row) + " |", flush=True)
+    return 0 if ok else 1
+
+
+def _main_range(archs, args, version: str) -> int:
+    head = ["model", "exporter", "range", "predicted us at OPT: dynamic / static",
+            "shapes verified", "worst rel. error", "result"]  # fmt: skip
+    print(f"transformers {version}, torch {torch.__version__}, random weights\n")
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head), flush=True)
+    ok = True
+    for name, (build, kind) in archs.items():
+        if kind != "ids" or (args.models and name not in args.models):
+            continue
+        for dynamo in (False, True):
+            print(f"{name} ({'dynamo' if dynamo else 'torchscript'}) ...", file=sys.stderr)
+            row, passed = check_range(name, build, dynamo, args.out, args.range)
             ok &= passed
             print("| " + " | ".join(row) + " |", flush=True)
     return 0 if ok else 1
