@@ -108,12 +108,41 @@ class _Graphs:
             if self.first is None:
                 self.first = g
             else:
+                g = _named_like(g, self.first)
                 ref = self.first.constants
                 shared = {k: ref[k] if k in ref and _same(ref[k], v) else v
                           for k, v in g.constants.items()}  # fmt: skip
                 g = ir.Graph(g.nodes, g.inputs, g.outputs, shared, g.name)
             self.made[binding] = g
         return self.made[binding]
+
+
+def _named_like(g: ir.Graph, ref: ir.Graph) -> ir.Graph:
+    """``g`` with each constant input named as the constant ``ref`` reads in
+    the same place.  The frontend names a constant after where it was
+    folded, and a small one (a 2 x 2 causal mask at seq=2) is shared by every
+    place that folds to the same value: the names can differ between
+    bindings, the places cannot (``shapes/family.py`` checks the values)."""
+    nodes = {n.name: n for n in ref.nodes}
+    consts = dict(g.constants)
+    changed = False
+    new_nodes = []
+    for n in g.nodes:
+        other = nodes.get(n.name)
+        inputs = list(n.inputs)
+        if other is not None and len(other.inputs) == len(inputs):
+            for k, (mine, theirs) in enumerate(zip(n.inputs, other.inputs)):
+                if mine != theirs and mine in g.constants and theirs in ref.constants and (
+                        theirs not in g.constants or theirs in consts and consts[theirs] is g.constants[mine]):  # fmt: skip
+                    consts[theirs] = g.constants[mine]
+                    inputs[k] = theirs
+                    changed = True
+        new_nodes.append(replace(n, inputs=tuple(inputs)) if tuple(inputs) != n.inputs else n)
+    if not changed:
+        return g
+    used = {i for n in new_nodes for i in n.inputs}
+    consts = {k: v for k, v in consts.items() if k in used or k in ref.constants}
+    return ir.Graph(tuple(new_nodes), g.inputs, g.outputs, consts, g.name)
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:

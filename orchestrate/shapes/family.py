@@ -231,6 +231,8 @@ def lift_family(dims: Sequence[Dim], grid: Grid, graphs: Mapping[Binding, ir.Gra
             attrs[node.name] = changed
     sliced = {}
     for name in first.constants:
+        if any(name not in graphs[p].constants for p in points):
+            continue  # renamed elsewhere: equal there by value (_same_constant)
         arrays = [graphs[p].constants[name] for p in points]
         if all(a.shape == arrays[0].shape and np.array_equal(a, arrays[0]) for a in arrays):
             continue
@@ -292,18 +294,25 @@ def _same_structure(a: ir.Graph, b: ir.Graph, dims: Sequence[Dim], binding: Bind
         raise InputError(f"{source}: the model's primitives change at {at}: {what}; "
                          "narrow the range with --shape or --dim")  # fmt: skip
     for x, y in zip(a.nodes, b.nodes):
-        if (
-            x.op != y.op
-            or x.inputs != y.inputs
-            or x.dtype != y.dtype
-            or set(x.attrs) != set(y.attrs)
-        ):
+        same_inputs = len(x.inputs) == len(y.inputs) and all(
+            i == j or _same_constant(a, i, b, j) for i, j in zip(x.inputs, y.inputs)
+        )
+        if x.op != y.op or not same_inputs or x.dtype != y.dtype or set(x.attrs) != set(y.attrs):
             raise InputError(f"{source}: node {x.name!r} ({x.op.value}) differs at {at} "
                              f"({y.op.value}, inputs {list(y.inputs)}); narrow the range")  # fmt: skip
     if [(i.name, i.type.dtype) for i in a.inputs] != [(i.name, i.type.dtype) for i in b.inputs]:
         raise InputError(f"{source}: the graph inputs differ at {at}")
-    if a.outputs != b.outputs or set(a.constants) != set(b.constants):
-        raise InputError(f"{source}: the graph's outputs or constants differ at {at}")
+    if a.outputs != b.outputs:
+        raise InputError(f"{source}: the graph's outputs differ at {at}")
+
+
+def _same_constant(a: ir.Graph, i: str, b: ir.Graph, j: str) -> bool:
+    """Two constants of the same value under different names (the frontend
+    names a folded scalar after the node it came from, which can differ
+    between bindings): the family keeps the first graph's name."""
+    x, y = a.constants.get(i), b.constants.get(j)
+    return (x is not None and y is not None and x.dtype == y.dtype and x.shape == y.shape
+            and bool(np.array_equal(x, y)))  # fmt: skip
 
 
 def _check_instance(family: Family, g: ir.Graph, binding: Binding, top: ir.Graph,
@@ -333,5 +342,6 @@ def _check_instance(family: Family, g: ir.Graph, binding: Binding, top: ir.Graph
             raise InputError(f"{source}: constant {name!r} at {at} is not the first "
                              f"{list(mine.shape)} of its value at MAX; narrow the range")  # fmt: skip
     for name, arr in g.constants.items():
-        if name not in family.sliced and not np.array_equal(arr, top.constants[name]):
+        kept = top.constants.get(name)  # (a name only here is a renamed scalar: _same_constant)
+        if kept is not None and name not in family.sliced and not np.array_equal(arr, kept):
             raise InputError(f"{source}: constant {name!r} changes at {at}; narrow the range")
