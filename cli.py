@@ -604,8 +604,9 @@ def tolerance_options(fn):
 @dim_option
 @plan_options
 @click.option("--trials", type=click.IntRange(0, 100), default=2, show_default=True,
-              help="Random-input verification trials before success (0 skips; with a range "
-                   "of shapes: random shapes besides MIN, OPT and MAX).")  # fmt: skip
+              help="Random-input verification trials before success (0 skips). With a range "
+                   "of shapes: MIN, OPT and MAX are always checked, and N random shapes "
+                   "between.")  # fmt: skip
 @tolerance_options
 @tune_options
 @reports_errors

@@ -211,11 +211,15 @@ def slowdowns(c: Compiled) -> list[str]:
 
 
 def compile_module(module, dtypes: dict[str, str], arch: int = 90,
-                   usage: bool = True) -> list[Compiled]:  # fmt: skip
+                   usage: bool = True, dims: dict[str, int] | None = None) -> list[Compiled]:  # fmt: skip
     """Compile each distinct jitted function of a generated module (one
     launch per function, with the first planned kernel's tensors).  Registers,
     spills and stack are None when there is no cuobjdump, or not asked for
-    (``usage`` false: compiling ahead of a launch, ``tune/gpu.py``)."""
+    (``usage`` false: compiling ahead of a launch, ``tune/gpu.py``).
+    ``dims``: a dynamic bundle's dimensions (code name -> a value), which
+    its launchers take and its kernels receive as runtime ``i32``
+    arguments: compiled unspecialized, so one cubin serves the range."""
+    dims = dict(dims or {})
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -232,15 +236,17 @@ def compile_module(module, dtypes: dict[str, str], arch: int = 90,
         recorder = _Recorder()
         setattr(module, fname, recorder)
         try:
-            launcher(*(_Tensor(t, dtypes[t]) for t in tensors), interpret=False)
+            launcher(*(_Tensor(t, dtypes[t]) for t in tensors), interpret=False, **dims)
         finally:
             setattr(module, fname, kernel)
         ((args, kwargs),) = recorder.calls
         options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
         names = kernel.arg_names
         signature = {names[i]: POINTER[a.dtype] for i, a in enumerate(args)}
-        signature.update({k: "constexpr" for k in kwargs})
-        constexprs = {(names.index(k),): v for k, v in kwargs.items()}
+        runtime = {k for k in kwargs if k in dims}
+        signature.update({k: "i32" if k in runtime else "constexpr" for k in kwargs})
+        signature = {n: signature[n] for n in names if n in signature}  # argument order
+        constexprs = {(names.index(k),): v for k, v in kwargs.items() if k not in runtime}
         # the JIT specialises 16-byte aligned pointers (torch allocations are)
         aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(args))}
         source = ASTSource(kernel, signature, constexprs=constexprs, attrs=aligned)
@@ -285,12 +291,23 @@ def compile_bundle(folder: Path, arch: int | None = None) -> list[Compiled]:
     from orchestrate.runtime import load_kernels
 
     contents = bundle.read(folder)
-    source = regenerate.regenerate(contents.plan, contents.constants,
-                                   contents.manifest["model"]["file"], str(folder)).source  # fmt: skip
+    dims = None
+    if contents.dims is not None:  # a dynamic bundle: its kernels take the dimensions
+        from orchestrate.dynamic import regenerate_dynamic
+        from orchestrate.shapes.family import Family
+
+        family = Family.from_json(contents.dims, f"{folder}/{bundle.DIMS}")
+        source = regenerate_dynamic(contents.plan, family, contents.constants,
+                                    contents.manifest["model"]["file"], str(folder)).source  # fmt: skip
+        dims = dict(zip(family.codes, family.at("max")))
+    else:
+        source = regenerate.regenerate(contents.plan, contents.constants,
+                                       contents.manifest["model"]["file"], str(folder)).source  # fmt: skip
     if source != contents.kernels_py:
         raise ValueError(f"{folder}: kernels.py is not the source generated from plan.json")
     arch = arch or bundle_device(folder).arch
-    return compile_module(load_kernels(source, interpret=False), tensor_dtypes(folder), arch)
+    return compile_module(load_kernels(source, interpret=False), tensor_dtypes(folder), arch,
+                          dims=dims)  # fmt: skip
 
 
 def bundle_device(folder: Path) -> Device:
