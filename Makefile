@@ -15,7 +15,7 @@ DEMO   := examples/models/tiny_bert.onnx
 
 .PHONY: install demo test test-slow test-gpu fuzz lint format examples golden-update \
         conformance models bench-plan bench bench-gpu bench-gpu-dry gpu-wheels bench-launch \
-        hf-check fit-check clean
+        hf-check fit-check dynamic-check clean
 
 install: $(STAMP)
 
@@ -130,6 +130,13 @@ hf-check: install
 fit-check: install
 	$(PY) -m pip install -q $(HF)
 	$(PY) -m examples.fit_sweep $(FIT_ARGS)
+
+# the examples exported with dynamic batch / sequence axes by both exporters, each
+# optimized once for a range (DYNAMIC_ARGS, default --range 1..8x2..64) and run at
+# MIN, MAX and random shapes against onnxruntime, priced at OPT against a static
+# plan; writes out/dynamic/dynamic.md (tens of minutes in the CPU interpreter)
+dynamic-check: install
+	$(PY) -m examples.dynamic $(DYNAMIC_ARGS)
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache
