@@ -186,7 +186,8 @@ def _pinned(plan: Plan, family: Family, g_max: ir.Graph, top: Binding, source: s
     the recorded configuration serves the whole range there too."""
     bare = replace(plan, kernels=tuple(
         replace(k, config=replace(k.config, interpret=())) for k in plan.kernels))  # fmt: skip
-    at_max = regenerate.planned(family.plan_at(bare, top), g_max, source, check_hash=False)
+    at_max = regenerate.planned(family.plan_at(bare, top), g_max, source, check_hash=False,
+                                own_interpret=True)  # fmt: skip
     return replace(plan, kernels=tuple(
         replace(k, config=s.config) if not k.is_view else k
         for k, s in zip(plan.kernels, at_max.specs)))  # fmt: skip

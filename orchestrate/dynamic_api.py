@@ -13,9 +13,12 @@ bundle has dims.json; the pipeline is ``dynamic.py``, the runner
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Mapping
 from pathlib import Path
+
+import numpy as np
 
 from orchestrate import bundle, onnxrt, pipeline, reference
 from orchestrate.dynamic import Ranges, build, instance, regenerate_dynamic
@@ -156,7 +159,12 @@ def load_dynamic(out_dir: Path, contents: bundle.Contents, interpret: bool | Non
 
 def range_bindings(family: Family, trials: int, seed: int = 0) -> list[Binding]:
     """MIN, OPT and MAX, then ``trials`` random bindings of the range, odd
-    where the range allows (so no block size divides them)."""
+    where the range allows (so no block size divides them); every binding
+    when the range holds no more than ``trials + 3``."""
+    sizes = [d.range.max - d.range.min + 1 for d in family.dims]
+    if np.prod(sizes, dtype=np.int64) <= trials + 3:
+        return list(itertools.product(*(range(d.range.min, d.range.max + 1)
+                                         for d in family.dims)))  # fmt: skip
     out: list[Binding] = []
     for which in ("min", "opt", "max"):
         b = family.at(which)

@@ -174,5 +174,6 @@ def range_lines(family) -> list[str]:
     return [
         f"range: {dims}; one kernels.py for every shape in it",
         f"planned and priced at OPT ({opt}); every kernel also legal at MIN and MAX",
-        f"kernels lifted from the grid {grid}; {len(family.sliced)} constants sliced from MAX",
+        f"kernels lifted from the grid {grid}; {len(family.sliced)} constants sliced from MAX"
+        + (f", {len(family.computed)} computed from the dimensions" if family.computed else ""),
     ]

@@ -73,7 +73,8 @@ def _type(shape: tuple[int, ...], dtype: str, name: str, source: str) -> ir.Tens
     return ir.TensorType(tuple(shape), dtype)
 
 
-def planned(plan: Plan, graph: ir.Graph, source: str, *, check_hash: bool = True) -> Planned:
+def planned(plan: Plan, graph: ir.Graph, source: str, *, check_hash: bool = True,
+            own_interpret: bool = False) -> Planned:  # fmt: skip
     """The plan with the spec of every kernel, matched again by the rules and
     checked against the structural hash and launch configuration recorded.
     ``check_hash=False`` for the plan instantiated at another binding of a
@@ -95,7 +96,7 @@ def planned(plan: Plan, graph: ir.Graph, source: str, *, check_hash: bool = True
         # the recorded configuration first: the rules still check that it fits
         recorded = replace(target, rank=lambda _, s, c=k.config: 0 if s.config == c else 1)
         if not check_hash and k.template != VIEW:  # another binding: the plan's configuration
-            recorded = replace(recorded, pin=(k.template, k.config))
+            recorded = replace(recorded, pin=(k.template, k.config, own_interpret))
         found = match_all(graph, k.primitives, recorded)
         # the generated kernel or the library call, as the plan says
         spec = found if isinstance(found, Rejection) else next(

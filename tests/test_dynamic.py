@@ -497,3 +497,96 @@ def test_a_row_range_across_the_single_pass_limit(tmp_path):
     with pytest.raises(OrchestrateError, match="crosses the single-pass row limit") as e:
         dynamic.build(_softmax_model(), ranges, PlanOptions(), "sm.onnx", "sm.onnx")
     assert "\n" not in str(e.value) and "reduce_max" in str(e.value)
+
+
+# -- a dimension used as data -------------------------------------------------------------
+
+
+def _mean_pool_model() -> onnx.ModelProto:
+    """y = x.sum(1) / x.shape[1]: the sequence length reaches the graph as a
+    number (Shape, Gather, Cast), as mean pooling exports."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shp"]),
+        helper.make_node("Gather", ["shp", "one"], ["s"], axis=0),
+        helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceSum", ["x", "axes"], ["total"], keepdims=0),
+        helper.make_node("Div", ["total", "sf"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes, "mean_pool",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 8])],
+        [numpy_helper.from_array(np.array(1, np.int64), "one"),
+         numpy_helper.from_array(np.array([1], np.int64), "axes")],
+    )  # fmt: skip
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_a_dimension_folded_into_a_constant_is_computed_per_shape(tmp_path):
+    """The frontend folds x.shape[1] to a number at each binding; the family
+    keeps it as a polynomial of the binding (here: seq itself), and the
+    kernel divides by the runtime dimension, not by a number baked in."""
+    src = tmp_path / "mp.onnx"
+    onnx.save(_mean_pool_model(), src)
+    out = tmp_path / "mp.orch"
+    result = orchestrate.optimize(src, out, dims={"b": "1..3", "s": "2..20@9"}, trials=1)
+    assert result.report.ok and len(result.report.bindings) >= 4
+    [(shape, dtype, polys)] = result.family.computed.values()
+    assert (shape, dtype) == ((), "float32") and [p((2, 13)) for p in polys] == [13]
+    source = (out / "kernels.py").read_text()
+    assert "/ (dim1 * 1.0)" in source and "9.0" not in source
+    bundle = orchestrate.load(out)
+    sess = ort.InferenceSession(str(src))
+    for b, s in [(1, 2), (3, 17), (2, 20)]:
+        x = np.random.default_rng(s).standard_normal((b, s, 8)).astype(np.float32)
+        np.testing.assert_allclose(bundle.run({"x": x})["y"], sess.run(None, {"x": x})[0],
+                                   rtol=1e-5, atol=1e-6)  # fmt: skip
+
+
+def _batch_constant_model() -> onnx.ModelProto:
+    """y = x + expand(row, shape(x)): the frontend folds the expanded row to
+    a constant as large as the batch (as ViT's class token is)."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shp"]),
+        helper.make_node("Expand", ["row", "shp"], ["rows"]),
+        helper.make_node("Add", ["x", "rows"], ["y"]),
+    ]
+    row = np.arange(6, dtype=np.float32).reshape(1, 6)
+    g = helper.make_graph(
+        nodes, "batch_constant",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 6])],
+        [numpy_helper.from_array(row, "row")],
+    )  # fmt: skip
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("batch", ["1..2", "1..3"])
+def test_a_short_batch_range_with_a_batch_sized_constant(tmp_path, batch):
+    """batch 1..2 has no generic grid value inside it: the grid prints code
+    above MAX, where a constant sliced from MAX has no values (only its
+    shape matters there), and every binding of so short a range is verified."""
+    src = tmp_path / "bc.onnx"
+    onnx.save(_batch_constant_model(), src)
+    result = orchestrate.optimize(src, tmp_path / "bc.orch", dims={"b": batch}, trials=1)
+    assert any(v > int(batch[-1]) for v in result.family.grid.values[0])  # printed above MAX
+    assert result.family.sliced  # the expanded row, kept at MAX
+    top = int(batch[-1])
+    assert result.report.ok and result.report.bindings == tuple(f"b={v}" for v in range(1, top + 1))
+
+
+def test_a_pinned_configuration_keeps_its_interpreter_blocks_even_none():
+    """A recorded configuration without interpreter blocks launches the GPU
+    blocks in the interpreter at every binding; the template's own choice
+    there (sized to each shape) would make the printed code differ."""
+    from orchestrate.kernels.rule import pinned_config
+    from orchestrate.kernels.spec import LaunchConfig
+
+    pin = LaunchConfig((("BLOCK", 64),))
+    own = [LaunchConfig((("BLOCK", 64),), interpret=(("BLOCK", 1024),))]
+    assert pinned_config("pointwise", pin, own).interpret == ()
+    assert pinned_config("pointwise", pin, own, own_interpret=True).interpret == (("BLOCK", 1024),)

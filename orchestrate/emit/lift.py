@@ -84,20 +84,36 @@ def lift_source(sources: Mapping[tuple[int, ...], str], grid: Grid, codes: Seque
                 lifted = opt[i].string if opt is not None else _blank_numbers(tok.string)
             edits.append((tok.start, tok.end, lifted))
             continue
-        if tok.type != tokenize.NUMBER or not all(s.isdigit() for s in strings):
+        whole = [_whole(s) for s in strings] if tok.type == tokenize.NUMBER else [None]
+        if any(w is None for w in whole):
             return Unliftable(where, f"{tok.string!r} differs between bindings")
         if where is None:
             return Unliftable(
                 None, f"the number {tok.string} outside any function depends on the shape"
             )
-        p = grid.lift([int(s) for s in strings])
+        p = grid.lift(whole)
         if isinstance(p, NotLifted):
             return Unliftable(
                 where, f"a number depends on the shape as no polynomial does ({p.reason})"
             )
-        edits.append((tok.start, tok.end, _atom(p.source(codes))))
+        expr = p.source(codes)
+        # a float literal (a dimension folded into a constant: mean pooling's
+        # division by seq) stays a float: the dimension times 1.0
+        float_literal = not strings[0].isdigit()
+        edits.append((tok.start, tok.end, f"({expr} * 1.0)" if float_literal else _atom(expr)))
     lifted = _apply(base, edits)
     return _with_arguments(lifted, codes, names, shown_at)
+
+
+def _whole(literal: str) -> int | None:
+    """The integer a number literal holds (``64`` or ``64.0``), or None."""
+    if literal.isdigit():
+        return int(literal)
+    try:
+        value = float(literal)
+    except ValueError:
+        return None
+    return int(value) if value.is_integer() and abs(value) < 2**53 else None
 
 
 def _tokens(source: str) -> list[tokenize.TokenInfo]:

@@ -61,19 +61,22 @@ def accept(
 COVERING = {ROW_REDUCE: ("BLOCK_COLS",), ATTENTION: ("BLOCK_D", "BLOCK_DV")}
 
 
-def pinned_config(template: str, pin: LaunchConfig,
-                  space: Sequence[LaunchConfig]) -> LaunchConfig | Rejection:  # fmt: skip
-    """``pin`` for this shape: its interpreter blocks are the template's own
-    when it has none, and every block in ``COVERING`` holds what the
-    template's first configuration holds."""
+def pinned_config(template: str, pin: LaunchConfig, space: Sequence[LaunchConfig],
+                  own_interpret: bool = False) -> LaunchConfig | Rejection:  # fmt: skip
+    """``pin`` for this shape (its interpreter blocks the template's own
+    here when ``own_interpret``, else the pin's), when every block in
+    ``COVERING`` holds what the template's first configuration holds, on the
+    GPU and in the interpreter (whose blocks are the GPU's, overridden by
+    ``interpret``)."""
     if not space:
         return Rejection(f"no {template} configuration")
     own = space[0]
-    if not pin.interpret:
+    if own_interpret:
         pin = replace(pin, interpret=own.interpret)
     for key in COVERING.get(template, ()):
         for mine, theirs in ((dict(pin.blocks), dict(own.blocks)),
-                             (dict(pin.interpret), dict(own.interpret))):  # fmt: skip
+                             ({**dict(pin.blocks), **dict(pin.interpret)},
+                              {**dict(own.blocks), **dict(own.interpret)})):  # fmt: skip
             if key in theirs and mine.get(key, 0) < theirs[key]:
                 return Rejection(f"{key}={mine.get(key, 0)} of the plan's configuration does not "
                                  f"cover this shape, which needs {theirs[key]}")  # fmt: skip
@@ -88,7 +91,7 @@ def ranked(
     order a tuner measures them in.  A Rejection when none fits."""
     refused: KernelSpec | Rejection = Rejection(f"no {template} configuration")
     if target.pin is not None and target.pin[0] == template:
-        pinned = pinned_config(template, target.pin[1], configs)
+        pinned = pinned_config(template, target.pin[1], configs, target.pin[2])
         if isinstance(pinned, Rejection):
             return pinned
         configs = [pinned]

@@ -92,7 +92,9 @@ class Target:
     # to fit and to cover the shape (``kernels/rule.ranked``): a dynamic
     # bundle's kernels, matched again at another binding of its dimensions,
     # keep the plan's configuration
-    pin: tuple[str, LaunchConfig] | None = None
+    # (the third item: whether its interpreter blocks are the rules' own at
+    # this shape, or exactly the recorded ones, even none)
+    pin: tuple[str, LaunchConfig, bool] | None = None
     # a check every kernel must also pass: the kernel to use (the same, or
     # with blocks widened) or the Rejection saying why not.  A dynamic plan
     # admits only kernels legal at every binding of its range

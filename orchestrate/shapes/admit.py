@@ -28,7 +28,7 @@ def range_admit(graphs: Mapping[str, ir.Graph],
     plain = replace(target, rank=None, admit=None)
 
     def same(graph: ir.Graph, spec: KernelSpec, pin: LaunchConfig | None) -> KernelSpec | Rejection:
-        found = match_all(graph, spec.nodes, replace(plain, pin=pin and (spec.template, pin)))
+        found = match_all(graph, spec.nodes, replace(plain, pin=pin and (spec.template, pin, True)))
         if isinstance(found, Rejection):
             return found
         return next((s for s in found if s.template == spec.template),

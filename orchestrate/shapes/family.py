@@ -59,6 +59,14 @@ class Family:
     shapes: Mapping[str, tuple[Poly, ...]]
     attrs: Mapping[str, Mapping[str, Any]]
     sliced: Mapping[str, tuple[Poly, ...]]
+    # constants whose values are polynomials of the binding (a sequence length
+    # folded from Shape and used as data, as mean pooling divides by it):
+    # name -> (shape, dtype, one polynomial per element in C order)
+    computed: Mapping[str, tuple[tuple[int, ...], str, tuple[Poly, ...]]] = None  # type: ignore[assignment]
+
+    def __post_init__(self):
+        if self.computed is None:
+            object.__setattr__(self, "computed", {})
 
     @property
     def codes(self) -> tuple[str, ...]:
@@ -109,9 +117,21 @@ class Family:
         """The constants at ``binding``: the sliced ones cut from their MAX value."""
         out = dict(constants)
         for name, shape in self.sliced.items():
-            cut = tuple(slice(0, d(binding)) for d in shape)
-            out[name] = np.ascontiguousarray(constants[name][cut])
+            want = tuple(d(binding) for d in shape)
+            cut = np.ascontiguousarray(constants[name][tuple(slice(0, d) for d in want)])
+            if cut.shape != want:
+                # a grid point above MAX (a short range's, shapes/probes.py):
+                # only the code printed there is used, never these values
+                cut = np.pad(cut, [(0, w - c) for w, c in zip(want, cut.shape)])
+            out[name] = cut
+        for name in self.computed:
+            out[name] = self.computed_at(name, binding)
         return out
+
+    def computed_at(self, name: str, binding: Binding) -> np.ndarray:
+        """A computed constant's value at ``binding``."""
+        shape, dtype, polys = self.computed[name]
+        return np.array([p(binding) for p in polys], dtype=dtype).reshape(shape)
 
     # -- the file --------------------------------------------------------------
 
@@ -135,6 +155,10 @@ class Family:
                 for k, v in sorted(self.attrs.items())
             },  # fmt: skip
             "sliced": {k: [p.to_json() for p in v] for k, v in sorted(self.sliced.items())},
+            "computed": {
+                k: {"shape": list(shape), "dtype": dtype, "values": [p.to_json() for p in polys]}
+                for k, (shape, dtype, polys) in sorted(self.computed.items())
+            },  # fmt: skip
         }
 
     @staticmethod
@@ -157,8 +181,18 @@ class Family:
 
             attrs = {str(k): {str(a): _value_from_json(x, n, f"{k}.{a}") for a, x in v.items()}
                      for k, v in data["attrs"].items()}  # fmt: skip
+            computed = {}
+            for k, v in data.get("computed", {}).items():
+                shape = tuple(int(d) for d in v["shape"])
+                dtype = str(v["dtype"])
+                if dtype not in COMPUTED_DTYPES:
+                    raise ValueError(f"{k}: computed constant of dtype {dtype!r}")
+                polys = tuple(Poly.from_json(p, n, k) for p in v["values"])
+                if len(polys) != int(np.prod(shape, dtype=np.int64)):
+                    raise ValueError(f"{k}: {len(polys)} values for shape {list(shape)}")
+                computed[str(k)] = (shape, dtype, polys)
             return Family(dims, grid, shapes(data["inputs"]), shapes(data["shapes"]), attrs,
-                          shapes(data["sliced"]))  # fmt: skip
+                          shapes(data["sliced"]), computed)  # fmt: skip
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise InputError(f"{source}: malformed dimensions ({e})") from None
 
@@ -229,7 +263,7 @@ def lift_family(dims: Sequence[Dim], grid: Grid, graphs: Mapping[Binding, ir.Gra
                 changed[a] = _lift_value(values, grid, at + f", attribute {a!r}")
         if changed:
             attrs[node.name] = changed
-    sliced = {}
+    sliced, computed = {}, {}
     for name in first.constants:
         if any(name not in graphs[p].constants for p in points):
             continue  # renamed elsewhere: equal there by value (_same_constant)
@@ -239,9 +273,10 @@ def lift_family(dims: Sequence[Dim], grid: Grid, graphs: Mapping[Binding, ir.Gra
         at = where.of(f"constant {name!r}")
         lifted = _lift_shape([a.shape for a in arrays], grid, at)
         if lifted is None:
-            raise InputError(f"{at}: its values change with the shape ({source})")
-        sliced[name] = lifted
-    family = Family(tuple(dims), grid, inputs, shapes, attrs, sliced)
+            computed[name] = _lift_values(arrays, grid, at)
+        else:
+            sliced[name] = lifted
+    family = Family(tuple(dims), grid, inputs, shapes, attrs, sliced, computed)
     for b, g in every.items():
         _check_instance(family, g, b, checks.get(top) or graphs[top], source)
     return family
@@ -269,6 +304,28 @@ def _lift_shape(shapes: Sequence[tuple[int, ...]], grid: Grid, at: str) -> tuple
             raise InputError(f"{at}: axis {axis}: {p.reason}")
         out.append(p)
     return tuple(out)
+
+
+COMPUTED_DTYPES = ("int32", "int64", "float16", "float32", "float64")
+COMPUTED_MAX = 64  # elements: a shape vector or a scalar, not a tensor of data
+
+
+def _lift_values(arrays: Sequence[np.ndarray], grid: Grid, at: str):
+    """A small constant whose elements are whole numbers that are
+    polynomials of the binding: (shape, dtype, polynomials)."""
+    first = arrays[0]
+    if first.dtype.name not in COMPUTED_DTYPES or first.size > COMPUTED_MAX:
+        raise InputError(f"{at}: its values change with the shape")
+    flat = [a.reshape(-1) for a in arrays]
+    if any(not np.array_equal(np.round(f), f) for f in flat):
+        raise InputError(f"{at}: its values change with the shape, and not as whole numbers")
+    polys = []
+    for k in range(first.size):
+        p = grid.lift([int(f[k]) for f in flat])
+        if isinstance(p, NotLifted):
+            raise InputError(f"{at}: its values change with the shape ({p.reason})")
+        polys.append(p)
+    return tuple(first.shape), first.dtype.name, tuple(polys)
 
 
 def _lift_value(values: Sequence[Any], grid: Grid, at: str):
@@ -335,6 +392,8 @@ def _check_instance(family: Family, g: ir.Graph, binding: Binding, top: ir.Graph
                 raise InputError(f"{source}: node {n.name!r} ({n.op.value}) at {at}: attribute "
                                  f"{a!r} is {n.attrs[a]!r}, not {_evaluate(v, binding)!r}; "
                                  "narrow the range")  # fmt: skip
+    if not family.contains(binding):
+        return  # a grid point above MAX: its graph only prints code (shapes/probes.py)
     cut = family.constants_at({k: top.constants[k] for k in family.sliced}, binding)
     for name, arr in cut.items():
         mine = g.constants[name]
@@ -342,6 +401,12 @@ def _check_instance(family: Family, g: ir.Graph, binding: Binding, top: ir.Graph
             raise InputError(f"{source}: constant {name!r} at {at} is not the first "
                              f"{list(mine.shape)} of its value at MAX; narrow the range")  # fmt: skip
     for name, arr in g.constants.items():
+        if name in family.computed:
+            want = family.computed_at(name, binding)
+            if want.shape != arr.shape or not np.array_equal(want, arr):
+                raise InputError(f"{source}: constant {name!r} at {at} is {arr.tolist()}, not "
+                                 f"{want.tolist()}: the range's formula does not hold there")  # fmt: skip
+            continue
         kept = top.constants.get(name)  # (a name only here is a renamed scalar: _same_constant)
         if kept is not None and name not in family.sliced and not np.array_equal(arr, kept):
             raise InputError(f"{source}: constant {name!r} changes at {at}; narrow the range")
