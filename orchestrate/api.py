@@ -74,6 +74,11 @@ class Bundle:
         self._program: Program | None = None
 
     @property
+    def graph(self):
+        """The primitive graph the plan runs (``orchestrate.ir.Graph``)."""
+        return self._made.graph
+
+    @property
     def program(self) -> Program:
         if self._program is None:
             # before the kernels are loaded

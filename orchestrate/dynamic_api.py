@@ -97,6 +97,12 @@ class DynamicBundle:
         self._program: DynamicProgram | None = None
 
     @property
+    def graph(self):
+        """The primitive graph at OPT (``bench`` prices and times that shape)."""
+        opt = self.family.at("opt")
+        return instance(self.plan, self.family, self._constants, opt, str(self.path)).graph
+
+    @property
     def dims(self) -> dict[str, DimRange]:
         return {d.name: d.range for d in self.family.dims}
 

@@ -590,3 +590,13 @@ def test_a_pinned_configuration_keeps_its_interpreter_blocks_even_none():
     own = [LaunchConfig((("BLOCK", 64),), interpret=(("BLOCK", 1024),))]
     assert pinned_config("pointwise", pin, own).interpret == ()
     assert pinned_config("pointwise", pin, own, own_interpret=True).interpret == (("BLOCK", 1024),)
+
+
+def test_a_dynamic_bundle_exposes_its_graph_at_opt_for_bench(built):
+    """bench prices the bundle's primitive graph (its roofline floor): a
+    dynamic bundle's is the one at OPT."""
+    bundle = orchestrate.load(built[1])
+    opt = dict(zip([d.name for d in bundle.family.dims], bundle.family.at("opt")))
+    shapes = {i.name: i.type.shape for i in bundle.graph.inputs}
+    assert shapes["x"][:2] == (opt["batch"], opt["seq"])
+    assert shapes == {k: v[0] for k, v in bundle.inputs.items()}

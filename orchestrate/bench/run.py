@@ -108,7 +108,7 @@ def bench_model(
             measured.append(Measured(key, key, reason="not run: the time budget was spent"))
         else:
             measured.append(measure(key, make, len(feed_sets), settings, on_gpu))
-    floor = roofline_floor(bundle._made.graph, get_device(plan.device), tf32=plan.options.tf32)
+    floor = roofline_floor(bundle.graph, get_device(plan.device), tf32=plan.options.tf32)
     kernels = sum(1 for k in plan.kernels if k.template != "view")
     return ModelResult(name, dtype, measured, floor, kernels, verified, verify_note)
 
