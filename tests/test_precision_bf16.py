@@ -161,7 +161,7 @@ def test_bf16_bundle_on_a_cpu_is_simulated_never_called_verified(tmp_path):
     assert "PASSED (simulated)" in report and "The kernels did not run" in report
     # weights.npz holds bf16 weights as uint16 bit patterns, listed in the manifest
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["format"] == "orchestrate-bundle/5"
+    assert manifest["format"] == "orchestrate-bundle/6"
     assert set(manifest["bfloat16"]) >= {"w", "w2"}
     with np.load(out / "weights.npz") as z:
         raw = {name: z[key] for name, key in manifest["constants"].items()}
