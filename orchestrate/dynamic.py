@@ -37,7 +37,7 @@ from orchestrate.shapes.admit import range_admit
 from orchestrate.shapes.affine import Affine
 from orchestrate.shapes.binding import bind_inputs
 from orchestrate.shapes.dims import DimRange
-from orchestrate.shapes.family import Binding, Dim, Family, lift_family
+from orchestrate.shapes.family import Binding, Dim, Family, lift_family, named
 from orchestrate.shapes.poly import Grid
 from orchestrate.shapes.probes import grid_values
 
@@ -158,7 +158,7 @@ def build(model: onnx.ModelProto, ranges: Ranges, options, model_file: str, sour
     graphs = _Graphs(model, symbolic, options.dtype, source)
     at = {w: tuple(getattr(d.range, w) for d in dims) for w in ("opt", "min", "max")}
     g_opt = graphs(at["opt"])
-    ends = {_named(dims, at[w]): graphs(at[w]) for w in ("max", "min") if at[w] != at["opt"]}
+    ends = {named(dims, at[w]): graphs(at[w]) for w in ("max", "min") if at[w] != at["opt"]}
     admit = range_admit(ends, options.target()) if ends else None
     planned = pipeline.plan_graph(g_opt, options, progress=progress, admit=admit)
     avoid = {d for n in g_opt.nodes for d in n.shape} | {
@@ -175,10 +175,6 @@ def build(model: onnx.ModelProto, ranges: Ranges, options, model_file: str, sour
     constants = _stored(plan, g_opt, checks[at["max"]], family)
     made = regenerate_dynamic(plan, family, constants, model_file, source, at_opt=g_opt)
     return Built(made.planned.plan, family, made.graph, made.planned, made.source, constants)
-
-
-def _named(dims, binding: Binding) -> str:
-    return ", ".join(f"{d.name}={v}" for d, v in zip(dims, binding))
 
 
 def _pinned(plan: Plan, family: Family, g_max: ir.Graph, top: Binding, source: str) -> Plan:

@@ -65,8 +65,8 @@ def binding_of(family: Family, shapes: Mapping[str, tuple[int, ...]]) -> Binding
             dim = family.dims[k]
             if k in seen and seen[k][0] != v:
                 other, o_axis = seen[k][1], seen[k][2]
-                raise InputError(f"input {name!r}: axis {axis} is {dim.name}={v}, but axis "
-                                 f"{o_axis} of input {other!r} gives {dim.name}={seen[k][0]}")  # fmt: skip
+                raise InputError(f"input {name!r}: axis {axis} is {dim.shown}={v}, but axis "
+                                 f"{o_axis} of input {other!r} gives {dim.shown}={seen[k][0]}")  # fmt: skip
             seen.setdefault(k, (v, name, axis))
     missing = [d.name for k, d in enumerate(family.dims) if k not in seen]
     if missing:  # pragma: no cover - binding.py gives every dimension an input axis
@@ -74,7 +74,7 @@ def binding_of(family: Family, shapes: Mapping[str, tuple[int, ...]]) -> Binding
     for k, (v, name, axis) in sorted(seen.items()):
         r = family.dims[k].range
         if v not in r:
-            raise InputError(f"input {name!r}: axis {axis} is {family.dims[k].name}={v}, outside "
+            raise InputError(f"input {name!r}: axis {axis} is {family.dims[k].shown}={v}, outside "
                              f"the bundle's range {r.min}..{r.max}")  # fmt: skip
     return tuple(seen[k][0] for k in range(len(family.dims)))
 

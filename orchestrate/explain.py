@@ -168,9 +168,9 @@ def rejected_table(result: Plan) -> str:
 def range_lines(family) -> list[str]:
     """A dynamic plan's dimensions, their ranges and where it was priced
     (``shapes/family.Family``)."""
-    dims = ", ".join(f"{d.name} {d.range.min}..{d.range.max}" for d in family.dims)
+    dims = ", ".join(f"{d.shown} {d.range.min}..{d.range.max}" for d in family.dims)
     opt = family.named(family.at("opt"))
-    grid = "; ".join(f"{d.name} {list(v)}" for d, v in zip(family.dims, family.grid.values))
+    grid = "; ".join(f"{d.shown} {list(v)}" for d, v in zip(family.dims, family.grid.values))
     return [
         f"range: {dims}; one kernels.py for every shape in it",
         f"planned and priced at OPT ({opt}); every kernel also legal at MIN and MAX",

@@ -600,3 +600,29 @@ def test_a_dynamic_bundle_exposes_its_graph_at_opt_for_bench(built):
     shapes = {i.name: i.type.shape for i in bundle.graph.inputs}
     assert shapes["x"][:2] == (opt["batch"], opt["seq"])
     assert shapes == {k: v[0] for k, v in bundle.inputs.items()}
+
+
+def test_a_hostile_dimension_name_stays_out_of_code_and_off_a_second_line(tmp_path):
+    """A dim_param is the model's text: it reaches kernels.py only escaped,
+    and the messages naming it stay one line."""
+    bad = 'ba"t\nch\u2028"""); import os #'
+    g = helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["y"], axis=-1)], "hostile",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [bad, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [bad, 8])],
+    )  # fmt: skip
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    src = tmp_path / "h.onnx"
+    onnx.save(m, src)
+    result = orchestrate.optimize(src, tmp_path / "h.orch", dims={bad: "1..5"}, trials=1)
+    assert result.report.ok and "\n" not in result.report.verdict(1)
+    source = (tmp_path / "h.orch" / "kernels.py").read_text()
+    assert source.isascii()
+    tree = ast.parse(source)
+    assert not any(isinstance(n, (ast.Import, ast.ImportFrom)) and
+                   any(a.name == "os" for a in n.names) for n in ast.walk(tree))  # fmt: skip
+    assert bad not in source and "\u2028" not in source
+    with pytest.raises(InputError) as e:
+        orchestrate.load(tmp_path / "h.orch").run({"x": np.ones((6, 8), np.float32)})
+    assert "\n" not in str(e.value) and "outside the bundle's range 1..5" in str(e.value)

@@ -45,6 +45,17 @@ class Dim:
     code: str
     range: DimRange
 
+    @property
+    def shown(self) -> str:
+        """The name as messages print it: itself when printable, else
+        escaped (a message stays one line whatever the model calls it)."""
+        return self.name if self.name.isprintable() else ascii(self.name)
+
+
+def named(dims: Sequence[Dim], binding: Binding) -> str:
+    """``batch=8, seq=64``: a binding as messages print it."""
+    return ", ".join(f"{d.shown}={v}" for d, v in zip(dims, binding))
+
 
 @dataclass(frozen=True)
 class Family:
@@ -80,7 +91,7 @@ class Family:
         return tuple(getattr(d.range, which) for d in self.dims)
 
     def named(self, binding: Binding) -> str:
-        return ", ".join(f"{d.name}={v}" for d, v in zip(self.dims, binding))
+        return named(self.dims, binding)
 
     def contains(self, binding: Binding) -> bool:
         return all(v in d.range for d, v in zip(self.dims, binding))
@@ -284,7 +295,7 @@ def lift_family(dims: Sequence[Dim], grid: Grid, graphs: Mapping[Binding, ir.Gra
 
 class _Where:
     def __init__(self, dims: Sequence[Dim], source: str):
-        self.names = ", ".join(d.name for d in dims)
+        self.names = ", ".join(d.shown for d in dims)
         self.source = source
 
     def of(self, what: str) -> str:
@@ -344,7 +355,7 @@ def _lift_value(values: Sequence[Any], grid: Grid, at: str):
 
 def _same_structure(a: ir.Graph, b: ir.Graph, dims: Sequence[Dim], binding: Binding,
                     source: str) -> None:  # fmt: skip
-    at = ", ".join(f"{d.name}={v}" for d, v in zip(dims, binding))
+    at = named(dims, binding)
     if len(a.nodes) != len(b.nodes) or [n.name for n in a.nodes] != [n.name for n in b.nodes]:
         only = sorted({n.name for n in a.nodes} ^ {n.name for n in b.nodes})
         what = f"primitive {only[0]!r} exists at one binding only" if only else "the order differs"
