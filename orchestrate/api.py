@@ -19,6 +19,7 @@ import numpy as np
 
 from orchestrate import (
     bundle,
+    dynamic,
     dynamic_api,
     explain,
     onnxrt,
@@ -255,7 +256,7 @@ def _optimize_range(model_path: Path, out: Path, ranges, options: PlanOptions, t
     report_step = progress or (lambda stage, i, n: None)
     model = pipeline.load(model_path)
     session = onnxrt.reference(model, str(model_path))  # refused up front, as for one shape
-    made = dynamic_api.built(model, model_path, ranges, options, progress)
+    made = dynamic.build(model, ranges, options, model_path.name, str(model_path), progress)
     plan, family = made.plan, made.family
     staging = bundle.Staging(out, model_path)
     try:

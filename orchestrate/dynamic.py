@@ -37,7 +37,7 @@ from orchestrate.shapes.admit import range_admit
 from orchestrate.shapes.affine import Affine
 from orchestrate.shapes.binding import bind_inputs
 from orchestrate.shapes.dims import DimRange
-from orchestrate.shapes.family import Binding, Dim, Family, lift_family, named
+from orchestrate.shapes.family import Binding, Dim, Family, lift_family, named, same_array
 from orchestrate.shapes.poly import Grid
 from orchestrate.shapes.probes import grid_values
 
@@ -110,7 +110,7 @@ class _Graphs:
             else:
                 g = _named_like(g, self.first)
                 ref = self.first.constants
-                shared = {k: ref[k] if k in ref and _same(ref[k], v) else v
+                shared = {k: ref[k] if k in ref and same_array(ref[k], v) else v
                           for k, v in g.constants.items()}  # fmt: skip
                 g = ir.Graph(g.nodes, g.inputs, g.outputs, shared, g.name)
             self.made[binding] = g
@@ -143,10 +143,6 @@ def _named_like(g: ir.Graph, ref: ir.Graph) -> ir.Graph:
     used = {i for n in new_nodes for i in n.inputs}
     consts = {k: v for k, v in consts.items() if k in used or k in ref.constants}
     return ir.Graph(tuple(new_nodes), g.inputs, g.outputs, consts, g.name)
-
-
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    return a is b or (a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b))
 
 
 def build(model: onnx.ModelProto, ranges: Ranges, options, model_file: str, source: str,

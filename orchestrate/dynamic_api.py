@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from orchestrate import bundle, onnxrt, pipeline, reference
-from orchestrate.dynamic import Ranges, build, instance, regenerate_dynamic
-from orchestrate.dynamic_runtime import DynamicProgram, binding_of
+from orchestrate.dynamic import Ranges, instance, regenerate_dynamic
+from orchestrate.dynamic_runtime import DynamicProgram, binding_of, binding_of_inputs
 
 __all__ = [
     "DynamicBundle",
@@ -119,24 +119,17 @@ class DynamicBundle:
 
     def binding(self, inputs: Mapping[str, object]) -> Binding:
         """The binding of the dimensions the inputs give (InputError outside the range)."""
-        shapes = {k: tuple(getattr(v, "shape", ())) for k, v in inputs.items()}
-        return binding_of(self.family, shapes)
+        return binding_of_inputs(self.family, inputs)
 
     def check_inputs(self, inputs: Mapping[str, object]) -> None:
         """InputError for inputs outside the range, disagreeing on a
         dimension (both before anything is loaded), or refused by the
         binding's Program (dtype, indices)."""
-        if not isinstance(inputs, Mapping):
-            raise InputError(f"inputs: expected a dict of arrays by input name, got "
-                             f"{type(inputs).__name__}")  # fmt: skip
         self.binding(inputs)
         self.program.check_inputs(inputs)
 
     def run(self, inputs: Mapping[str, object]) -> dict[str, object]:
         """As ``Bundle.run``, at the binding the inputs' shapes give."""
-        if not isinstance(inputs, Mapping):
-            raise InputError(f"inputs: expected a dict of arrays by input name, got "
-                             f"{type(inputs).__name__}")  # fmt: skip
         self.binding(inputs)  # before anything is loaded: outside the range is refused
         return self.program.run(inputs)
 
@@ -223,8 +216,3 @@ def _at(check, k: int):
     from dataclasses import replace
 
     return replace(check, trial=k)
-
-
-def built(model, model_path: Path, ranges: Ranges, options, progress):
-    """``dynamic.build`` for ``optimize`` (kept here so api.py stays small)."""
-    return build(model, ranges, options, model_path.name, str(model_path), progress)

@@ -79,6 +79,14 @@ def binding_of(family: Family, shapes: Mapping[str, tuple[int, ...]]) -> Binding
     return tuple(seen[k][0] for k in range(len(family.dims)))
 
 
+def binding_of_inputs(family: Family, inputs: Mapping[str, object]) -> Binding:
+    """``binding_of`` the shapes of ``inputs`` (arrays or tensors by name)."""
+    if not isinstance(inputs, Mapping):
+        raise InputError(f"inputs: expected a dict of arrays by input name, got "
+                         f"{type(inputs).__name__}")  # fmt: skip
+    return binding_of(family, {k: tuple(np.shape(v)) for k, v in inputs.items()})
+
+
 class DynamicProgram:
     """A dynamic plan's Programs, one per binding in use (see the module doc)."""
 
@@ -112,21 +120,13 @@ class DynamicProgram:
                 self._programs.popitem(last=False)
         return made
 
-    def binding(self, inputs: Mapping[str, object]) -> Binding:
-        if not isinstance(inputs, Mapping):
-            raise InputError(f"inputs: expected a dict of arrays by input name, got "
-                             f"{type(inputs).__name__}")  # fmt: skip
-        shapes = {k: tuple(np.shape(v)) if not hasattr(v, "shape") else tuple(v.shape)
-                  for k, v in inputs.items()}  # fmt: skip
-        return binding_of(self.family, shapes)
-
     def check_inputs(self, inputs: Mapping[str, object]) -> None:
         """InputError for inputs outside the range or not agreeing with each
         other, or any error the binding's Program finds."""
-        self.program(self.binding(inputs)).check_inputs(inputs)
+        self.program(binding_of_inputs(self.family, inputs)).check_inputs(inputs)
 
     def run(self, inputs: Mapping[str, object]) -> dict[str, object]:
-        return self.program(self.binding(inputs)).run(inputs)
+        return self.program(binding_of_inputs(self.family, inputs)).run(inputs)
 
     @property
     def cached(self) -> tuple[Binding, ...]:

@@ -83,9 +83,6 @@ class Family:
     def codes(self) -> tuple[str, ...]:
         return tuple(d.code for d in self.dims)
 
-    def binding(self, values: Mapping[str, int]) -> Binding:
-        return tuple(values[d.name] for d in self.dims)
-
     def at(self, which: str) -> Binding:
         """``min``, ``opt`` or ``max`` of every dimension."""
         return tuple(getattr(d.range, which) for d in self.dims)
@@ -379,8 +376,12 @@ def _same_constant(a: ir.Graph, i: str, b: ir.Graph, j: str) -> bool:
     names a folded scalar after the node it came from, which can differ
     between bindings): the family keeps the first graph's name."""
     x, y = a.constants.get(i), b.constants.get(j)
-    return (x is not None and y is not None and x.dtype == y.dtype and x.shape == y.shape
-            and bool(np.array_equal(x, y)))  # fmt: skip
+    return x is not None and y is not None and same_array(x, y)
+
+
+def same_array(a: np.ndarray, b: np.ndarray) -> bool:
+    """The same dtype, shape and values (the same object, at once)."""
+    return a is b or (a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b)))
 
 
 def _check_instance(family: Family, g: ir.Graph, binding: Binding, top: ir.Graph,
