@@ -253,7 +253,7 @@ class Program:
     def __init__(self, planned: Planned, graph: ir.Graph, kernels_module, *,
                  interpret: bool | None = None, cuda_graph: bool = True,
                  indices: IndexChecks | None = None,
-                 dims: Mapping[str, int] | None = None):  # fmt: skip
+                 dims: Mapping[str, int] | None = None, gpu_blocks: bool = False):  # fmt: skip
         import torch
 
         self.torch = torch
@@ -261,6 +261,10 @@ class Program:
         self.interpret = (not gpu_available()) if interpret is None else interpret
         check_runnable(graph, self.interpret, planned.specs)
         self.device = "cpu" if self.interpret else "cuda"
+        # the block sizes the launchers pick: the interpreter's, unless
+        # ``gpu_blocks`` asks for the GPU's there too (a CPU check of what a
+        # GPU will launch: tests/test_gpu_blocks.py)
+        self.interpreter_blocks = self.interpret and not gpu_blocks
         self.launches = kernels_module.KERNELS
         # a dynamic bundle's launchers take the binding of its dimensions
         self.dims = dict(dims or {})
@@ -438,18 +442,44 @@ class Program:
                 if code:
                     raise self.indices.device_error(kernel, int(code))
 
-    def _execute(self, feeds: Mapping[str, object]) -> dict[str, object]:
-        """Launch every kernel on ``feeds`` (tensors on the device, by input
-        name); the outputs, in the program's buffers."""
+    def _values(self, feeds: Mapping[str, object]) -> list:
+        """Every tensor of a run on ``feeds`` (tensors on the device, by
+        input name), by slot: the fixed ones and the inputs bound."""
         values = self._fixed.copy()
         for name, s in self._input_slots:
             values[s] = feeds[name]
         for s, src, shape in self._input_views:
             values[s] = values[src].reshape(shape)
-        interpret, dims = self.interpret, self.dims
+        return values
+
+    def _execute(self, feeds: Mapping[str, object]) -> dict[str, object]:
+        """Launch every kernel on ``feeds`` (tensors on the device, by input
+        name); the outputs, in the program's buffers."""
+        values = self._values(feeds)
+        interpret, dims = self.interpreter_blocks, self.dims
         for launch, args in self._steps:
             launch(*args(values), interpret=interpret, **dims)
         return {o: values[s] for o, s in self._output_slots}
+
+    def kernel_calls(self, inputs: Mapping[str, object]) -> list[tuple[str, object]]:
+        """Each launched kernel of the plan, in plan order, as (kernel name,
+        a function of no arguments that launches it alone), bound to the
+        buffers of a run on ``inputs``, which is made first: every kernel
+        reads what the run left, as in the plan.  For timing kernels one by
+        one (``bench``'s per-kernel records); a kernel rewrites its outputs
+        whole each launch, so repeated calls leave the run's values."""
+        feeds = self.check_inputs(inputs)
+        feeds = {k: v if isinstance(v, self.torch.Tensor) else self._tensor(v)
+                 for k, v in feeds.items()}  # fmt: skip
+        values = self._values(feeds)
+        interpret, dims = self.interpreter_blocks, self.dims
+        names = [k.name for k in self.plan.kernels if not k.is_view]
+        calls = []
+        for name, (launch, args) in zip(names, self._steps):
+            bound = args(values)
+            launch(*bound, interpret=interpret, **dims)  # the run, kernel by kernel
+            calls.append((name, lambda f=launch, a=bound: f(*a, interpret=interpret, **dims)))
+        return calls
 
     def _replay(self, feeds: Mapping[str, object]) -> dict[str, object]:
         """The outputs, by a replay of the CUDA graph of ``_execute`` (captured
