@@ -80,6 +80,11 @@ class Bundle:
         return self._made.graph
 
     @property
+    def planned(self):
+        """The plan with the spec of every kernel (``orchestrate.plan.Planned``)."""
+        return self._made.planned
+
+    @property
     def program(self) -> Program:
         if self._program is None:
             # before the kernels are loaded

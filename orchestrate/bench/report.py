@@ -10,11 +10,15 @@ The JSON document::
                  "roofline_device": str, "roofline_fraction": {runtime: floor / median | null},
                  "peak_mem_mb": {runtime: MiB | null}, "compile_s": {runtime: s | null},
                  "unavailable": {runtime: why}, "notes": {runtime: how it ran, or why no memory},
-                 "kernels": int, "verified": bool | null, "verify_note": str}],
+                 "kernels": int, "verified": bool | null, "verify_note": str,
+                 "verify_errors": {output: {"rel", "max_abs", "ok"}},
+                 "untrusted": {runtime: why its time is not to be trusted}}],
      "skipped": [{"name", "dtype", "reason"}]}
 
 A runtime that could not run has null figures and its reason under
-``unavailable``: the document always says why a number is missing.
+``unavailable``: the document always says why a number is missing.  The
+bundle's time is trusted only when its answer verified: a wrong or
+unchecked answer keeps its figures, marked under ``untrusted`` with why.
 """
 
 from __future__ import annotations
@@ -58,6 +62,14 @@ def model_record(r: ModelResult) -> dict:
     rec["kernels"] = r.kernels
     rec["verified"] = r.verified
     rec["verify_note"] = r.verify_note
+    rec["verify_errors"] = dict(r.verify_errors)
+    rec["untrusted"] = {}
+    base = r.get("orchestrate")
+    if base is not None and base.stats is not None and r.verified is not True:
+        rec["untrusted"]["orchestrate"] = (
+            f"its answer did not verify: {r.verify_note}" if r.verified is False
+            else f"its answer was not verified{': ' + r.verify_note if r.verify_note else ''}"
+        )  # fmt: skip
     return rec
 
 
@@ -236,3 +248,65 @@ def chart(doc: Mapping, path: str | Path) -> str:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return f"wrote {path}"
+
+
+# -- the Markdown page ------------------------------------------------------------------------
+
+SHORT = {"orchestrate": "orchestrate", "torch-eager": "eager", "torch-compile": "torch.compile",
+         "torch-compile-max-autotune": "max-autotune", "onnxruntime-cuda": "ort CUDA",
+         "onnxruntime-cpu": "ort CPU"}  # fmt: skip
+
+
+def markdown(doc: Mapping) -> str:
+    """``doc`` as a page a reader takes in at once: median latency per
+    runtime with the bundle's speed-up over each, its verdict and error,
+    peak memory and time to ready, then every missing or untrusted figure
+    with why.  Rewritten with ``results.json`` as figures arrive."""
+    models = list(doc.get("models", []))
+    runtimes = [k for k in KEYS if any(k in m["latency_ms"] for m in models)]
+    head = f"# {doc['device']}, {doc['date']}, commit {doc['commit']}"
+    lines = [head, "", f"{doc['note']}; clock: {doc['clock']}; torch {doc['torch']}, "
+             f"triton {doc['triton']}.", ""]  # fmt: skip
+
+    def ms(v):
+        return "-" if v is None else f"{v:.4g}"
+
+    cols = ["model", "dtype", "kernels", "verified", *(SHORT[k] + " ms" for k in runtimes)]
+    cols += [f"x vs {SHORT[k]}" for k in runtimes if k != "orchestrate"]
+    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for m in models:
+        lat = m["latency_ms"]
+        mine = lat.get("orchestrate")
+        worst = max((e["rel"] for e in m.get("verify_errors", {}).values()), default=None)
+        verdict = {True: "yes", False: "**NO**", None: "not checked"}[m["verified"]]
+        if worst is not None:
+            verdict += f" (rel {worst:.2g})"
+        row = [m["name"], m["dtype"], str(m["kernels"]), verdict]
+        row += [ms(lat.get(k)) + ("*" if k in m.get("untrusted", {}) else "") for k in runtimes]
+        row += ["-" if not (mine and lat.get(k)) else f"{lat[k] / mine:.2f}"
+                for k in runtimes if k != "orchestrate"]  # fmt: skip
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "x vs R: R's median over the bundle's (above 1: the bundle is faster). "
+              "* untrusted (below).", ""]  # fmt: skip
+    cols = ["model", *(f"{SHORT[k]} MiB / ready s" for k in runtimes)]
+    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for m in models:
+        row = [m["name"]]
+        for k in runtimes:
+            mem, ready = m["peak_mem_mb"].get(k), m["compile_s"].get(k)
+            row.append(f"{'-' if mem is None else f'{mem:.0f}'} / "
+                       f"{'-' if ready is None else f'{ready:.1f}'}")  # fmt: skip
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "Peak MiB: the most memory torch's allocator held from the runtime's start "
+              "(weights included); ready s: seconds until its first answer.", ""]  # fmt: skip
+    notes = []
+    for m in models:
+        for k, why in m.get("untrusted", {}).items():
+            notes.append(f"- {m['name']} {SHORT.get(k, k)}: untrusted: {why}")
+        for k, why in m.get("unavailable", {}).items():
+            notes.append(f"- {m['name']} {SHORT.get(k, k)}: {why}")
+    notes += [f"- {s['name']} {s.get('dtype', '')}: skipped: {s['reason']}"
+              for s in doc.get("skipped", [])]  # fmt: skip
+    if notes:
+        lines += ["## Missing and untrusted figures", "", *notes, ""]
+    return "\n".join(lines)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrate.bench import clock
 from orchestrate.bench.floor import Floor, roofline_floor
@@ -53,6 +53,8 @@ class ModelResult:
     kernels: int
     verified: bool | None  # None: not checked here
     verify_note: str = ""
+    # per output: the worst error of the bundle's answer ({"rel", "max_abs", "ok"})
+    verify_errors: dict = field(default_factory=dict)
 
     def get(self, key: str) -> Measured | None:
         return next((m for m in self.measured if m.key == key), None)

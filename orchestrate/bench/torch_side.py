@@ -15,6 +15,7 @@ reported as "converter cannot handle" and every other op converts.
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
 import types
@@ -92,8 +93,10 @@ def torch_runtimes(
     dtype: str | None,
     on_gpu: bool,
 ) -> Callable[[str], Ready | Unavailable]:
-    """A function of a key in ``keys`` that makes that baseline ready (the
-    module is built once, on first use)."""
+    """A function of a key in ``keys`` that makes that baseline ready.  The
+    module is built once, on first use, and stays on the host; each
+    baseline moves its own copy to the device, so every runtime's peak
+    memory counts its weights (``run.measure`` brackets the making too)."""
     built: dict[str, object] = {}
 
     def module():
@@ -115,7 +118,7 @@ def torch_runtimes(
         device = "cuda" if on_gpu else "cpu"
         cast = getattr(torch, TORCH_DTYPES.get(dtype or "fp32", "float32"))
         try:
-            mod = mod.eval().to(device)
+            mod = copy.deepcopy(mod).eval().to(device)
             if dtype is not None:
                 mod = mod.to(cast)
             staged = [

@@ -211,14 +211,16 @@ def slowdowns(c: Compiled) -> list[str]:
 
 
 def compile_module(module, dtypes: dict[str, str], arch: int = 90,
-                   usage: bool = True, dims: dict[str, int] | None = None) -> list[Compiled]:  # fmt: skip
+                   usage: bool = True, dims: dict[str, int] | None = None,
+                   only: set[str] | None = None) -> list[Compiled]:  # fmt: skip
     """Compile each distinct jitted function of a generated module (one
     launch per function, with the first planned kernel's tensors).  Registers,
     spills and stack are None when there is no cuobjdump, or not asked for
     (``usage`` false: compiling ahead of a launch, ``tune/gpu.py``).
     ``dims``: a dynamic bundle's dimensions (code name -> a value), which
     its launchers take and its kernels receive as runtime ``i32``
-    arguments: compiled unspecialized, so one cubin serves the range."""
+    arguments: compiled unspecialized, so one cubin serves the range.
+    ``only``: the names of the functions to compile (default: every one)."""
     dims = dict(dims or {})
     import triton
     from triton.backends.compiler import GPUTarget
@@ -230,7 +232,7 @@ def compile_module(module, dtypes: dict[str, str], arch: int = 90,
     done: dict[str, Compiled] = {}
     for launcher, tensors in module.KERNELS.values():
         fname = launcher.__name__.removeprefix("launch_")
-        if fname in done or fname in library_launchers(module):
+        if fname in done or fname in library_launchers(module) or (only and fname not in only):
             continue
         kernel = getattr(module, fname)
         recorder = _Recorder()

@@ -100,28 +100,32 @@ def driver_version() -> str:
     return "unknown"
 
 
-def _compile(source: str, dtypes: dict[str, str], arch: int) -> str | None:
-    """In a worker process: compile the module's function for ``arch``; the error, if any."""
+def _compile(source: str, dtypes: dict[str, str], arch: int,
+             only: set[str] | None = None) -> str | None:  # fmt: skip
+    """In a worker process: compile the module's functions (``only`` those
+    named) for ``arch``; the error, if any."""
     os.environ.pop("TRITON_INTERPRET", None)
     try:
         from orchestrate.emit.compile_check import compile_module
         from orchestrate.runtime import load_kernels
 
-        compile_module(load_kernels(source, interpret=False), dtypes, arch, usage=False)
+        compile_module(load_kernels(source, interpret=False), dtypes, arch, usage=False, only=only)
     except Exception as e:  # noqa: BLE001 - reported by the parent
         return f"{type(e).__name__}: {str(e)[:300]}"
     return None
 
 
-def compile_ahead(jobs: Sequence[tuple[str, dict[str, str]]], arch: int, workers: int,
+def compile_ahead(jobs: Sequence[tuple], arch: int, workers: int,
                   progress: Callable[[str, int, int], None]) -> list[str | None]:  # fmt: skip
-    """Compile each (module source, tensor dtypes) for ``arch`` in a pool of
-    ``workers`` fresh processes (spawned: CUDA does not survive a fork);
-    each job's error, or None."""
+    """Compile each (module source, tensor dtypes[, the names of the
+    functions to compile]) for ``arch`` in a pool of ``workers`` fresh
+    processes (spawned: CUDA does not survive a fork); each job's error, or
+    None.  Naming one function per job spreads one module's functions over
+    the pool (a bundle's, compiled ahead of its first run)."""
     errors: list[str | None] = [None] * len(jobs)
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(_compile, src, dtypes, arch): i
-                   for i, (src, dtypes) in enumerate(jobs)}  # fmt: skip
+        futures = {pool.submit(_compile, *job[:2], arch, *job[2:]): i
+                   for i, job in enumerate(jobs)}  # fmt: skip
         for n, done in enumerate(as_completed(futures)):
             errors[futures[done]] = done.result()
             progress("compile", n + 1, len(futures))
