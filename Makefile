@@ -38,8 +38,15 @@ test: install
 test-slow: install
 	$(PY) -m pytest -n $(JOBS) -q -m slow
 
-test-gpu: install
-	$(PY) -m pytest -q -m gpu
+# the gpu tier; on the GPU machine (no .venv, no network) with its python3 and
+# the wheels beside it, within GPU_TEST_S seconds (default 240), its report
+# into $$OUT when set:  device run(command="make test-gpu", carry=["wheels"])
+GPU_TEST_S ?= 240
+test-gpu:
+	@if [ -x $(PY) ]; then $(MAKE) install && $(PY) -m pytest -q -m gpu; \
+	else site=$$($(PYTHON) -m tools.bench_gpu.install) && \
+		PYTHONPATH=$$site timeout -s INT $(GPU_TEST_S) $(PYTHON) -m pytest -q -m gpu -p no:cacheprovider \
+		-n 8 --continue-on-collection-errors --junitxml=$${OUT:-out}/test-gpu.xml; fi
 
 # the fuzz suite (tests/test_fuzz.py) with many random examples per property
 # instead of make test's few fixed ones; failures are kept in .hypothesis/ and
@@ -83,35 +90,33 @@ bench-plan: install
 bench: install
 	$(BIN)/orchestrate bench $(DEMO) --runs 5 --against eager,ort-cuda,ort-cpu
 
-# the wheels a GPU machine without network needs (this project, PuLP, onnx2torch,
-# click, and the test tier's), into the ignored wheels/, checked to fit 60 MiB
-GPU_WHEELS := pulp onnx2torch click pytest pluggy iniconfig pytest-xdist execnet hypothesis \
-              sortedcontainers
+# the wheels the GPU machine lacks (PuLP, onnx2torch: pure Python) into the
+# ignored wheels/, checked to fit what travels there; this project runs from
+# its checkout
 gpu-wheels: install
 	mkdir -p wheels
-	rm -f wheels/orchestrate-*.whl
-	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w wheels .
-	$(PY) -m pip download -q --no-deps --only-binary :all: -d wheels $(GPU_WHEELS)
-	$(PY) -m examples.gpu_wheels wheels
+	$(PY) -m pip download -q --no-deps --only-binary :all: -d wheels pulp onnx2torch
+	$(PY) -m tools.bench_gpu.install --check --wheels wheels
 
-# the suite optimized at fp16 and bf16 (fp32 for three), tuned (optimize --tune),
-# verified and timed against every baseline on a GPU, within 9 minutes; writes
-# bench/results/<device>-<date>.json and .png, and the measurements as
-# bench/records/<device>.jsonl (orchestrate records export).  Without .venv (a GPU
-# machine offline) it runs python3 from make gpu-wheels' folder (pip install
-# --no-index --target, no venv)
+# ONE GPU run, at most 540 s of wall time (ARGS=--budget S): BERT-base, GPT-2,
+# the Llama-style decoder and ResNet-50 at fp16, batch 1, the bundle verified
+# and timed against torch eager, torch.compile and max-autotune, breadth
+# first; at most 8 files into $$OUT (else out/bench-gpu): results.json and
+# results.md (rewritten after every figure), chart.png, records.jsonl,
+# projection.json, bench.log.  On the GPU machine (no .venv, no network) it
+# runs its python3, PuLP and onnx2torch installed from wheels/ beside its
+# packages:  device run(command="make bench-gpu", carry=["wheels"], timeout_s=600)
 bench-gpu:
-	@if [ ! -x $(PY) ] && ls wheels/orchestrate-*.whl >/dev/null 2>&1; then \
-		echo "$(PYTHON) -m examples.bench_gpu $(ARGS)"; $(PYTHON) -m examples.bench_gpu $(ARGS); \
-	else $(MAKE) install && $(PY) -m examples.bench_gpu $(ARGS); fi
+	@if [ -x $(PY) ]; then $(MAKE) install && $(PY) -m tools.bench_gpu $(ARGS); \
+	else $(PYTHON) -m tools.bench_gpu $(ARGS); fi
 
-# the same script on this CPU: the tiny suite in the interpreter, every baseline a CPU
-# runs, the offline install from wheels/ proven, tuning with a fake timer (its records
-# marked fake); writes out/bench-dry/results.json, chart.png and records/fake.jsonl
-# (under 10 minutes on 2 cores)
+# the same steps on this CPU: the offline install proven, the full-size models
+# exported and planned here to project the real run (printed; exit 2 when it
+# would overrun 540 s), then every step over the tiny models in the
+# interpreter; files into $$OUT, else out/bench-dry
 bench-gpu-dry: gpu-wheels
 	$(PY) -m pip install -q 'matplotlib>=3.7'
-	$(PY) -m examples.bench_gpu --dry-run $(ARGS)
+	$(PY) -m tools.bench_gpu --dry-run $(ARGS)
 
 # the runner's own host cost per kernel launch, kernels replaced by no-ops (fails over 3 µs)
 bench-launch: install

@@ -394,17 +394,6 @@ def test_the_tuning_is_reported_next_to_the_plan_and_kept_in_its_file(tmp_path):
     assert "tuning" not in untuned.to_json() and "tuning:" not in "\n".join(summary_lines(untuned))
 
 
-def test_the_dry_benchmark_writes_fake_records_only(tmp_path):
-    from examples.bench_gpu import fake_timer, write_records
-
-    g, db = mlp(), tmp_path / "fake.sqlite"
-    tuned(g, fake_timer(), db)
-    message = write_records(True, "CPU", tmp_path, db)
-    assert "FAKE" in message
-    lines = [json.loads(x) for x in (tmp_path / "records/fake.jsonl").read_text().splitlines()]
-    assert lines and all(x["fake"] is True and x["device"]["gpu"].startswith("fake") for x in lines)
-
-
 @pytest.mark.gpu
 def test_tune_on_the_gpu_measures_once_then_reads_the_cache(tmp_path, monkeypatch):
     """The real timer: a matmul, bias and ReLU tuned on the GPU present and

@@ -9,8 +9,8 @@ with every spec about to be timed, so a timer can compile them all ahead
 The real one is ``tune.gpu.GpuTimer`` (``triton.testing.do_bench`` on the
 GPU present).  ``FakeTimer`` returns figures from a function, deterministic
 and labelled fake: tests inject it to exercise the whole tuning path on a
-CPU, and ``make bench-gpu-dry`` uses it to prove the records path.  Its
-figures are never measurements, and every record made from them says so.
+CPU.  Its figures are never measurements, and every record made from them
+says so.
 """
 
 from __future__ import annotations
