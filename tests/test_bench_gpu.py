@@ -64,7 +64,7 @@ def test_the_projection_prices_every_step_from_its_counts():
     # the bundle's step: start, load, cached functions, calls, the check, kernel records
     line = {x.what: x for x in p.lines}["bert orchestrate"]
     want = (costs.PROCESS.seconds + 0.6 + 200 / costs.HOST_MB_PER_S.seconds
-            + 13 * costs.JIT_HIT.seconds + 60 * 0.25e-3 + 3.0 + 13 * costs.RECORD_KERNEL.seconds)  # fmt: skip
+            + 13 * costs.COMPILE_FUNCTION.seconds + 60 * 0.25e-3 + 3.0 + 13 * costs.RECORD_KERNEL.seconds)  # fmt: skip
     assert line.seconds == pytest.approx(want)
     assert all(x.cap >= x.seconds for x in p.lines)
     compile_line = line = {x.what: x for x in p.lines}["bert torch-compile"]

@@ -24,9 +24,11 @@ class Figure:
 PROCESS = Figure(8.0, "assumed: start, imports (3-4 s measured on a CPU) and a CUDA context")
 # weights read from a bundle or built by torch, then copied to the GPU
 HOST_MB_PER_S = Figure(2000.0, "assumed: MB/s from numpy or torch host memory onto the GPU")
-# a kernel found in Triton's cache after the prepare step compiled it ahead
-JIT_HIT = Figure(0.1, "assumed: a Triton function loaded from its on-disk cache")
-# one Triton function compiled for the GPU's architecture, on one core
+# one Triton function compiled for the GPU's architecture, on one core.  The
+# run measures it (the prepare step's compile ahead); at the first launch the
+# JIT should find that compile in Triton's cache, but no GPU has shown that
+# it does, so the bundle's step is priced as if it compiled every function
+# again, one after another
 COMPILE_FUNCTION = Figure(2.0, "assumed where the run did not compile: one Triton function "
                                "for sm_90 on one core")  # fmt: skip
 # the per-kernel records: triton.testing.do_bench's 10 ms warm-up + 40 ms

@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 
 from tools.bench_gpu import costs, install, scope
-from tools.bench_gpu.projection import Counts, Projection, Runs, project
+from tools.bench_gpu.projection import Counts, Projection, Runs, compile_unit, project
 from tools.bench_gpu.step import TAG
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -242,8 +242,10 @@ def prepare_all(run: Run, models, work: Path, models_dir: Path, *, size_of, devi
                 cmd += ["--arch", str(arch)]
             if counts_only:
                 cmd.append("--counts-only")
-            rc, seconds = run_child(run, f"prepare {m.name} {size_of(m)}", cmd, cap,
-                                    env=child_env(run.dry))  # fmt: skip
+            env = child_env(run.dry)
+            if run.dry:  # a fresh cache: the compile ahead compiles, as on a new GPU machine
+                env["TRITON_CACHE_DIR"] = str(work / "triton-cache")
+            rc, seconds = run_child(run, f"prepare {m.name} {size_of(m)}", cmd, cap, env=env)
             path = work / f"{m.name}.prepared.json"
             if rc == 0 and path.exists():
                 done[m.name] = json.loads(path.read_text())
@@ -404,13 +406,12 @@ def _main(run: Run, args, models, work: Path) -> int:
         if projection is None or not projection.fits:
             run.write()
             return 2
-        # the dry run's own steps, projected from the tiny models' counts
-        mine = project(steps, {n: Counts.from_json(p["counts"]) for n, p in ok.items()}, runs,
-                       run.budget, workers=workers, prepare_s=prepare_s)  # fmt: skip
-    else:
-        counts = {n: Counts.from_json(p["counts"]) for n, p in ok.items()}
-        mine = projection = project([s for s in steps if s.model in counts], counts, runs,
-                                    run.budget, workers=workers, prepare_s=prepare_s)  # fmt: skip
+    counts = {n: Counts.from_json(p["counts"]) for n, p in ok.items()}
+    unit = compile_unit(list(counts.values()), 1 if dry else workers)
+    mine = project([s for s in steps if s.model in counts], counts, runs, run.budget,
+                   workers=workers, unit=unit, prepare_s=prepare_s)  # fmt: skip
+    if not dry:
+        publish(run, mine, "this run, from the counts measured here")
         publish(run, projection, "this run, from the counts measured here")
     run.write()
     run_steps(run, [s for s in steps if s.model in ok], work, runs, mine)
@@ -430,15 +431,12 @@ def dry_projection(run: Run, args, models, work: Path, tiny: dict) -> Projection
     if failed:
         run.log(f"bench-gpu: cannot project the real run: {', '.join(failed)} did not prepare")
         return None
-    compiled = [p["counts"] for p in tiny.values() if p["counts"]["compile_s"] is not None]
-    unit = costs.COMPILE_FUNCTION
-    if compiled and sum(c["functions"] for c in compiled):
-        per = sum(c["compile_s"] for c in compiled) / sum(c["functions"] for c in compiled)
-        unit = costs.Figure(per, "measured: this CPU's compile ahead of the tiny models' "
-                                 "functions for sm_90, one worker")  # fmt: skip
+    unit = compile_unit([Counts.from_json(p["counts"]) for p in tiny.values()], 1)
+    unit = dataclasses.replace(unit, source=unit.source + " (the tiny models', for sm_90 on this "
+                                                          "CPU)")  # fmt: skip
     gpu_steps = scope.steps(models, dry=False)
     projection = project(gpu_steps, {n: Counts.from_json(p["counts"]) for n, p in full.items()},
-                         Runs(10, 50), BUDGET_S, workers=15, compile_unit=unit)  # fmt: skip
+                         Runs(10, 50), BUDGET_S, workers=15, unit=unit)  # fmt: skip
     publish(run, projection, "the real run on a 16-core GPU machine, from the full-size models "
                              "counted on this CPU")  # fmt: skip
     run.extra["full_size_counts"] = {n: p["counts"] for n, p in full.items()}
