@@ -192,7 +192,7 @@ def test_the_bundles_step_times_verifies_and_records_every_distinct_kernel(tmp_p
     records = tmp_path / "records.jsonl"
     cmd = [sys.executable, "-m", "tools.bench_gpu.step", "--prepared",
            str(work / "bert.prepared.json"), "--runtime", ORCHESTRATE, "--runs", "2",
-           "--warmup", "1", "--records", str(records), "--dry-run"]  # fmt: skip
+           "--warmup", "1", "--records", str(records)]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     messages = [json.loads(x[len(TAG) :]) for x in done.stdout.splitlines() if x.startswith(TAG)]

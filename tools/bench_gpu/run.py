@@ -160,8 +160,11 @@ class Run:
                 st.verified, st.verify_note, st.errors = v["ok"], v["note"], v["errors"]
                 self.log(f"{model}: {v['note']}")
             elif "records" in message:
-                st.records = message["records"]
-                r = st.records
+                st.records = r = message["records"]
+                if "error" in r:
+                    self.log(f"{model}: its kernels could not be timed alone: {r['error']}")
+                    self.write()
+                    return
                 self.log(f"{model}: {r['kernels']} kernels timed alone: {r['measured_us']:.1f} us "
                          f"in all, predicted {r['predicted_us']:.1f} us"
                          + (" (FAKE: interpreter times)" if r["fake"] else ""))  # fmt: skip
@@ -291,7 +294,7 @@ def run_steps(run: Run, steps, work: Path, runs: Runs, projection: Projection) -
         cmd = [sys.executable, "-m", "tools.bench_gpu.step", "--prepared",
                str(work / f"{step.model}.prepared.json"), "--runtime", step.runtime,
                "--runs", str(runs.runs), "--warmup", str(runs.warmup),
-               "--records", str(run.out / "records.jsonl")] + (["--dry-run"] if run.dry else [])  # fmt: skip
+               "--records", str(run.out / "records.jsonl")]  # fmt: skip
         run.log(f"{step.model} {step.runtime}: projected {line.seconds:.0f} s, cap {cap:.0f} s")
         rc, seconds = run_child(run, f"{step.model} {step.runtime}", cmd, cap, step.model,
                                 child_env(run.dry, interpret=True))  # fmt: skip
@@ -397,6 +400,9 @@ def _main(run: Run, args, models, work: Path) -> int:
     for m in models:
         if "failed" not in prepared[m.name]:
             run.state[m.name].prepared = prepared[m.name]
+        else:
+            run.skipped.append({"name": m.name, "dtype": scope.DTYPE, "reason": "its prepare "
+                                f"step failed ({prepared[m.name]['failed']}): see bench.log"})  # fmt: skip
     for step in steps:
         run.state[step.model].runtimes.append(step.runtime)
         run.state[step.model].pending[step.runtime] = "not run yet"
