@@ -4,7 +4,7 @@
 
 A chain of ``--kernels`` tiny pointwise kernels (Relu and Add on a 4x8
 tensor, one ONNX node per planned kernel) is run by a
-``orchestrate.runtime.Program`` whose launchers are all no-ops, so Triton's
+``orchestrate.run.runtime.Program`` whose launchers are all no-ops, so Triton's
 own dispatch is excluded: what is left is the runner's bookkeeping (buffers
 from the pool, argument lists, the call).  µs per launch = the time of one
 pass over the plan / the number of kernels, the median of ``--repeats``
@@ -50,9 +50,9 @@ def chain_model(kernels: int, shape=(4, 8)):
 
 def build(kernels: int):
     """(graph, planned, kernels module source): one planned kernel per primitive."""
-    from orchestrate import pipeline
     from orchestrate.emit import emit
-    from orchestrate.planner import plan_sets
+    from orchestrate.plan import pipeline
+    from orchestrate.plan.planner import plan_sets
 
     graph = pipeline.fission_model(chain_model(kernels), None, "chain", option="shapes")
     planned = plan_sets(graph, [[n.name] for n in graph.nodes])
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--limit", type=float, default=3.0, help="µs per launch (default 3)")
     args = p.parse_args(argv)
-    from orchestrate.runtime import Program, gpu_available, load_kernels
+    from orchestrate.run.runtime import Program, gpu_available, load_kernels
 
     gpu = gpu_available()
     graph, planned, source = build(args.kernels)

@@ -71,9 +71,9 @@ def export_half(name: str, path: Path) -> None:
 
 def breakdown(graph, planned, device: str) -> dict:
     """Shares of the predicted time: launch overhead, and kernels by roof."""
+    from orchestrate.cost.devices import get_device
     from orchestrate.cost.figures import LAUNCH_US
     from orchestrate.cost.roofline import cost
-    from orchestrate.devices import get_device
 
     dev = get_device(device)
     total = planned.plan.summary.predicted_us
@@ -93,10 +93,11 @@ def breakdown(graph, planned, device: str) -> dict:
 
 def plan_one(path: Path, device: str | None = None) -> dict:
     """Run in a child process: plan ``path`` and report time, memory, plan summary."""
-    from orchestrate import frontend, pipeline
+    from orchestrate import frontend
     from orchestrate.decompose import fission
     from orchestrate.emit import function_key
-    from orchestrate.planner import PlanOptions
+    from orchestrate.plan import pipeline
+    from orchestrate.plan.planner import PlanOptions
 
     started = time.perf_counter()
     model = pipeline.load(path)

@@ -54,8 +54,8 @@ import onnxruntime as ort  # noqa: E402
 import orchestrate  # noqa: E402
 from examples import EXAMPLES, export_example  # noqa: E402
 from examples.export import ExportError, Input, random_inputs  # noqa: E402
-from orchestrate import pipeline  # noqa: E402
-from orchestrate.planner import PlanOptions  # noqa: E402
+from orchestrate.plan import pipeline  # noqa: E402
+from orchestrate.plan.planner import PlanOptions  # noqa: E402
 
 TRANSFORMERS = ("bert", "gpt2", "vit", "llama", "mistral", "t5", "torch_encoder")
 CNN = "resnet"  # dynamic batch only

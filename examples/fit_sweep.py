@@ -10,7 +10,7 @@ For each model (the examples of ``examples/`` at each size, and the
 TorchScript cannot export them) and each dtype, it runs
 ``orchestrate optimize --device DEVICE --dtype DTYPE --trials 0`` (numbers
 are verified elsewhere: ``make test``, ``make hf-check``), then
-``python -m orchestrate.emit.compile_check --json`` on the bundle, which
+``python -m orchestrate.check.compile_check --json`` on the bundle, which
 compiles every jitted function for the device's architecture with Triton's
 own compiler and ptxas (no GPU needed).  One table row per bundle: kernels,
 distinct functions, the most shared memory and registers of any function,
@@ -106,7 +106,7 @@ def check(
     bundle.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     made = subprocess.run(
-        [sys.executable, "-m", "cli", "optimize", str(src), "-o", str(bundle), "--device", device,
+        [sys.executable, "-m", "orchestrate.cli", "optimize", str(src), "-o", str(bundle), "--device", device,
          "--dtype", dtype, "--trials", "0", "--reproducible"],
         capture_output=True, text=True,
     )  # fmt: skip
@@ -116,7 +116,7 @@ def check(
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     compiled = subprocess.run(
-        [sys.executable, "-m", "orchestrate.emit.compile_check", str(bundle), "--json"],
+        [sys.executable, "-m", "orchestrate.check.compile_check", str(bundle), "--json"],
         capture_output=True, text=True, env=env,
     )  # fmt: skip
     try:

@@ -147,7 +147,7 @@ def check_range(name: str, build, dynamo: bool, out: Path, rng: str) -> tuple[li
                                       rtol=1e-4)  # fmt: skip
     except orchestrate.OrchestrateError as e:
         return [name, exporter, rng, "-", "-", "-", f"FAILED: {e}"], False
-    from orchestrate import pipeline
+    from orchestrate.plan import pipeline
 
     opt = result.family.at("opt")
     graph = pipeline.fission_model(pipeline.load(src), {"x": opt}, str(src))

@@ -17,24 +17,17 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrate import (
-    bundle,
-    dynamic,
-    dynamic_api,
-    explain,
-    onnxrt,
-    pipeline,
-    precision,
-    reference,
-    regenerate,
-)
+from orchestrate import bundle, dynamic, dynamic_api, explain
+from orchestrate.bundle import regenerate
+from orchestrate.check.verify import Report, check_tolerance, verify
 from orchestrate.dynamic_api import parse_ranges
 from orchestrate.emit import emit
 from orchestrate.errors import InputError, OrchestrateError
-from orchestrate.frontend import check_shapes
-from orchestrate.plan import Plan
-from orchestrate.planner import PlanOptions
-from orchestrate.runtime import (
+from orchestrate.frontend import check_shapes, onnxrt
+from orchestrate.ir import precision, reference
+from orchestrate.plan import Plan, pipeline
+from orchestrate.plan.planner import PlanOptions
+from orchestrate.run.runtime import (
     IndexChecks,
     Program,
     check_inputs,
@@ -45,7 +38,6 @@ from orchestrate.runtime import (
 )
 from orchestrate.shapes.family import Family
 from orchestrate.tune import Tune
-from orchestrate.verify import Report, check_tolerance, verify
 from orchestrate.version import __version__
 
 TF32_RTOL = 5e-3  # TF32 keeps 10 mantissa bits
@@ -64,7 +56,7 @@ class Bundle:
     tensors by name).
 
     Its kernels are the source orchestrate generates from its plan (see
-    ``orchestrate.regenerate``); they are compiled (on a GPU) on the first run."""
+    ``orchestrate.bundle.regenerate``); they are compiled (on a GPU) on the first run."""
 
     def __init__(self, path: Path, manifest: dict, made: regenerate.Regenerated,
                  interpret: bool | None):  # fmt: skip
@@ -430,7 +422,7 @@ def _plan_options(options, keywords: dict) -> PlanOptions:
     """The PlanOptions of ``optimize``: ``options``, or made from the keywords."""
     if options is not None:
         if not isinstance(options, PlanOptions):
-            raise InputError(f"options: expected an orchestrate.planner.PlanOptions, got "
+            raise InputError(f"options: expected an orchestrate.plan.planner.PlanOptions, got "
                              f"{type(options).__name__}")  # fmt: skip
         if keywords:
             raise InputError(f"options and {', '.join(sorted(keywords))}: give the plan options "

@@ -27,12 +27,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 import onnx
 
-from orchestrate import ir, pipeline, precision, regenerate
+from orchestrate import ir
+from orchestrate.bundle import regenerate
 from orchestrate.emit import emit
 from orchestrate.emit.lift import Unliftable, lift_source
 from orchestrate.errors import InputError
 from orchestrate.frontend import graph_inputs
-from orchestrate.plan import Plan, Planned
+from orchestrate.ir import precision
+from orchestrate.plan import Plan, Planned, pipeline
 from orchestrate.shapes.admit import range_admit
 from orchestrate.shapes.affine import Affine
 from orchestrate.shapes.binding import bind_inputs

@@ -20,9 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrate import bundle, onnxrt, pipeline, reference
+from orchestrate import bundle
 from orchestrate.dynamic import Ranges, instance, regenerate_dynamic
-from orchestrate.dynamic_runtime import DynamicProgram, binding_of, binding_of_inputs
+from orchestrate.frontend import onnxrt
+from orchestrate.ir import reference
+from orchestrate.plan import pipeline
+from orchestrate.run.dynamic_runtime import DynamicProgram, binding_of, binding_of_inputs
 
 __all__ = [
     "DynamicBundle",
@@ -32,12 +35,12 @@ __all__ = [
     "range_bindings",
     "verify_range",
 ]
+from orchestrate.check.verify import Report, verify
 from orchestrate.errors import InputError
 from orchestrate.plan import Plan
-from orchestrate.runtime import check_runnable, gpu_available, interpreter_refusal, load_kernels
+from orchestrate.run.runtime import check_runnable, gpu_available, interpreter_refusal, load_kernels
 from orchestrate.shapes.dims import DimRange, parse_range
 from orchestrate.shapes.family import Binding, Family
-from orchestrate.verify import Report, verify
 
 
 def _one_range(value, where: str) -> DimRange:

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 _COMPILE = """
 import importlib.util, json, sys
-from orchestrate.emit.compile_check import compile_module
+from orchestrate.check.compile_check import compile_module
 out = []
 for path, dtypes in json.load(open(sys.argv[1])):
     spec = importlib.util.spec_from_file_location("m" + str(len(out)), path)

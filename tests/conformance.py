@@ -32,12 +32,11 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from orchestrate import onnxrt, reference
 from orchestrate.decompose import fission
 from orchestrate.errors import OrchestrateError, UnsupportedError
-from orchestrate.export import to_onnx
-from orchestrate.frontend import graph_inputs, prepare
-from orchestrate.ir import BFLOAT16
+from orchestrate.frontend import graph_inputs, onnxrt, prepare
+from orchestrate.ir import BFLOAT16, reference
+from orchestrate.ir.export import to_onnx
 
 
 @dataclass(frozen=True)

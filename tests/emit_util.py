@@ -6,15 +6,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from orchestrate import ir, reference
-from orchestrate.devices import get_device
+from orchestrate import ir
+from orchestrate.cost.devices import get_device
 from orchestrate.emit import emit, kernel_source
+from orchestrate.ir import reference
 from orchestrate.kernels import attention
 from orchestrate.kernels.rules import match
 from orchestrate.kernels.spec import KernelSpec, Target
 from orchestrate.plan import Planned
-from orchestrate.planner import PlanOptions, plan_sets
-from orchestrate.runtime import Program, load_kernels
+from orchestrate.plan.planner import PlanOptions, plan_sets
+from orchestrate.run.runtime import Program, load_kernels
 
 
 def plan_from_sets(graph: ir.Graph, sets: Sequence[Sequence[str]], writes_all: bool = True,

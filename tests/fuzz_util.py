@@ -93,7 +93,7 @@ class Outcome:
 
 def invoke(*args, cwd: Path | None = None) -> Outcome:
     """Run the CLI in this process (click's CliRunner, stdout and stderr apart)."""
-    import cli
+    from orchestrate import cli
 
     argv = [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
     old = os.getcwd()
@@ -351,7 +351,7 @@ BUNDLE_FILES = ("plan.json", "manifest.json", "weights.npz", "kernels.py", "repo
 
 
 def sha256(path: Path) -> str:
-    """As orchestrate/bundle.py hashes a bundle's files."""
+    """As orchestrate/bundle/__init__.py hashes a bundle's files."""
     return _digest(path)
 
 

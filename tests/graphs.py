@@ -6,9 +6,10 @@ import random
 
 import numpy as np
 
-from orchestrate import ir, type_rules
+from orchestrate import ir
 from orchestrate.decompose import eliminate_dead_code
 from orchestrate.decompose.builder import Builder, Value
+from orchestrate.ir import type_rules
 
 
 def build(fn, shapes, dtype="float32", name="g") -> ir.Graph:

@@ -21,7 +21,7 @@ import orchestrate
 from orchestrate import api
 from orchestrate.errors import InputError
 from orchestrate.kernels.enumerate import Limits
-from orchestrate.planner import PlanOptionError, PlanOptions
+from orchestrate.plan.planner import PlanOptionError, PlanOptions
 from tests.util import elem
 
 ROOT = Path(__file__).resolve().parents[1]

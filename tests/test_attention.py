@@ -10,13 +10,13 @@ import pytest
 
 from orchestrate import ir
 from orchestrate.cost import figures, roofline
+from orchestrate.cost.devices import get_device
 from orchestrate.decompose import fission
-from orchestrate.devices import get_device
 from orchestrate.frontend import prepare
 from orchestrate.ir import Op
 from orchestrate.kernels.spec import ATTENTION, KernelSpec, Rejection
 from orchestrate.plan import Planned
-from orchestrate.planner import PlanOptions, plan
+from orchestrate.plan.planner import PlanOptions, plan
 from tests import graphs
 from tests.emit_util import assert_matches_reference, attention_specs, plan_from_sets, spec_of
 from tests.util import node_model
@@ -86,7 +86,7 @@ def tiny_graphs(tmp_path_factory):
     import onnx
 
     from examples import export_example
-    from orchestrate import pipeline
+    from orchestrate.plan import pipeline
 
     out = {}
     for name in ("bert", "gpt2", "llama"):
@@ -431,8 +431,8 @@ def test_float16_grouped_query_nan_guard(small_blocks):
 def test_optimize_picks_attention_and_verifies(tmp_path, monkeypatch, name):
     import orchestrate
     from examples import export_example
-    from orchestrate import pipeline
     from orchestrate.kernels import rules
+    from orchestrate.plan import pipeline
 
     src = tmp_path / f"{name}.onnx"
     export_example(name, src, dynamo=False, opset=17, size="tiny")

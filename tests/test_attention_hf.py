@@ -50,7 +50,7 @@ class Hidden(torch.nn.Module):
 def _optimized(tmp_path, name: str, dynamo: bool, padding: bool = False):
     import orchestrate
     from examples.export import export
-    from orchestrate import pipeline
+    from orchestrate.plan import pipeline
 
     torch.manual_seed(0)
     x = torch.randint(0, VOCAB, (2 if padding else 1, SEQ))

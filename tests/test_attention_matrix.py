@@ -34,10 +34,10 @@ import json
 import numpy as np
 import pytest
 
-from orchestrate import pipeline, precision, reference
-from orchestrate.ir import Op
+from orchestrate.ir import Op, precision, reference
 from orchestrate.kernels.spec import ATTENTION
-from orchestrate.planner import PlanOptions, plan
+from orchestrate.plan import pipeline
+from orchestrate.plan.planner import PlanOptions, plan
 from tests.attention_models import MASKS, Case, inputs, model
 from tests.emit_util import run_plan
 

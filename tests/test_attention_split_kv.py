@@ -11,12 +11,12 @@ import json
 import numpy as np
 import pytest
 
-from orchestrate import reference
 from orchestrate.emit import emit
+from orchestrate.ir import reference
 from orchestrate.kernels import config
 from orchestrate.kernels.spec import ATTENTION, SPLIT_K_COUNTERS, split_k
-from orchestrate.planner import PlanOptions, plan
-from orchestrate.runtime import Program, load_kernels
+from orchestrate.plan.planner import PlanOptions, plan
+from orchestrate.run.runtime import Program, load_kernels
 from tests import graphs
 from tests.test_attention import _kernel, _onnx_attention, _plan, attention_fn
 

@@ -14,16 +14,16 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
-import cli
+from orchestrate import cli
 from orchestrate.bench import report
 from orchestrate.bench.floor import roofline_floor
 from orchestrate.bench.ort_side import cuda_refusal, ort_runtime
 from orchestrate.bench.run import Measured, ModelResult
 from orchestrate.bench.runtimes import ORT_CUDA, against
 from orchestrate.bench.stats import Stats, percentile
+from orchestrate.cost.devices import DEVICES
 from orchestrate.cost.figures import ACHIEVABLE_BANDWIDTH
-from orchestrate.devices import DEVICES
-from orchestrate.pipeline import fission_model
+from orchestrate.plan.pipeline import fission_model
 
 
 def invoke(*args):

@@ -217,9 +217,9 @@ def test_the_bundles_step_times_verifies_and_records_every_distinct_kernel(tmp_p
 
 
 def test_kernels_called_one_by_one_compute_what_the_run_computes():
-    from orchestrate import reference
     from orchestrate.emit import emit
-    from orchestrate.runtime import Program, load_kernels
+    from orchestrate.ir import reference
+    from orchestrate.run.runtime import Program, load_kernels
     from tests import graphs
     from tests.emit_util import plan_from_sets
 

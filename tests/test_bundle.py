@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 from onnx import helper, numpy_helper
 
-import cli
 import orchestrate
-from orchestrate import api, onnxrt
+from orchestrate import api, cli
 from orchestrate.errors import InputError
+from orchestrate.frontend import onnxrt
 from tests.util import elem
 
 

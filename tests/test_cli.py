@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 from onnx import helper, numpy_helper
 
-import cli
-from orchestrate import onnxrt
+from orchestrate import cli
+from orchestrate.frontend import onnxrt
 from tests.util import elem, op_counts
 
 

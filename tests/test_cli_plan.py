@@ -10,7 +10,7 @@ import onnx
 from click.testing import CliRunner
 from onnx import helper, numpy_helper
 
-import cli
+from orchestrate import cli
 from tests.util import elem
 
 

@@ -19,15 +19,16 @@ from onnx import TensorProto, helper, numpy_helper
 
 import orchestrate
 from examples import export_example
-from orchestrate import bundle, regenerate
-from orchestrate.devices import DEVICES
-from orchestrate.emit.compile_check import (
+from orchestrate import bundle
+from orchestrate.bundle import regenerate
+from orchestrate.check.compile_check import (
     Compiled,
     limit_violations,
     local_traffic,
     resource_usage,
     slowdowns,
 )
+from orchestrate.cost.devices import DEVICES
 from orchestrate.kernels.fit import working_set
 from tests.util import has_nvidia_backend
 
@@ -157,7 +158,7 @@ def test_unknown_registers_are_not_checked_and_spills_do_not_fail():
 _MAIN = """
 import json, sys
 from dataclasses import replace
-from orchestrate.emit import compile_check
+from orchestrate.check import compile_check
 patch = json.loads(sys.argv[1])
 device = compile_check.bundle_device
 compile_check.bundle_device = lambda folder: replace(device(folder), **patch.get("limits", {}))
@@ -311,7 +312,7 @@ def test_example_bundles_compile_for_hopper(tmp_path):
                                             trials=0).path)  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run(
-        [sys.executable, "-m", "orchestrate.emit.compile_check", *map(str, bundles)],
+        [sys.executable, "-m", "orchestrate.check.compile_check", *map(str, bundles)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-4000:]

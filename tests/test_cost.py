@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from orchestrate.cost import figures, roofline
-from orchestrate.devices import get_device
+from orchestrate.cost.devices import get_device
 from orchestrate.explain import kernel_table
 from orchestrate.kernels import config
 from orchestrate.kernels.region import region
 from orchestrate.kernels.rule import ranked
 from orchestrate.kernels.spec import MATMUL, Anchored, KernelSpec, Target, split_k
-from orchestrate.planner import PlanOptions, plan
+from orchestrate.plan.planner import PlanOptions, plan
 from tests import graphs
 
 H200 = get_device("h200")

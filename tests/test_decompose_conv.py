@@ -10,11 +10,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from orchestrate import onnxrt, reference
 from orchestrate.decompose import fission
 from orchestrate.errors import UnsupportedError
-from orchestrate.frontend import prepare
-from orchestrate.ir import Op
+from orchestrate.frontend import onnxrt, prepare
+from orchestrate.ir import Op, reference
 from tests.util import check_decomposition, node_model
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -14,12 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-from orchestrate import onnxrt, reference
 from orchestrate.decompose import fission
 from orchestrate.errors import UnsupportedError
-from orchestrate.export import to_onnx
-from orchestrate.frontend import prepare
-from orchestrate.ir import Op
+from orchestrate.frontend import onnxrt, prepare
+from orchestrate.ir import Op, reference
+from orchestrate.ir.export import to_onnx
 from tests.util import check_decomposition, node_model
 
 FEW = settings(max_examples=15, deadline=None)

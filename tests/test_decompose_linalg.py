@@ -13,11 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx.reference import ReferenceEvaluator
 
-from orchestrate import reference
 from orchestrate.decompose import fission
 from orchestrate.errors import UnsupportedError
 from orchestrate.frontend import prepare
-from orchestrate.ir import Op
+from orchestrate.ir import Op, reference
 from tests.util import check_decomposition, node_model
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -14,11 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrate import onnxrt
 from orchestrate.decompose import SUPPORTED_OPS, fission
 from orchestrate.errors import UnsupportedError
-from orchestrate.export import PRIMITIVE_ONNX_OPS, to_onnx
-from orchestrate.frontend import prepare
+from orchestrate.frontend import onnxrt, prepare
+from orchestrate.ir.export import PRIMITIVE_ONNX_OPS, to_onnx
 from tests.util import check_decomposition, node_model, op_counts
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

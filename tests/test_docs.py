@@ -7,9 +7,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-import cli
+from orchestrate import cli
+from orchestrate.cost.devices import DEVICES
 from orchestrate.decompose import SUPPORTED_OPS
-from orchestrate.devices import DEVICES
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 

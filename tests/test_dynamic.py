@@ -26,9 +26,8 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
-import cli
 import orchestrate
-from orchestrate import api
+from orchestrate import api, cli
 from orchestrate.dynamic_api import DynamicBundle
 from orchestrate.errors import InputError
 from tests.util import has_nvidia_backend
@@ -197,7 +196,7 @@ def test_the_lifted_kernels_compile_for_hopper_with_runtime_dimensions(built):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[1]
     run = subprocess.run(
-        [sys.executable, "-m", "orchestrate.emit.compile_check", "--json", str(built[1])],
+        [sys.executable, "-m", "orchestrate.check.compile_check", "--json", str(built[1])],
         cwd=root, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-4000:]
@@ -264,7 +263,7 @@ def test_program_cache_is_bounded_and_reused(built):
 
 
 def test_program_cache_size_is_checked():
-    from orchestrate.dynamic_runtime import DynamicProgram
+    from orchestrate.run.dynamic_runtime import DynamicProgram
 
     for bad in (0, -1, True, 2.0):
         with pytest.raises(InputError, match="cache="):
@@ -474,7 +473,7 @@ def test_a_softmax_over_seq_is_widened_to_cover_max(tmp_path):
 def test_a_small_batch_range_from_one(tmp_path):
     from orchestrate import dynamic
     from orchestrate.dynamic_api import parse_ranges
-    from orchestrate.planner import PlanOptions
+    from orchestrate.plan.planner import PlanOptions
 
     # batch 1..2 has no generic value (odd, >= 3): the grid takes three
     # above MAX, and the graphs at batch 1 and 2 are checked against the lift
@@ -489,7 +488,7 @@ def test_a_row_range_across_the_single_pass_limit(tmp_path):
     from orchestrate import dynamic
     from orchestrate.dynamic_api import parse_ranges
     from orchestrate.errors import OrchestrateError
-    from orchestrate.planner import PlanOptions
+    from orchestrate.plan.planner import PlanOptions
 
     # one pass at OPT (8 columns), looped at MAX (20000 > 16384): no single
     # row-reduce kernel serves both, and the refusal says so in one line

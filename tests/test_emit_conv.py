@@ -7,7 +7,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from orchestrate import type_rules
+from orchestrate.ir import type_rules
 from orchestrate.kernels import config
 from orchestrate.kernels.spec import CONV, KernelSpec
 from tests import graphs

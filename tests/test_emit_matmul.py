@@ -7,12 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrate import ir, reference, type_rules
+from orchestrate import ir
 from orchestrate.decompose.builder import Builder, Value
 from orchestrate.emit import emit
+from orchestrate.ir import reference, type_rules
 from orchestrate.kernels import config
 from orchestrate.kernels.spec import MATMUL, SPLIT_K_COUNTERS, KernelSpec
-from orchestrate.runtime import Program, load_kernels
+from orchestrate.run.runtime import Program, load_kernels
 from tests import graphs
 from tests.emit_util import (
     assert_matches_reference,

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrate import ir, reference, type_rules
+from orchestrate import ir
+from orchestrate.ir import reference, type_rules
 from tests import graphs
 from tests.emit_util import assert_matches_reference, one_kernel, run_plan
 

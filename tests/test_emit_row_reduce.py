@@ -227,8 +227,9 @@ def test_layout_in_the_prologue(monkeypatch, loop):
 
 def test_embedding_layernorm():
     """gather feeding a layernorm: rows of the table picked by index."""
-    from orchestrate import ir, type_rules
+    from orchestrate import ir
     from orchestrate.decompose.builder import Builder, Value
+    from orchestrate.ir import type_rules
 
     b = Builder()
     b.begin("g", "g")
@@ -391,7 +392,7 @@ _COMPILE = textwrap.dedent(
     """
     import importlib.util, tempfile
     from orchestrate.emit import emit
-    from orchestrate.emit.compile_check import compile_module
+    from orchestrate.check.compile_check import compile_module
     from orchestrate.ir import Op
     from orchestrate.kernels import config
     from tests import graphs

@@ -12,7 +12,7 @@ from orchestrate.emit import window as window_module
 from orchestrate.frontend import prepare
 from orchestrate.ir import Op
 from orchestrate.kernels.spec import WINDOW, Rejection
-from orchestrate.planner import PlanOptions, plan
+from orchestrate.plan.planner import PlanOptions, plan
 from tests import graphs
 from tests.emit_util import assert_matches_reference, one_kernel, plan_from_sets, spec_of
 from tests.util import node_model

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-import cli
 import orchestrate
 from examples import EXAMPLES, export_example
+from orchestrate import cli
 
 # (example, exporter, opset, dynamic shapes bound with --shape)
 CASES = [(name, False, 17, False) for name in EXAMPLES] + [

@@ -18,12 +18,14 @@ import numpy as np
 import pytest
 
 from examples import export_example
-from orchestrate import ir, pipeline, reference, type_rules
+from orchestrate import ir
+from orchestrate.check.verify import random_inputs
 from orchestrate.ilp.partition import partition
+from orchestrate.ir import reference, type_rules
 from orchestrate.kernels.enumerate import Limits, enumerate_kernels
 from orchestrate.kernels.spec import LIBRARY, KernelSpec
-from orchestrate.planner import PlanOptions
-from orchestrate.verify import random_inputs
+from orchestrate.plan import pipeline
+from orchestrate.plan.planner import PlanOptions
 from tests.emit_util import one_kernel, run_plan, target
 
 # masked-out lanes compute on neutral values (inf - inf) in the interpreter

@@ -11,11 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrate import ir, pipeline, regenerate
-from orchestrate.exact import check, kernels_of
-from orchestrate.exact import field as F
-from orchestrate.exact.fragment import analyse
+from orchestrate import ir
+from orchestrate.bundle import regenerate
+from orchestrate.check.exact import check, kernels_of
+from orchestrate.check.exact import field as F
+from orchestrate.check.exact.fragment import analyse
 from orchestrate.ir import Op
+from orchestrate.plan import pipeline
 from tests import graphs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -457,8 +459,7 @@ def test_every_mutant_is_caught(plans):
 def test_cli_verify_exact(tmp_path):
     from click.testing import CliRunner
 
-    import cli
-    from orchestrate import api
+    from orchestrate import api, cli
 
     out = tmp_path / "bert.orch"
     api.optimize(TINY_BERT, out, trials=0)

@@ -22,7 +22,7 @@ from examples import EXAMPLES, ExportError, build_model, export, export_example,
 from examples.build import main as build_main
 from examples.suite import SUITE
 from examples.suite import main as suite_main
-from orchestrate import onnxrt
+from orchestrate.frontend import onnxrt
 from tests.util import check_decomposition
 
 MODELS = Path(__file__).resolve().parents[1] / "examples" / "models"

@@ -18,8 +18,8 @@ import pytest
 from click.testing import CliRunner
 from onnx import helper
 
-import cli
-from orchestrate import onnxrt
+from orchestrate import cli
+from orchestrate.frontend import onnxrt
 from tests.util import elem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -301,7 +301,7 @@ def test_a_signal_during_optimize_leaves_nothing(tmp_path, signum):
     onnx.save(_model(), model)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import cli; cli.main()", "optimize", str(model), "-o",
+        [sys.executable, "-c", "from orchestrate import cli; cli.main()", "optimize", str(model), "-o",
          str(tmp_path / "out"), "--trials", "100"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -325,7 +325,7 @@ def test_a_signal_during_optimize_leaves_nothing(tmp_path, signum):
 
 _STUBBORN = """
 import sys, time
-import cli
+from orchestrate import cli
 from orchestrate import api
 
 MARK = sys.argv[1]
@@ -553,7 +553,7 @@ def test_a_dangling_link_as_output_is_refused(tmp_path):
 _CHILD = """
 import json, sys
 from click.testing import CliRunner
-import cli
+from orchestrate import cli
 for args in json.loads(sys.argv[1]):
     r = CliRunner().invoke(cli.main, args)
     print(json.dumps([r.exit_code, r.output]))

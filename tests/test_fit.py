@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate import pipeline
+from orchestrate.ir.precision import lower_precision
 from orchestrate.kernels.fit import working_set
 from orchestrate.kernels.spec import (
     ATTENTION,
@@ -23,8 +23,8 @@ from orchestrate.kernels.spec import (
     SCRATCH_DTYPES,
     VIEW,
 )
-from orchestrate.planner import PlanOptions, plan
-from orchestrate.precision import lower_precision
+from orchestrate.plan import pipeline
+from orchestrate.plan.planner import PlanOptions, plan
 from tests import graphs
 from tests.compile_util import compile_sm90
 from tests.emit_util import spec_of
@@ -130,7 +130,7 @@ def test_a_head_dim_that_fits_no_tile_gets_no_attention_kernel(tmp_path):
     `explain --rejected` says why; an H100's 227 KB hold them."""
     from click.testing import CliRunner
 
-    import cli
+    from orchestrate import cli
 
     fn = attention_fn(scale=0.03)
     g = graphs.build(fn, [(1, 1, 64, 1024)] * 3, dtype="float16")

@@ -7,9 +7,11 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from orchestrate import frontend, onnxrt, reference
+from orchestrate import frontend
 from orchestrate.decompose import fission
 from orchestrate.errors import InputError
+from orchestrate.frontend import onnxrt
+from orchestrate.ir import reference
 from tests.util import elem, op_counts
 
 

@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 from onnx import helper, numpy_helper
 
 import orchestrate
-from orchestrate import onnxrt
+from orchestrate.frontend import onnxrt
 from tests import fuzz_util as fu
 from tests.fuzz_util import check_outcome, examples, invoke
 
@@ -1100,7 +1100,7 @@ _BATCH = """
 import json, sys
 sys.path.insert(0, sys.argv[2])
 from click.testing import CliRunner
-import cli
+from orchestrate import cli
 for args in json.loads(sys.argv[1]):
     r = CliRunner().invoke(cli.main, args)
     exc = r.exception if not isinstance(r.exception, SystemExit) else None

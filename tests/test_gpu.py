@@ -19,9 +19,13 @@ import torch
 
 from examples import EXAMPLES
 from examples.build import build_all
-from orchestrate import api, devices, onnxrt, reference, verify
+from orchestrate import api
+from orchestrate.check import verify
+from orchestrate.cost import devices
 from orchestrate.emit import emit
-from orchestrate.runtime import Program, load_kernels
+from orchestrate.frontend import onnxrt
+from orchestrate.ir import reference
+from orchestrate.run.runtime import Program, load_kernels
 from tests import graphs
 from tests.emit_util import plan_from_sets
 
@@ -161,7 +165,7 @@ def _run_compiled(graph, plan, inputs):
     ],
 )
 def test_planned_kernels_compile_and_match_reference(fn, shapes, dtype, tol):
-    from orchestrate.planner import PlanOptions, plan
+    from orchestrate.plan.planner import PlanOptions, plan
 
     g = graphs.build(fn, shapes, dtype=dtype)
     p = plan(g, PlanOptions(reproducible=True))

@@ -28,9 +28,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from examples import export_example
-from orchestrate import pipeline, precision, reference, regenerate, verify
-from orchestrate.devices import get_device
+from orchestrate.bundle import regenerate
+from orchestrate.check import verify
+from orchestrate.cost.devices import get_device
 from orchestrate.emit import emit
+from orchestrate.ir import precision, reference
 from orchestrate.kernels import config
 from orchestrate.kernels.spec import (
     LIBRARY,
@@ -40,8 +42,9 @@ from orchestrate.kernels.spec import (
     LaunchConfig,
     split_k,
 )
-from orchestrate.planner import PlanOptions
-from orchestrate.runtime import Program, load_kernels
+from orchestrate.plan import pipeline
+from orchestrate.plan.planner import PlanOptions
+from orchestrate.run.runtime import Program, load_kernels
 from tests.compile_util import compile_sm90
 
 DEVICE = "h200"

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from onnx import helper, numpy_helper
 
 import orchestrate
-from orchestrate import onnxrt
+from orchestrate.frontend import onnxrt
 from tests.util import elem
 
 TERMINATORS = [

@@ -10,16 +10,15 @@ import re
 import numpy as np
 import pytest
 
-from orchestrate import planner
+from orchestrate.cost.devices import get_device
 from orchestrate.cost.roofline import cost, us_for_bytes
-from orchestrate.devices import get_device
 from orchestrate.errors import InputError
 from orchestrate.ilp import program
 from orchestrate.ilp.checker import schedule
 from orchestrate.kernels.enumerate import enumerate_kernels
 from orchestrate.kernels.spec import Elementwise, KernelSpec, LaunchConfig, Target
-from orchestrate.plan import Plan
-from orchestrate.planner import PlanOptions
+from orchestrate.plan import Plan, planner
+from orchestrate.plan.planner import PlanOptions
 from tests import graphs
 
 DEVICE = get_device("h100")

@@ -1,4 +1,4 @@
-"""Gather indices are checked as onnxruntime checks them (orchestrate.bounds).
+"""Gather indices are checked as onnxruntime checks them (orchestrate.ir.bounds).
 
 An index outside [-n, n) is an InputError naming the input (checked on the
 host before launch) or the node (an index computed in the model, flagged on
@@ -19,11 +19,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import orchestrate
-from orchestrate import ir, onnxrt
-from orchestrate.bounds import INDEX_ERROR, index_bounds
+from orchestrate import ir
 from orchestrate.errors import InputError
-from orchestrate.pipeline import fission_model
-from orchestrate.runtime import Program, load_kernels
+from orchestrate.frontend import onnxrt
+from orchestrate.ir.bounds import INDEX_ERROR, index_bounds
+from orchestrate.plan.pipeline import fission_model
+from orchestrate.run.runtime import Program, load_kernels
 from tests.emit_util import one_kernel
 from tests.test_cli import assert_user_error, invoke
 from tests.util import has_nvidia_backend
@@ -322,7 +323,7 @@ def test_kernels_that_check_on_the_device_compile_for_hopper(tmp_path):
         bundles.append(str(out.path))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run(
-        [sys.executable, "-m", "orchestrate.emit.compile_check", *bundles],
+        [sys.executable, "-m", "orchestrate.check.compile_check", *bundles],
         cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
         timeout=900,
     )  # fmt: skip

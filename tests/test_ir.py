@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestrate import reference, type_rules
 from orchestrate.errors import GraphError, UnsupportedError
-from orchestrate.ir import Attrs, Graph, Input, Node, Op, TensorType
+from orchestrate.ir import Attrs, Graph, Input, Node, Op, TensorType, reference, type_rules
 
 F32 = "float32"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestrate import reference
+from orchestrate.ir import reference
 from orchestrate.kernels.spec import KernelSpec, Rejection
 from tests import graphs
 from tests.emit_util import plan_from_sets, run_plan, spec_of
@@ -57,7 +57,7 @@ def test_row_results_moved_across_rows_are_refused_and_the_graph_still_runs(case
     r = spec_of(g, names)
     assert isinstance(r, Rejection) and "across rows" in r.reason, r
     # the planner's kernels for the same graph run it correctly
-    from orchestrate.planner import PlanOptions, plan
+    from orchestrate.plan.planner import PlanOptions, plan
 
     _check(g, plan(g, PlanOptions(reproducible=True)))
 

@@ -17,12 +17,12 @@ import pytest
 from examples import EXAMPLES, gemm_backends
 from orchestrate import api, ir
 from orchestrate.cost import library as library_cost
+from orchestrate.cost.devices import get_device
 from orchestrate.cost.roofline import Prices, cost
-from orchestrate.devices import get_device
-from orchestrate.export import to_onnx
 from orchestrate.ilp.baselines import greedy
 from orchestrate.ilp.partition import partition
 from orchestrate.ilp.problem import problem
+from orchestrate.ir.export import to_onnx
 from orchestrate.kernels import library
 from orchestrate.kernels.enumerate import enumerate_kernels
 from orchestrate.kernels.rules import match, match_all
@@ -40,8 +40,8 @@ from orchestrate.kernels.spec import (
     Rejection,
     Target,
 )
-from orchestrate.planner import PlanOptionError, PlanOptions, plan
-from orchestrate.runtime import interpreter_refusal
+from orchestrate.plan.planner import PlanOptionError, PlanOptions, plan
+from orchestrate.run.runtime import interpreter_refusal
 from tests import graphs
 from tests.emit_util import assert_matches_reference, plan_from_sets
 from tests.test_attention import attention_fn
@@ -479,7 +479,7 @@ def test_compile_check_skips_library_launchers_and_compiles_the_rest(tmp_path):
     onnx.save(to_onnx(g), model)
     out = api.optimize(model, tmp_path / "b", gemm_backends=("library",), trials=0).path
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-m", "orchestrate.emit.compile_check", str(out)],
+    run = subprocess.run([sys.executable, "-m", "orchestrate.check.compile_check", str(out)],
                          cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True,
                          text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]

@@ -22,7 +22,7 @@ import pytest
 from onnx import numpy_helper
 
 import orchestrate
-from orchestrate.verify import random_inputs
+from orchestrate.check.verify import random_inputs
 from tests.util import check_decomposition
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
@@ -66,7 +66,7 @@ def randomized(name: str, seed: int = 0) -> onnx.ModelProto:
 
 
 def _feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    from orchestrate import pipeline
+    from orchestrate.plan import pipeline
 
     graph = pipeline.fission_model(model, None, "light")
     return random_inputs(graph, seed=1)

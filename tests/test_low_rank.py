@@ -22,16 +22,16 @@ import pytest
 from click.testing import CliRunner
 from onnx import helper, numpy_helper
 
-import cli
 import orchestrate
-from orchestrate import pipeline
+from orchestrate import cli
 from orchestrate.cost import roofline
 from orchestrate.kernels import config, low_rank, rules
 from orchestrate.kernels.fit import working_set
 from orchestrate.kernels.region import region
 from orchestrate.kernels.rule import ranked
 from orchestrate.kernels.spec import LOW_RANK, KernelSpec, structural_hash, with_hash
-from orchestrate.planner import PlanOptions, plan
+from orchestrate.plan import pipeline
+from orchestrate.plan.planner import PlanOptions, plan
 from tests import graphs
 from tests.compile_util import compile_sm90
 from tests.test_every_candidate import candidate_failures, candidates

@@ -22,15 +22,15 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
-import cli
 import orchestrate
-from orchestrate import pipeline
+from orchestrate import cli
+from orchestrate.cost.devices import get_device
 from orchestrate.cost.roofline import cost
-from orchestrate.devices import get_device
 from orchestrate.kernels import config, norm_matmul, rules
 from orchestrate.kernels.fit import working_set
 from orchestrate.kernels.spec import NORM_MATMUL, ROW_REDUCE, KernelSpec
-from orchestrate.planner import PlanOptions, plan
+from orchestrate.plan import pipeline
+from orchestrate.plan.planner import PlanOptions, plan
 from orchestrate.tune import FakeTimer, Tune
 from tests import graphs
 from tests.compile_util import compile_sm90

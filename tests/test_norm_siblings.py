@@ -20,14 +20,14 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper
 
-import cli
 import orchestrate
-from orchestrate import pipeline
-from orchestrate.exact.bundle import verify_exact
+from orchestrate import cli
+from orchestrate.check.exact.bundle import verify_exact
 from orchestrate.kernels import config, norm_siblings, rules
 from orchestrate.kernels.fit import working_set
 from orchestrate.kernels.spec import NORM_MERGED_MATMUL, ROW_REDUCE, KernelSpec
-from orchestrate.planner import PlanOptions, plan
+from orchestrate.plan import pipeline
+from orchestrate.plan.planner import PlanOptions, plan
 from tests.compile_util import compile_sm90
 from tests.test_fit import SPILL_TOLERANCE
 from tests.test_norm_matmul import _info, _model

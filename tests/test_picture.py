@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import cli
-from orchestrate import picture
-from orchestrate.explain import _bytes
+from orchestrate import cli
+from orchestrate.explain import _bytes, picture
 from orchestrate.ir import TensorType
 from orchestrate.plan import Plan
 

@@ -1,4 +1,4 @@
-"""--dtype fp16: an fp32 model run in half precision (orchestrate/precision.py).
+"""--dtype fp16: an fp32 model run in half precision (orchestrate/ir/precision.py).
 
 The lowered primitive graph holds fp16 tensors where autocast would (matmul
 and conv operands, their outputs, elementwise chains after them) and fp32
@@ -17,10 +17,11 @@ from onnx import helper, numpy_helper
 
 import orchestrate
 from examples import export_example
-from orchestrate import bundle, pipeline, precision, reference, type_rules
+from orchestrate import bundle
+from orchestrate.check.verify import random_inputs
 from orchestrate.errors import InputError
-from orchestrate.ir import Op
-from orchestrate.verify import random_inputs
+from orchestrate.ir import Op, precision, reference, type_rules
+from orchestrate.plan import pipeline
 from tests.test_cli import assert_user_error, invoke
 from tests.util import elem
 

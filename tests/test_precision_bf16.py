@@ -1,4 +1,4 @@
-"""--dtype bf16: an fp32 model run in bfloat16 (orchestrate/precision.py).
+"""--dtype bf16: an fp32 model run in bfloat16 (orchestrate/ir/precision.py).
 
 bf16 follows fp16's autocast rules exactly (matmul and conv operands and
 weights in bf16, fp32 accumulation, sums, softmax and normalisation in fp32).
@@ -21,13 +21,15 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import orchestrate
-from orchestrate import bundle, onnxrt, pipeline, precision, reference, type_rules
+from orchestrate import bundle
+from orchestrate.check.verify import compare, random_inputs
 from orchestrate.errors import InputError, OrchestrateError
 from orchestrate.explain import precision_text
-from orchestrate.ir import BFLOAT16, Op
-from orchestrate.planner import PlanOptions
-from orchestrate.runtime import gpu_available, interpreter_refusal
-from orchestrate.verify import compare, random_inputs
+from orchestrate.frontend import onnxrt
+from orchestrate.ir import BFLOAT16, Op, precision, reference, type_rules
+from orchestrate.plan import pipeline
+from orchestrate.plan.planner import PlanOptions
+from orchestrate.run.runtime import gpu_available, interpreter_refusal
 from tests.emit_util import run_plan
 from tests.test_cli import assert_user_error, invoke
 from tests.test_precision import _block, _half_model, _save

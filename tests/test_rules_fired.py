@@ -7,11 +7,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-import cli
-from orchestrate import pipeline
+from orchestrate import cli
 from orchestrate.kernels import enumerate as enumeration
-from orchestrate.plan import Plan
-from orchestrate.planner import PlanOptions, plan
+from orchestrate.plan import Plan, pipeline
+from orchestrate.plan.planner import PlanOptions, plan
 
 DEMO = "examples/models/tiny_bert.onnx"
 OPTIONS = PlanOptions(device="h200", reproducible=True)

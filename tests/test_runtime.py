@@ -23,7 +23,7 @@ def test_chain_of_kernels_with_a_view_output_is_correct():
     plan = plan_from_sets(g, sets)
     assert [k.template for k in plan.plan.kernels] == ["pointwise"] * 5 + ["view"]
     out, _ = run_plan(g, plan, graphs.random_inputs(g))
-    from orchestrate import reference
+    from orchestrate.ir import reference
 
     want = reference.run(g, graphs.random_inputs(g))
     np.testing.assert_allclose(out[g.outputs[0]], want[g.outputs[0]], rtol=1e-6)
@@ -34,7 +34,7 @@ def test_liveness_schedule():
     kernel: two buffers serve them all, and the last (whose view is the
     output) is never handed back to the pool."""
     from orchestrate.emit import emit
-    from orchestrate.runtime import Program, load_kernels
+    from orchestrate.run.runtime import Program, load_kernels
 
     g = graphs.build(_chain, [(6, 10)])
     names = [n.name for n in g.nodes]
@@ -60,7 +60,7 @@ def test_triton_imported_too_early_is_a_clear_error(tmp_path):
     code = (
         "import triton.language\n"
         "from orchestrate.errors import OrchestrateError\n"
-        "from orchestrate.runtime import load_kernels\n"
+        "from orchestrate.run.runtime import load_kernels\n"
         "try:\n"
         "    load_kernels('KERNELS = {}', True)\n"
         "except OrchestrateError as e:\n"

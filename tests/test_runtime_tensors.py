@@ -12,8 +12,8 @@ import torch
 
 from orchestrate.emit import emit
 from orchestrate.errors import InputError
-from orchestrate.pipeline import fission_model
-from orchestrate.runtime import Program, load_kernels
+from orchestrate.plan.pipeline import fission_model
+from orchestrate.run.runtime import Program, load_kernels
 from tests import graphs
 from tests.emit_util import one_kernel, plan_from_sets
 from tests.test_index_bounds import N, embedding, shifted_embedding

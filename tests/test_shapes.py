@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-import cli
+from orchestrate import cli
 from orchestrate.errors import InputError
 from orchestrate.frontend import prepare, static_shapes
 from orchestrate.shapes import Affine, DimRange, NotAffine, parse_dim, parse_range_shape
@@ -342,7 +342,8 @@ def test_the_lifted_family_of_random_graphs_gives_the_frontends_primitive_graphs
     """What a dynamic plan is made of: the family lifted from the grid gives,
     at any binding of the range, the primitive graph fission makes there
     (every shape and attribute), or the lift refuses the range by node."""
-    from orchestrate import dynamic, pipeline
+    from orchestrate import dynamic
+    from orchestrate.plan import pipeline
     from orchestrate.shapes.family import lift_family
     from orchestrate.shapes.poly import Grid
     from orchestrate.shapes.probes import grid_values

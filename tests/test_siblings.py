@@ -14,15 +14,15 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
-import cli
-from orchestrate import api, pipeline
+from orchestrate import api, cli
+from orchestrate.check.exact.bundle import verify_exact
 from orchestrate.cost import roofline
-from orchestrate.devices import get_device
-from orchestrate.exact.bundle import verify_exact
+from orchestrate.cost.devices import get_device
 from orchestrate.kernels import config
 from orchestrate.kernels.rules import match
 from orchestrate.kernels.spec import MATMUL, MERGED_MATMUL, Rejection, Siblings, Target
-from orchestrate.planner import PlanOptions, plan
+from orchestrate.plan import pipeline
+from orchestrate.plan.planner import PlanOptions, plan
 from tests import graphs
 from tests.emit_util import assert_matches_reference
 

@@ -18,15 +18,15 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import cli
-from orchestrate import api, precision
+from orchestrate import api, cli
+from orchestrate.cost.devices import get_device
 from orchestrate.cost.measured import Measured, calibrate
 from orchestrate.cost.roofline import Prices, cost
-from orchestrate.devices import get_device
 from orchestrate.explain import summary_lines
+from orchestrate.ir import precision
 from orchestrate.kernels.spec import MATMUL, VIEW
 from orchestrate.plan import Plan
-from orchestrate.planner import PlanOptions, plan
+from orchestrate.plan.planner import PlanOptions, plan
 from orchestrate.tune import FakeTimer, TimerInfo, Tune, tuner
 from orchestrate.tune.cache import Cache, Key, Row
 from orchestrate.tune.gpu import GpuTimer, compile_ahead, kernel_module_source, tensor_dtypes
@@ -338,7 +338,7 @@ def test_records_export_refuses_in_one_line(tmp_path):
 @pytest.mark.parametrize("command", ["optimize", "plan"])
 def test_tune_without_a_gpu_exits_2_in_one_line_writing_nothing(tmp_path, command):
     out = tmp_path / ("out.orch" if command == "optimize" else "plan.json")
-    r = subprocess.run([sys.executable, "cli.py", command, "examples/models/tiny_bert.onnx", "-o",
+    r = subprocess.run([sys.executable, "-m", "orchestrate.cli", command, "examples/models/tiny_bert.onnx", "-o",
                         str(out), "--tune"], capture_output=True, text=True)  # fmt: skip
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and "--tune: no CUDA GPU" in r.stderr, r.stderr

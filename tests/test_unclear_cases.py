@@ -12,8 +12,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from orchestrate import ir, onnxrt
-from orchestrate.summary import format_inspection
+from orchestrate import ir
+from orchestrate.explain.summary import format_inspection
+from orchestrate.frontend import onnxrt
 from tests.test_cli import assert_user_error, invoke
 
 
@@ -176,8 +177,8 @@ def test_an_integer_div_model_optimizes_and_verifies(tmp_path):
 
 
 def test_divisor_inputs_are_never_zero():
-    from orchestrate.pipeline import fission_model
-    from orchestrate.verify import divisors, random_inputs
+    from orchestrate.check.verify import divisors, random_inputs
+    from orchestrate.plan.pipeline import fission_model
 
     a = helper.make_tensor_value_info("a", TensorProto.INT64, [64])
     b = helper.make_tensor_value_info("b", TensorProto.INT32, [64])

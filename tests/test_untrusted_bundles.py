@@ -18,8 +18,8 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-import cli
 import orchestrate
+from orchestrate import cli
 from orchestrate.errors import InputError
 from tests.test_bundle import _model
 

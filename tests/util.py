@@ -8,10 +8,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from orchestrate import onnxrt, reference
 from orchestrate.decompose import fission
-from orchestrate.export import PRIMITIVE_ONNX_OPS, to_onnx
-from orchestrate.frontend import prepare
+from orchestrate.frontend import onnxrt, prepare
+from orchestrate.ir import reference
+from orchestrate.ir.export import PRIMITIVE_ONNX_OPS, to_onnx
 
 
 def has_nvidia_backend() -> bool:

@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from orchestrate.cost.devices import Device
 from orchestrate.cost.figures import ACHIEVABLE_BANDWIDTH, SFU_FLOPS
 from orchestrate.cost.roofline import FREE_OPS, SFU_OPS
-from orchestrate.devices import Device
 from orchestrate.ir import Graph, Op
 from orchestrate.kernels.region import ROW_REDUCTIONS
 

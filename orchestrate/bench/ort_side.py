@@ -27,7 +27,7 @@ import onnx
 
 from orchestrate.bench.runtimes import ORT_CPU, ORT_CUDA, Feeds, Ready, Unavailable
 from orchestrate.bench.torch_side import _first_line
-from orchestrate.onnxrt import MAX_IR_VERSION
+from orchestrate.frontend.onnxrt import MAX_IR_VERSION
 
 ORT_MEMORY = "onnxruntime allocates from its own CUDA arena, which torch.cuda cannot see"
 # orchestrate example / suite names -> onnxruntime.transformers model_type

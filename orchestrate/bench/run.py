@@ -1,6 +1,6 @@
 """Benchmark one model: the bundle and each baseline, one after another, in one process.
 
-Every runtime gets the same input sets (``orchestrate.verify.random_inputs``
+Every runtime gets the same input sets (``orchestrate.check.verify.random_inputs``
 with seeds 0..sets-1), the same warm-up and number of timed calls, the same
 clock (``clock.py``), and its GPU memory measured around its preparation and
 its calls.  A runtime is released before the next is made ready, so the
@@ -26,8 +26,8 @@ from orchestrate.bench.runtimes import (
 )
 from orchestrate.bench.stats import Stats
 from orchestrate.bench.torch_side import MODES, _first_line, from_onnx, torch_runtimes
-from orchestrate.devices import get_device
-from orchestrate.verify import random_inputs
+from orchestrate.check.verify import random_inputs
+from orchestrate.cost.devices import get_device
 
 NO_GPU_MEMORY = "no GPU: nothing to measure"
 

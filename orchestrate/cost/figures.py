@@ -1,6 +1,6 @@
 """The figures the cost model uses beyond the device table, each with its source.
 
-``orchestrate/devices.py`` holds datasheet peaks.  A GPU reaches none of
+``orchestrate/cost/devices.py`` holds datasheet peaks.  A GPU reaches none of
 them exactly; these are the factors and latencies that turn a datasheet into
 a prediction.  Where a figure is an estimate rather than a measurement it
 says so: no GPU has timed this project's kernels yet, and the measured-cost

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 
+from orchestrate.cost.devices import Device
 from orchestrate.cost.figures import (
     ACHIEVABLE_BANDWIDTH,
     LAUNCH_US,
@@ -49,7 +50,6 @@ from orchestrate.cost.figures import (
     LIBRARY_TILE,
     SFU_FLOPS,
 )
-from orchestrate.devices import Device
 from orchestrate.ir import Graph
 from orchestrate.kernels.spec import (
     LIBRARY_ATTENTION,

@@ -129,6 +129,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from orchestrate.cost.devices import Device
 from orchestrate.cost.figures import (
     ACHIEVABLE_BANDWIDTH,
     BYTES_IN_FLIGHT_PER_SM,
@@ -141,7 +142,6 @@ from orchestrate.cost.figures import (
 )
 from orchestrate.cost.library import library_flops, library_terms
 from orchestrate.cost.measured import Measured
-from orchestrate.devices import Device
 from orchestrate.ir import Graph, Node, Op
 from orchestrate.kernels.fit import working_set
 from orchestrate.kernels.region import ROW_REDUCTIONS

@@ -23,8 +23,7 @@ from collections.abc import Callable, Mapping
 import onnx
 from onnx import helper, numpy_helper
 
-from orchestrate import ir, type_rules
-from orchestrate.bounds import INDEX_ERROR, check_constants
+from orchestrate import ir
 from orchestrate.decompose import (
     conv,
     elementwise,
@@ -37,6 +36,8 @@ from orchestrate.decompose import (
 )
 from orchestrate.decompose.builder import Builder, Value, onnx_dtype_name
 from orchestrate.errors import GraphError, InputError, UnsupportedError
+from orchestrate.ir import type_rules
+from orchestrate.ir.bounds import INDEX_ERROR, check_constants
 from orchestrate.kernels.spec import SCRATCH_DTYPES
 
 Decomposition = Callable[..., Value | tuple[Value | None, ...]]
@@ -265,8 +266,8 @@ def decompose(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | No
     :class:`UnsupportedError` naming any op type, attribute or dtype without a
     decomposition.
     """
-    from orchestrate.export import to_onnx
     from orchestrate.frontend import check, prepare
+    from orchestrate.ir.export import to_onnx
 
     if not isinstance(model, onnx.ModelProto):
         raise InputError(

@@ -2,7 +2,7 @@
 
 A decomposition receives :class:`Value` handles (name, static type and, for
 constants, the array) and calls builder methods such as ``b.sub(x, m)``.  The
-builder infers every result type with :func:`orchestrate.type_rules.infer`, names the
+builder infers every result type with :func:`orchestrate.ir.type_rules.infer`, names the
 result after the ONNX node it comes from, and folds a primitive whose inputs
 are all constants into a new constant (weights preprocessing such as
 BatchNormalization's ``scale / sqrt(var + eps)`` happens here, once).
@@ -17,11 +17,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 from onnx import helper
 
-from orchestrate import ir, type_rules
-from orchestrate.bounds import out_of_range
+from orchestrate import ir
 from orchestrate.errors import GraphError, InputError, UnsupportedError
-from orchestrate.ir import Attrs, Node, Op, TensorType
-from orchestrate.reference import evaluate
+from orchestrate.ir import Attrs, Node, Op, TensorType, type_rules
+from orchestrate.ir.bounds import out_of_range
+from orchestrate.ir.reference import evaluate
 
 # A constant-only primitive is folded unless its result is both larger than
 # this many elements and larger than its inputs together (Expand of a scalar
@@ -336,7 +336,7 @@ class Builder:
 
     def gather(self, x: Value, indices: Value, axis: int) -> Value:
         """``take(x, indices, axis)``.  A constant index outside ``[-n, n)``
-        is refused here, naming the node (``orchestrate.bounds``)."""
+        is refused here, naming the node (``orchestrate.ir.bounds``)."""
         axis = normalize_axis(axis, x.rank)
         if indices.is_const and x.rank:
             n = x.shape[axis]

@@ -6,7 +6,7 @@ an EQ against a constant iota and a WHERE.  Index arithmetic and the gather
 fuse into whatever reads the result.  The ONNX index itself is always the
 index of a GATHER (GatherElements and GatherND take each coordinate from a
 constant ``arange(n)``), so it is checked against ``[-n, n)`` as onnxruntime
-checks it; see ``orchestrate.bounds``.
+checks it; see ``orchestrate.ir.bounds``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _coordinate(b: Builder, idx: Value, n: int) -> Value:
     """``idx`` as an int64 coordinate in ``[0, n)``: gathered from a constant
     ``arange(n)``, which wraps negative indices as ONNX says and makes ``idx``
     the index of a GATHER, checked against ``[-n, n)`` like any
-    (``orchestrate.bounds``)."""
+    (``orchestrate.ir.bounds``)."""
     return b.gather(b.constant(np.arange(n, dtype=np.int64)), idx, 0)
 
 

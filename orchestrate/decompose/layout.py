@@ -15,9 +15,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from orchestrate import ir, type_rules
+from orchestrate import ir
 from orchestrate.decompose.builder import Builder, Value, onnx_dtype
 from orchestrate.errors import UnsupportedError
+from orchestrate.ir import type_rules
 
 # -- helpers -------------------------------------------------------------------
 

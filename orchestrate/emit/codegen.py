@@ -31,7 +31,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from orchestrate import ir
-from orchestrate.bounds import INDEX_ERROR
 from orchestrate.emit import helpers
 from orchestrate.emit.body import Body, is_number
 from orchestrate.emit.expr import (
@@ -50,6 +49,7 @@ from orchestrate.emit.expr import (
 )
 from orchestrate.emit.helpers import Helper
 from orchestrate.ir import Graph, Node, Op
+from orchestrate.ir.bounds import INDEX_ERROR
 
 TL_DTYPE = {
     "float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",

@@ -24,12 +24,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from orchestrate.bounds import INDEX_ERROR
 from orchestrate.emit.body import Body
 from orchestrate.emit.codegen import TL_DTYPE, Pointers
 from orchestrate.emit.helpers import HELPERS, Helper
 from orchestrate.emit.text import comment, docstring, string
 from orchestrate.ir import HALF, Graph
+from orchestrate.ir.bounds import INDEX_ERROR
 from orchestrate.kernels.spec import (
     SPLIT_K_COUNTERS,
     SPLIT_K_PARTIALS,

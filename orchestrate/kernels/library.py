@@ -38,8 +38,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from orchestrate import ir
-from orchestrate.bounds import device_checked
 from orchestrate.ir import Graph, Node, Op
+from orchestrate.ir.bounds import device_checked
 from orchestrate.kernels import attention
 from orchestrate.kernels.region import Region, descendants_within, region
 from orchestrate.kernels.rule import Rule

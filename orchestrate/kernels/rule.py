@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from orchestrate.bounds import device_checked
 from orchestrate.ir import Graph
+from orchestrate.ir.bounds import device_checked
 from orchestrate.kernels.fit import fits
 from orchestrate.kernels.region import Region
 from orchestrate.kernels.spec import (

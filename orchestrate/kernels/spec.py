@@ -83,7 +83,7 @@ class Target:
     rules (attention, merged siblings, ...) propose their sets at all
     (``--no-rewrites`` turns them off)."""
 
-    device: Any  # orchestrate.devices.Device
+    device: Any  # orchestrate.cost.devices.Device
     tf32: bool = False
     rank: Callable[[Graph, KernelSpec], float] | None = None
     gemm_backends: tuple[str, ...] = GEMM_BACKENDS
@@ -397,7 +397,7 @@ class KernelSpec(_NoTruth):
     config: LaunchConfig
     # gathers whose index is computed in the graph, so the kernel checks it on
     # the device: it stores k + 1 into its index error flag where the k-th of
-    # them is out of range (orchestrate.bounds)
+    # them is out of range (orchestrate.ir.bounds)
     checks: tuple[str, ...] = ()
     hash: str = ""
 

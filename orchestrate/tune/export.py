@@ -7,8 +7,8 @@ import json
 import os
 from pathlib import Path
 
-from orchestrate import pipeline
 from orchestrate.errors import InputError
+from orchestrate.plan import pipeline
 from orchestrate.tune.cache import Cache, default_path
 from orchestrate.tune.records import line
 

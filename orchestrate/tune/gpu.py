@@ -5,7 +5,7 @@ that one kernel (its ``@triton.jit`` function, its launcher and a
 ``KERNELS`` table of one entry, writing the spec's sinks), loads it, and
 gives the launcher tensors of the right shapes and dtypes on the device:
 the graph's own weights, random values for the rest (every gather clamps
-its indices, ``orchestrate/bounds.py``, so random indices read nothing out
+its indices, ``orchestrate/ir/bounds.py``, so random indices read nothing out
 of range), empty outputs, and the index error flag and split-K scratch the
 runner would bind.  One call outside the timing compiles and warms it; then
 ``triton.testing.do_bench`` times it (its median; L2 flushed before each
@@ -31,11 +31,11 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-from orchestrate.bounds import INDEX_ERROR
 from orchestrate.emit import GENERATORS, kernel_source
 from orchestrate.emit.source import Launch, module, pointers
 from orchestrate.errors import OrchestrateError
 from orchestrate.ir import FLOATS, Graph
+from orchestrate.ir.bounds import INDEX_ERROR
 from orchestrate.kernels.spec import (
     SCRATCH_DTYPES,
     SPLIT_K_COUNTERS,
@@ -106,8 +106,8 @@ def _compile(source: str, dtypes: dict[str, str], arch: int,
     named) for ``arch``; the error, if any."""
     os.environ.pop("TRITON_INTERPRET", None)
     try:
-        from orchestrate.emit.compile_check import compile_module
-        from orchestrate.runtime import load_kernels
+        from orchestrate.check.compile_check import compile_module
+        from orchestrate.run.runtime import load_kernels
 
         compile_module(load_kernels(source, interpret=False), dtypes, arch, usage=False, only=only)
     except Exception as e:  # noqa: BLE001 - reported by the parent
@@ -192,7 +192,7 @@ class GpuTimer:
 
     def time(self, graph: Graph, spec: KernelSpec) -> float:
         """Microseconds of one launch of ``spec`` (do_bench's median)."""
-        from orchestrate.runtime import load_kernels
+        from orchestrate.run.runtime import load_kernels
 
         kernels = load_kernels(self._source(graph, spec), interpret=self.interpret)
         launcher, names = kernels.KERNELS[TIMED]
@@ -222,7 +222,7 @@ class GpuTimer:
                 return torch.empty(partials, dtype=torch.float32, device=dev)
             return torch.zeros(counters, dtype=torch.int32, device=dev)
         if name in graph.constants:
-            from orchestrate.runtime import to_torch
+            from orchestrate.run.runtime import to_torch
 
             return to_torch(graph.constants[name]).to(dev)
         ty = graph.types[name]

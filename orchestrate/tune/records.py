@@ -24,7 +24,7 @@ training data of a learned cost model.  Every line carries:
                   what the cost model counts: device-memory bytes moved,
                   all flops, the tensor-core (or FMA) dot flops, grid size
 ``model``         the model's terms, µs: memory, compute, latency, launch
-``device``        the figures of the ``orchestrate/devices.py`` row the
+``device``        the figures of the ``orchestrate/cost/devices.py`` row the
                   prediction used (name, bandwidth, peaks, SMs, shared
                   memory, arch, ...) and ``gpu``, the name of the GPU measured
 ``predicted_us``  the cost model's time for this spec and configuration
@@ -40,8 +40,8 @@ import dataclasses
 import math
 from typing import Any
 
+from orchestrate.cost.devices import Device
 from orchestrate.cost.roofline import cost, split_flops
-from orchestrate.devices import Device
 from orchestrate.ir import Graph
 from orchestrate.kernels.spec import KernelSpec, inlined
 from orchestrate.tune.cache import Row

@@ -13,7 +13,7 @@ sets are; and prints one line per stage.  Stages:
 2. ``orchestrate.optimize`` with ``trials=0`` (verification comes later,
    on the GPU, next to the timings), into ``WORK/NAME.orch``;
 3. the bundle loaded again (the kernels generated from its plan) and
-   counted; the input sets (``orchestrate.verify.random_inputs``, seeds
+   counted; the input sets (``orchestrate.check.verify.random_inputs``, seeds
    0..sets-1) saved to ``WORK/NAME.inputs.npz``;
 4. onnxruntime's CPU session made and run once, and the torch module built,
    timed: what the verification and every torch baseline will pay;
@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     specs = bundle.planned.specs
     functions = len({s.hash for s in specs if s.template not in (VIEW, *LIBRARY)})
     from orchestrate.bench.floor import roofline_floor
-    from orchestrate.devices import get_device
-    from orchestrate.verify import random_inputs
+    from orchestrate.check.verify import random_inputs
+    from orchestrate.cost.devices import get_device
 
     graph = bundle.graph
     floor = roofline_floor(graph, get_device(bundle.plan.device), tf32=bundle.plan.options.tf32)
@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.counts_only:
         np.savez(inputs, **{f"{s}/{k}": v for s, f in enumerate(feeds) for k, v in f.items()})
     # 4. what the verification and the torch baselines will pay
-    from orchestrate import onnxrt, pipeline
+    from orchestrate.frontend import onnxrt
+    from orchestrate.plan import pipeline
 
     model = pipeline.load(src)
     started = time.perf_counter()
@@ -145,9 +146,10 @@ def compile_bundle_ahead(folder: Path, arch: int, workers: int) -> tuple[float, 
     """Every distinct Triton function of the bundle at ``folder`` compiled
     for ``arch``, one job per function in a pool of ``workers``: (wall
     seconds, how many failed)."""
-    from orchestrate import bundle, regenerate
-    from orchestrate.emit.compile_check import library_launchers, tensor_dtypes
-    from orchestrate.runtime import load_kernels
+    from orchestrate import bundle
+    from orchestrate.bundle import regenerate
+    from orchestrate.check.compile_check import library_launchers, tensor_dtypes
+    from orchestrate.run.runtime import load_kernels
     from orchestrate.tune.gpu import compile_ahead
 
     contents = bundle.read(folder)

@@ -372,8 +372,8 @@ def _main(run: Run, args, models, work: Path) -> int:
                 f"({proof['wheels_mb']} MiB) into a folder holding only {proof['installed']}")  # fmt: skip
     else:
         run.log(install.ensure(args.wheels, ROOT / "out/site"))
-    from orchestrate import devices
     from orchestrate.bench import clock
+    from orchestrate.cost import devices
 
     arch, device = 90, "h200"
     if not dry:

@@ -84,9 +84,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def orchestrate_step(prepared: dict, feeds, settings, args, on_gpu: bool) -> int:
     import orchestrate
-    from orchestrate import api, pipeline, verify
+    from orchestrate import api
     from orchestrate.bench.run import measure
     from orchestrate.bench.runtimes import ORCHESTRATE, orchestrate_runtime
+    from orchestrate.check import verify
+    from orchestrate.plan import pipeline
 
     bundle = orchestrate.load(prepared["bundle"])
     made = measure(ORCHESTRATE, lambda key: orchestrate_runtime(bundle, feeds, prepared["optimize_s"]),
@@ -119,7 +121,7 @@ def kernel_records(bundle, feeds, path: Path, on_gpu: bool) -> dict:
     in the plan; one record line each appended to ``path``."""
     import triton
 
-    from orchestrate.devices import get_device
+    from orchestrate.cost.devices import get_device
     from orchestrate.tune.cache import Key, Row
     from orchestrate.tune.gpu import REP_MS, WARMUP_MS, driver_version
     from orchestrate.tune.records import describe, line, spec_dtype

@@ -11,7 +11,7 @@ order and returns the outputs: numpy arrays for numpy arrays, torch tensors
 for torch tensors (no copy through the host).  Gather indices are checked as
 onnxruntime checks them (:class:`IndexChecks`): the inputs that are indices
 before launch, and after the run the int32 flags that the kernels checking
-computed indices set (``orchestrate.bounds``).  Split-K matmuls share one
+computed indices set (``orchestrate.ir.bounds``).  Split-K matmuls share one
 fp32 workspace for their partial tiles and one int32 array of arrival
 counters, zeroed once: each kernel leaves its counters zero.
 
@@ -37,7 +37,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from orchestrate import ir
-from orchestrate.bounds import (
+from orchestrate.errors import InputError, OrchestrateError
+from orchestrate.ir.bounds import (
     INDEX_ERROR,
     IndexBound,
     check_values,
@@ -45,7 +46,6 @@ from orchestrate.bounds import (
     host_checked_inputs,
     index_bounds,
 )
-from orchestrate.errors import InputError, OrchestrateError
 from orchestrate.kernels.spec import (
     LIBRARY,
     SCRATCH_DTYPES,
@@ -197,7 +197,7 @@ def _min_max(values) -> tuple[int, int]:
 
 
 class IndexChecks:
-    """Where a plan's gather indices are checked (``orchestrate.bounds``).
+    """Where a plan's gather indices are checked (``orchestrate.ir.bounds``).
     Made, it has checked the constants (a bundle's weights are data too);
     ``check_inputs`` checks the inputs before a run (one min and one max per
     input that indexes); ``kernels`` lists, per kernel that checks on the

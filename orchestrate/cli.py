@@ -226,7 +226,7 @@ def main(debug: bool) -> None:
 @reports_errors
 def decompose(model: Path, output: Path, shapes) -> None:
     """Split every ONNX operator of MODEL into primitives; write them as ONNX."""
-    from orchestrate import pipeline
+    from orchestrate.plan import pipeline
 
     pipeline.check_output_path(output, model)
     graph = pipeline.fission_file(model, _shapes(shapes))
@@ -254,10 +254,10 @@ def inspect(model: Path, shapes, dtype, as_json: bool, dims) -> None:
     With a range of shapes (--shape x=1..8x2..64, --dim seq=2..64): the
     symbolic shape of each output (every value with --json), the declared
     ranges, and the nodes symbolic inference declines."""
-    from orchestrate import pipeline
-    from orchestrate.precision import check_dtype
+    from orchestrate.explain.summary import format_inspection, inspection
+    from orchestrate.ir.precision import check_dtype
+    from orchestrate.plan import pipeline
     from orchestrate.shapes.dims import is_range_text
-    from orchestrate.summary import format_inspection, inspection
 
     if dims or any(map(is_range_text, shapes)):
         _inspect_symbolic(model, shapes, dtype, as_json, dims)
@@ -276,8 +276,8 @@ def inspect(model: Path, shapes, dtype, as_json: bool, dims) -> None:
 
 
 def _inspect_symbolic(model: Path, shapes, dtype, as_json: bool, dims) -> None:
-    from orchestrate import pipeline
     from orchestrate.errors import InputError
+    from orchestrate.plan import pipeline
     from orchestrate.shapes import report
     from orchestrate.shapes.infer import infer_shapes
 
@@ -339,7 +339,7 @@ def _plan_options(
 ):
     from orchestrate.errors import InputError
     from orchestrate.kernels.enumerate import Limits
-    from orchestrate.planner import PlanOptionError, PlanOptions
+    from orchestrate.plan.planner import PlanOptionError, PlanOptions
 
     try:
         return PlanOptions(
@@ -360,7 +360,7 @@ _PLAN_FLAGS = {"device": "--device", "memory_budget": "--memory-budget",
 
 def _lowered(graph, dtype, model: Path):
     """``graph`` at --dtype, the flag named in the error a model can cause."""
-    from orchestrate import precision
+    from orchestrate.ir import precision
 
     with _dtype_flag():
         return precision.lower_precision(graph, dtype, str(model))
@@ -370,7 +370,7 @@ def _lowered(graph, dtype, model: Path):
 def _dtype_flag():
     """A PrecisionError (the model cannot run at --dtype) naming the flag."""
     from orchestrate.errors import InputError
-    from orchestrate.precision import PrecisionError
+    from orchestrate.ir.precision import PrecisionError
 
     try:
         yield
@@ -400,8 +400,8 @@ def _tuning(tune: bool, configs: int | None, device: str | None):
         return None
     if configs is not None and configs < 1:
         raise InputError(f"--tune-configs {configs}: must be an integer >= 1")
-    from orchestrate.devices import detect
-    from orchestrate.runtime import gpu_available
+    from orchestrate.cost.devices import detect
+    from orchestrate.run.runtime import gpu_available
 
     if not gpu_available():
         raise InputError("--tune: no CUDA GPU here (torch.cuda.is_available() is false); "
@@ -449,8 +449,8 @@ def plan(model: Path, output: Path, shapes, dims, tune, tune_configs, **opts) ->
     With a range (--shape x=1..8x2..64@32, --dim seq=2..64): the plan at OPT
     whose kernels serve the whole range, and its dimensions in
     OUTPUT.dims.json beside it (explain shows them)."""
-    from orchestrate import pipeline
     from orchestrate.explain import range_lines, summary_lines
+    from orchestrate.plan import pipeline
 
     ranges = _ranges(shapes, dims)
     _no_tune_with_range(tune, ranges)
@@ -540,8 +540,9 @@ def explain(plan_file: Path, picture: Path | None, roofline: Path | None, reject
             limit: int) -> None:  # fmt: skip
     """Show PLAN.json: per-kernel table, totals against both baselines."""
     from orchestrate import explain as ex
-    from orchestrate import picture as pic
-    from orchestrate import pipeline, roofline_chart
+    from orchestrate.explain import picture as pic
+    from orchestrate.explain import roofline_chart
+    from orchestrate.plan import pipeline
 
     drawn = pic.target(picture) if picture is not None else None
     if drawn is not None:
@@ -582,7 +583,7 @@ def rules() -> None:
 
 def _tolerances(rtol, atol):
     """--rtol and --atol, refused (naming the flag) unless finite and >= 0."""
-    from orchestrate.verify import check_tolerance
+    from orchestrate.check.verify import check_tolerance
 
     return check_tolerance(rtol, "--rtol"), check_tolerance(atol, "--atol")
 
@@ -689,7 +690,8 @@ def _parse_inputs(texts) -> dict[str, Path]:
 @reports_errors
 def run(bundle_dir: Path, inputs, output_dir: Path | None) -> None:
     """Run the bundle OUT on .npy inputs."""
-    from orchestrate import api, iofiles
+    from orchestrate import api
+    from orchestrate.files import iofiles
 
     files = _parse_inputs(inputs)
     if output_dir is not None:
@@ -731,7 +733,7 @@ def verify(bundle_dir: Path, model: Path, shapes, trials, rtol, atol, exact) -> 
         _verify_exact_range(bundle_dir, model, shapes)
         return
     if exact:
-        from orchestrate.exact.bundle import verify_exact
+        from orchestrate.check.exact.bundle import verify_exact
 
         result = verify_exact(bundle_dir, model, _shapes(shapes) or None)
         for line in result.lines():
@@ -767,8 +769,8 @@ def verify(bundle_dir: Path, model: Path, shapes, trials, rtol, atol, exact) -> 
 
 def _verify_exact_range(bundle_dir: Path, model: Path, shapes) -> None:
     """verify --exact of a dynamic bundle: the plan at MIN, OPT and MAX."""
+    from orchestrate.check.exact.bundle import verify_exact_range
     from orchestrate.errors import InputError
-    from orchestrate.exact.bundle import verify_exact_range
 
     if shapes:
         raise InputError("--shape: verify --exact checks a dynamic bundle at MIN, OPT and MAX "
@@ -818,7 +820,7 @@ def bench(target: Path, model, against, dtype, device, shapes, runs, warmup, set
     from orchestrate.bench.run import Settings, bench_model
     from orchestrate.bench.target import resolve
     from orchestrate.errors import InputError
-    from orchestrate.precision import check_dtype
+    from orchestrate.ir.precision import check_dtype
 
     check_dtype(dtype, "--dtype")
     on_gpu = clock.cuda()

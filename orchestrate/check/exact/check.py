@@ -53,9 +53,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from orchestrate import ir
-from orchestrate.exact import field as F
-from orchestrate.exact.evaluate import Trial, Value, evaluate
-from orchestrate.exact.fragment import Fragment, analyse
+from orchestrate.check.exact import field as F
+from orchestrate.check.exact.evaluate import Trial, Value, evaluate
+from orchestrate.check.exact.fragment import Fragment, analyse
 from orchestrate.kernels.spec import LowRank, Siblings
 
 TARGET = 1e-9

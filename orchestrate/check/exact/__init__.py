@@ -6,6 +6,6 @@ both evaluated in modular arithmetic at random points (``check.py``).
 its false-pass bound, ``bundle.py`` the check of a bundle against its model.
 """
 
-from orchestrate.exact.check import TARGET, Kernel, Mismatch, Result, check, kernels_of
+from orchestrate.check.exact.check import TARGET, Kernel, Mismatch, Result, check, kernels_of
 
 __all__ = ["TARGET", "Kernel", "Mismatch", "Result", "check", "kernels_of"]

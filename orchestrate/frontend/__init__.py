@@ -171,7 +171,7 @@ def check_opset(model: onnx.ModelProto, source: str = "<model>") -> None:
     """Refuse, before any work, a model whose ai.onnx opset is newer than the
     installed onnx (shape inference, folding) or onnxruntime (verification)
     supports."""
-    from orchestrate import onnxrt
+    from orchestrate.frontend import onnxrt
 
     version = next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), None)
     if version is None:

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
-from orchestrate import ir, precision
+from orchestrate import ir
+from orchestrate.cost.devices import DEVICES, get_device
 from orchestrate.cost.roofline import Prices, Ranker
-from orchestrate.devices import DEVICES, get_device
 from orchestrate.errors import InputError
 from orchestrate.ilp import alternatives, budget, program
 from orchestrate.ilp.baselines import Priced, greedy, unfused
@@ -30,6 +30,7 @@ from orchestrate.ilp.checker import check_plan
 from orchestrate.ilp.neighbours import unfused_neighbours
 from orchestrate.ilp.partition import group_identical, partition, transplant
 from orchestrate.ilp.problem import Problem, problem
+from orchestrate.ir import precision
 from orchestrate.kernels.enumerate import Limits, enumerate_kernels
 from orchestrate.kernels.rules import match
 from orchestrate.kernels.spec import GEMM_BACKENDS, VIEW, KernelSpec, Rejection, Target

@@ -30,7 +30,7 @@ import numpy as np
 from orchestrate.dynamic import instance
 from orchestrate.errors import InputError
 from orchestrate.plan import Plan
-from orchestrate.runtime import IndexChecks, Program
+from orchestrate.run.runtime import IndexChecks, Program
 from orchestrate.shapes.family import Binding, Family
 from orchestrate.shapes.poly import Poly
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from orchestrate import bundle, pipeline, regenerate
+from orchestrate import bundle
+from orchestrate.bundle import regenerate
+from orchestrate.check.exact.check import Result, check, kernels_of
 from orchestrate.errors import InputError
-from orchestrate.exact.check import Result, check, kernels_of
+from orchestrate.plan import pipeline
 
 
 def verify_exact(out_dir: str | os.PathLike, model_path: str | os.PathLike,
@@ -16,7 +18,7 @@ def verify_exact(out_dir: str | os.PathLike, model_path: str | os.PathLike,
                  seed: int | None = None, option: str = "--shape") -> Result:  # fmt: skip
     """The plan as the bundle's plan.json and weights rebuild it (the graph
     type-checked, every kernel matched again by the rules, as
-    ``orchestrate.regenerate`` does to load it) against fission of the
+    ``orchestrate.bundle.regenerate`` does to load it) against fission of the
     model at the bundle's shapes (or ``shapes``)."""
     contents = bundle.read(out_dir)
     plan_graph = regenerate.primitive_graph(contents.plan, contents.constants, str(out_dir))

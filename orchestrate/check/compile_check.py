@@ -1,7 +1,7 @@
 """Compile every kernel of a bundle for its NVIDIA GPU, without a GPU, and
 prove that each fits the device before anything launches.
 
-    python -m orchestrate.emit.compile_check OUT... [--arch 90] [--json]
+    python -m orchestrate.check.compile_check OUT... [--arch 90] [--json]
 
 The Triton interpreter runs kernels but does not type-check them the way the
 compiler does (loop-carried types, constexpr use, dot shapes), nor say what
@@ -10,7 +10,7 @@ to learn its arguments, then hands its jitted function to ``triton.compile``
 for ``cuda:<arch>`` with the launch's ``num_warps`` and ``num_stages`` and
 16-byte aligned pointers (as the JIT specialises torch's allocations), all
 the way to a cubin (Triton wheels ship ptxas and cuobjdump).  ``arch`` is the
-bundle's device's (plan.json's ``device``, a row of ``orchestrate/devices.py``:
+bundle's device's (plan.json's ``device``, a row of ``orchestrate/cost/devices.py``:
 90 for H100/H200, 80 for A100, 89 for L4/L40S/4090, ...); ``--arch``
 overrides it, and the limits stay the device's.  Per function:
 
@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from orchestrate.devices import Device
+    from orchestrate.cost.devices import Device
 
 POINTER = {
     "float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32", "float64": "*fp64",
@@ -91,7 +91,7 @@ def tensor_dtypes(folder: Path) -> dict[str, str]:
             dtypes[name] = z[key].dtype.name
     for name in manifest.get("bfloat16", ()):  # stored as uint16 bit patterns
         dtypes[name] = "bfloat16"
-    from orchestrate.bounds import INDEX_ERROR  # numpy only
+    from orchestrate.ir.bounds import INDEX_ERROR  # numpy only
 
     dtypes[INDEX_ERROR] = "int32"  # the index error flag the runner binds
     from orchestrate.kernels.spec import SCRATCH_DTYPES
@@ -289,8 +289,9 @@ def compile_bundle(folder: Path, arch: int | None = None) -> list[Compiled]:
     Like ``orchestrate.load``, it compiles the source generated again from
     the bundle's plan, and refuses a bundle whose kernels.py is not that
     source: a bundle's own Python is never run."""
-    from orchestrate import bundle, regenerate
-    from orchestrate.runtime import load_kernels
+    from orchestrate import bundle
+    from orchestrate.bundle import regenerate
+    from orchestrate.run.runtime import load_kernels
 
     contents = bundle.read(folder)
     dims = None
@@ -314,7 +315,7 @@ def compile_bundle(folder: Path, arch: int | None = None) -> list[Compiled]:
 
 def bundle_device(folder: Path) -> Device:
     """The device the bundle was planned for (plan.json's ``device``)."""
-    from orchestrate.devices import get_device
+    from orchestrate.cost.devices import get_device
 
     return get_device(json.loads((folder / "plan.json").read_text())["device"])
 
@@ -341,7 +342,7 @@ def _summary(folder: Path, compiled: list[Compiled], device: Device, arch: int) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m orchestrate.emit.compile_check")
+    p = argparse.ArgumentParser(prog="python -m orchestrate.check.compile_check")
     p.add_argument("bundles", nargs="+", type=Path)
     p.add_argument("--arch", type=int, default=None,
                    help="compute capability x10 to compile for (default: the bundle's device)")  # fmt: skip

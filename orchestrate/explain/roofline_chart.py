@@ -22,10 +22,10 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from orchestrate.cost.devices import get_device
 from orchestrate.cost.figures import ACHIEVABLE_BANDWIDTH, TENSOR_CORE_EFFICIENCY
-from orchestrate.devices import get_device
 from orchestrate.errors import InputError
-from orchestrate.picture import COLOURS, OTHER
+from orchestrate.explain.picture import COLOURS, OTHER
 from orchestrate.plan import Plan
 
 FORMATS = ("png", "svg", "pdf")

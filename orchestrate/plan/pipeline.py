@@ -17,8 +17,8 @@ import onnx
 from orchestrate import frontend, ir
 from orchestrate.decompose import fission
 from orchestrate.errors import InputError
-from orchestrate.export import to_onnx
 from orchestrate.files import check_not_input, check_output_file, file_mode, signals_held
+from orchestrate.ir.export import to_onnx
 
 
 def load(path: str | os.PathLike) -> onnx.ModelProto:
@@ -42,7 +42,7 @@ def plan_graph(graph: ir.Graph, options=None, progress=None, tune=None, admit=No
     """The planner's result (``orchestrate.plan.Planned``); ``tune`` (a
     ``tune.Tune``) prices by measurement; ``admit`` refuses kernels beyond
     the rules (a dynamic plan's range)."""
-    from orchestrate.planner import PlanOptions, plan
+    from orchestrate.plan.planner import PlanOptions, plan
 
     return plan(graph, options or PlanOptions(), progress, tune, admit)
 

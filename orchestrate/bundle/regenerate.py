@@ -20,10 +20,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from orchestrate import ir, type_rules
-from orchestrate.devices import get_device
+from orchestrate import ir
+from orchestrate.cost.devices import get_device
 from orchestrate.emit import emit
 from orchestrate.errors import GraphError, InputError, OrchestrateError, UnsupportedError
+from orchestrate.ir import type_rules
 from orchestrate.kernels.rules import match_all
 from orchestrate.kernels.spec import VIEW, Rejection, Target
 from orchestrate.plan import Plan, Planned

@@ -42,9 +42,9 @@ from collections.abc import Iterator
 import ml_dtypes
 import numpy as np
 
-from orchestrate import ir, type_rules
+from orchestrate import ir
 from orchestrate.errors import InputError
-from orchestrate.ir import Attrs, Graph, Node, Op, TensorType
+from orchestrate.ir import Attrs, Graph, Node, Op, TensorType, type_rules
 
 # --dtype values and the IR dtypes they name
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from orchestrate import ir
-from orchestrate.exact import field as F
+from orchestrate.check.exact import field as F
+from orchestrate.check.verify import index_ranges
 from orchestrate.ir import Op
-from orchestrate.reference import IMPLS
-from orchestrate.verify import index_ranges
+from orchestrate.ir.reference import IMPLS
 
 Value = tuple[np.ndarray, np.ndarray]
 

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from orchestrate import ir, onnxrt
+from orchestrate import ir
 from orchestrate.errors import InputError
+from orchestrate.frontend import onnxrt
 from orchestrate.ir import Op
 
 RTOL = {"float16": 1e-2, "bfloat16": 4e-2, "float32": 1e-4, "float64": 1e-7}
