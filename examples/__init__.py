@@ -56,83 +56,170 @@ class Example:
         return replace(self.sizes[size], **overrides)
 
 
-_TINY_BERT = BertConfig(layers=2, hidden=64, heads=4, intermediate=128, vocab=1000,
-                        max_positions=64, seq=16)  # fmt: skip
-_TINY_LLAMA = LlamaConfig(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=160,
-                          vocab=1000, max_positions=64, seq=16)  # fmt: skip
+_TINY_BERT = BertConfig(
+    layers=2, hidden=64, heads=4, intermediate=128, vocab=1000, max_positions=64, seq=16
+)
+_TINY_LLAMA = LlamaConfig(
+    layers=2, hidden=64, heads=4, kv_heads=2, intermediate=160, vocab=1000, max_positions=64, seq=16
+)
 # the planner benchmark's decoder: 24 layers, ~1,500 nodes from the dynamo exporter
-_PLANNER_LLAMA = LlamaConfig(layers=24, hidden=512, heads=8, kv_heads=2, intermediate=1408,
-                             vocab=32000, max_positions=2048, seq=128)  # fmt: skip
+_PLANNER_LLAMA = LlamaConfig(
+    layers=24,
+    hidden=512,
+    heads=8,
+    kv_heads=2,
+    intermediate=1408,
+    vocab=32000,
+    max_positions=2048,
+    seq=128,
+)
 # the benchmark suite's decoder: head dim 128, four query heads per key/value head
-_WIDE_LLAMA = LlamaConfig(layers=4, hidden=2048, heads=16, kv_heads=4, intermediate=5632,
-                          vocab=32000, max_positions=2048, seq=128)  # fmt: skip
+_WIDE_LLAMA = LlamaConfig(
+    layers=4,
+    hidden=2048,
+    heads=16,
+    kv_heads=4,
+    intermediate=5632,
+    vocab=32000,
+    max_positions=2048,
+    seq=128,
+)
 _TINY_CNN = CnnConfig(widths=(8, 16), depth=1, image=32, classes=10)
 
 EXAMPLES: dict[str, Example] = {
     e.name: e
     for e in (
         Example("bert", Bert, {"tiny": _TINY_BERT, "base": BertConfig()}),
-        Example("gpt2", Gpt2, {
-            "tiny": Gpt2Config(layers=2, hidden=64, heads=4, vocab=1000, max_positions=64, seq=16),
-            "base": Gpt2Config(),
-        }),
-        Example("vit", Vit, {
-            "tiny": VitConfig(layers=2, hidden=64, heads=4, intermediate=128, image=32, patch=8,
-                              classes=10),
-            "base": VitConfig(),
-        }),
-        Example("llama", Llama, {"tiny": _TINY_LLAMA, "base": _PLANNER_LLAMA,
-                                 "wide": _WIDE_LLAMA}),
-        Example("mistral", Llama, {
-            "tiny": replace(_TINY_LLAMA, sliding_window=5),
-            "base": replace(_PLANNER_LLAMA, sliding_window=64),
-        }),
-        Example("t5", T5Encoder, {
-            "tiny": T5Config(layers=2, hidden=64, heads=4, head_dim=16, intermediate=128,
-                             vocab=1000, buckets=8, max_distance=16, seq=16),
-            "base": T5Config(),
-        }),
-        Example("torch_encoder", TorchEncoder, {
-            "tiny": TorchEncoderConfig(layers=2, hidden=64, heads=4, intermediate=128, seq=16),
-            "base": TorchEncoderConfig(),
-        }),
+        Example(
+            "gpt2",
+            Gpt2,
+            {
+                "tiny": Gpt2Config(
+                    layers=2, hidden=64, heads=4, vocab=1000, max_positions=64, seq=16
+                ),
+                "base": Gpt2Config(),
+            },
+        ),
+        Example(
+            "vit",
+            Vit,
+            {
+                "tiny": VitConfig(
+                    layers=2, hidden=64, heads=4, intermediate=128, image=32, patch=8, classes=10
+                ),
+                "base": VitConfig(),
+            },
+        ),
+        Example("llama", Llama, {"tiny": _TINY_LLAMA, "base": _PLANNER_LLAMA, "wide": _WIDE_LLAMA}),
+        Example(
+            "mistral",
+            Llama,
+            {
+                "tiny": replace(_TINY_LLAMA, sliding_window=5),
+                "base": replace(_PLANNER_LLAMA, sliding_window=64),
+            },
+        ),
+        Example(
+            "t5",
+            T5Encoder,
+            {
+                "tiny": T5Config(
+                    layers=2,
+                    hidden=64,
+                    heads=4,
+                    head_dim=16,
+                    intermediate=128,
+                    vocab=1000,
+                    buckets=8,
+                    max_distance=16,
+                    seq=16,
+                ),
+                "base": T5Config(),
+            },
+        ),
+        Example(
+            "torch_encoder",
+            TorchEncoder,
+            {
+                "tiny": TorchEncoderConfig(layers=2, hidden=64, heads=4, intermediate=128, seq=16),
+                "base": TorchEncoderConfig(),
+            },
+        ),
         Example("resnet", ResNet, {"tiny": _TINY_CNN, "base": CnnConfig()}),
-        Example("mobilenet", MobileNet, {
-            "tiny": _TINY_CNN,
-            "base": CnnConfig(widths=(16, 24, 40, 80, 112, 160), depth=2),
-        }),
-        Example("unet", UNet, {
-            "tiny": CnnConfig(widths=(8, 16, 32), image=32, classes=2),
-            "base": CnnConfig(widths=(64, 128, 256, 512), image=256, classes=2),
-        }),
-        Example("inception", Inception, {
-            "tiny": CnnConfig(widths=(8, 8), image=32, classes=10),
-            "base": CnnConfig(widths=(64, 96, 128, 128), image=224),
-        }),
-        Example("resnet50", ResNet50, {
-            "tiny": ResNet50Config(widths=(8, 16), depths=(1, 2), image=32, classes=10),
-            "base": ResNet50Config(),
-        }),
-        Example("convnext", ConvNext, {
-            "tiny": ConvNextConfig(widths=(8, 16), depths=(1, 2), image=32, classes=10),
-            "base": ConvNextConfig(),
-        }),
-        Example("segformer", SegFormer, {
-            "tiny": SegFormerConfig(widths=(8, 16, 24, 32), depths=(1, 1, 1, 1),
-                                    heads=(1, 2, 3, 4), reductions=(4, 2, 2, 1), decoder=16,
-                                    image=64, classes=4),
-            "base": SegFormerConfig(),
-        }),
-        Example("style_transfer", StyleTransfer, {
-            "tiny": StyleConfig(widths=(4, 8, 8), residual_blocks=1, image=16),
-            "base": StyleConfig(),
-        }),
-        Example("yolo", Yolo, {
-            "tiny": YoloConfig(widths=(8, 16, 32), stem=4, outputs=6, image=64),
-            "base": YoloConfig(),
-        }),
+        Example(
+            "mobilenet",
+            MobileNet,
+            {
+                "tiny": _TINY_CNN,
+                "base": CnnConfig(widths=(16, 24, 40, 80, 112, 160), depth=2),
+            },
+        ),
+        Example(
+            "unet",
+            UNet,
+            {
+                "tiny": CnnConfig(widths=(8, 16, 32), image=32, classes=2),
+                "base": CnnConfig(widths=(64, 128, 256, 512), image=256, classes=2),
+            },
+        ),
+        Example(
+            "inception",
+            Inception,
+            {
+                "tiny": CnnConfig(widths=(8, 8), image=32, classes=10),
+                "base": CnnConfig(widths=(64, 96, 128, 128), image=224),
+            },
+        ),
+        Example(
+            "resnet50",
+            ResNet50,
+            {
+                "tiny": ResNet50Config(widths=(8, 16), depths=(1, 2), image=32, classes=10),
+                "base": ResNet50Config(),
+            },
+        ),
+        Example(
+            "convnext",
+            ConvNext,
+            {
+                "tiny": ConvNextConfig(widths=(8, 16), depths=(1, 2), image=32, classes=10),
+                "base": ConvNextConfig(),
+            },
+        ),
+        Example(
+            "segformer",
+            SegFormer,
+            {
+                "tiny": SegFormerConfig(
+                    widths=(8, 16, 24, 32),
+                    depths=(1, 1, 1, 1),
+                    heads=(1, 2, 3, 4),
+                    reductions=(4, 2, 2, 1),
+                    decoder=16,
+                    image=64,
+                    classes=4,
+                ),
+                "base": SegFormerConfig(),
+            },
+        ),
+        Example(
+            "style_transfer",
+            StyleTransfer,
+            {
+                "tiny": StyleConfig(widths=(4, 8, 8), residual_blocks=1, image=16),
+                "base": StyleConfig(),
+            },
+        ),
+        Example(
+            "yolo",
+            Yolo,
+            {
+                "tiny": YoloConfig(widths=(8, 16, 32), stem=4, outputs=6, image=64),
+                "base": YoloConfig(),
+            },
+        ),
     )
-}  # fmt: skip
+}
 
 
 def build_model(name: str, size: str = "tiny", seed: int = 0, **overrides):
@@ -184,14 +271,26 @@ def export_example(
     feeds = random_inputs(inputs, seed)
     args = [torch.from_numpy(feeds[i.name]) for i in inputs]
     written = export(
-        model, args, path, dynamo=dynamo, opset=opset,
-        input_names=[i.name for i in inputs], output_names=list(model.OUTPUTS),
+        model,
+        args,
+        path,
+        dynamo=dynamo,
+        opset=opset,
+        input_names=[i.name for i in inputs],
+        output_names=list(model.OUTPUTS),
         dynamic_axes=dynamic_axes_of(inputs) if dynamic else None,
-    )  # fmt: skip
+    )
     return written, inputs
 
 
 __all__ = [
-    "EXAMPLES", "Example", "ExportError", "Input", "build_model", "export", "export_example",
-    "perturb_norms", "random_inputs",
-]  # fmt: skip
+    "EXAMPLES",
+    "Example",
+    "ExportError",
+    "Input",
+    "build_model",
+    "export",
+    "export_example",
+    "perturb_norms",
+    "random_inputs",
+]

@@ -116,27 +116,49 @@ def main(argv: list[str] | None = None) -> int:
     idle = Program(planned, graph, no_op_module(module), interpret=not gpu, cuda_graph=False)
     own = per_launch(lambda: idle._execute(dict(feeds)), n, args.repeats)
     rows.append(("runner only (no-op launchers)", "execute", own))
-    rows.append(("runner only (no-op launchers)", "run", per_launch(
-        lambda: idle.run(feeds), n, args.repeats)))  # fmt: skip
+    rows.append(
+        (
+            "runner only (no-op launchers)",
+            "run",
+            per_launch(lambda: idle.run(feeds), n, args.repeats),
+        )
+    )
     if gpu:
         sync = torch.cuda.synchronize
         real = Program(planned, graph, module, interpret=False, cuda_graph=False)
-        rows.append(("Triton launchers, no CUDA graph", "execute", per_launch(
-            lambda: real._execute(dict(feeds)), n, args.repeats, sync)))  # fmt: skip
-        rows.append(("Triton launchers, no CUDA graph", "run", per_launch(
-            lambda: real.run(feeds), n, args.repeats, sync)))  # fmt: skip
+        rows.append(
+            (
+                "Triton launchers, no CUDA graph",
+                "execute",
+                per_launch(lambda: real._execute(dict(feeds)), n, args.repeats, sync),
+            )
+        )
+        rows.append(
+            (
+                "Triton launchers, no CUDA graph",
+                "run",
+                per_launch(lambda: real.run(feeds), n, args.repeats, sync),
+            )
+        )
         graphed = Program(planned, graph, module, interpret=False)
         graphed.run(feeds)  # compiles; the next run captures
-        rows.append(("CUDA graph replay", "run", per_launch(
-            lambda: graphed.run(feeds), n, args.repeats, sync)))  # fmt: skip
+        rows.append(
+            (
+                "CUDA graph replay",
+                "run",
+                per_launch(lambda: graphed.run(feeds), n, args.repeats, sync),
+            )
+        )
     where = torch.cuda.get_device_name() if gpu else "host cost on this CPU, kernels not run"
     print(f"launch overhead: {n} kernels ({where})")
     print(f"  {'':34} {'timed':8} {'µs/launch':>9}")
     for what, timed, us in rows:
         print(f"  {what:34} {timed:8} {us:9.2f}")
     if own > args.limit:
-        print(f"the runner's own cost, {own:.2f} µs per launch, exceeds {args.limit:g} µs",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"the runner's own cost, {own:.2f} µs per launch, exceeds {args.limit:g} µs",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

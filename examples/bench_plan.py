@@ -65,8 +65,15 @@ def export_half(name: str, path: Path) -> None:
     feeds = random_inputs(inputs, 0)
     args = [torch.from_numpy(feeds[i.name]) for i in inputs]
     args = [a.half() if a.is_floating_point() else a for a in args]
-    export(model, args, path, dynamo=False, opset=17, input_names=[i.name for i in inputs],
-           output_names=list(model.OUTPUTS))  # fmt: skip
+    export(
+        model,
+        args,
+        path,
+        dynamo=False,
+        opset=17,
+        input_names=[i.name for i in inputs],
+        output_names=list(model.OUTPUTS),
+    )
 
 
 def breakdown(graph, planned, device: str) -> dict:
@@ -116,7 +123,7 @@ def plan_one(path: Path, device: str | None = None) -> dict:
         "primitives": len(result["primitives"]),
         "functions": len(
             {function_key(k.hash, k.primitives, k.outputs) for k in plan.kernels if not k.is_view}
-        ),  # fmt: skip
+        ),
         "solver": result["solver"],
         "summary": result["summary"],
         "baselines": result["baselines"],
@@ -152,14 +159,27 @@ def main(argv: list[str] | None = None) -> int:
         # torch model would start from the parent's peak RSS (Linux keeps
         # ru_maxrss across fork), and the planner's figure would include it
         half = ["--half"] if args.half else []
-        subprocess.run([sys.executable, "-m", "examples.bench_plan", "--export", name,
-                        "--cache", str(args.cache), *half], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "examples.bench_plan",
+                "--export",
+                name,
+                "--cache",
+                str(args.cache),
+                *half,
+            ],
+            check=True,
+        )
         path = export_cached(name, args.cache, args.half)
         device = ["--device", args.device] if args.device else []
         out = subprocess.run(
             [sys.executable, "-m", "examples.bench_plan", "--one", str(path), *device],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if out.returncode != 0:
             print(out.stderr, file=sys.stderr)
             return 1
@@ -213,8 +233,10 @@ def table(rows) -> str:
 
 
 def shares_table(rows) -> str:
-    head = ("| model | device | kernels | predicted us | launch | memory-bound | compute-bound "
-            "| latency-bound |")  # fmt: skip
+    head = (
+        "| model | device | kernels | predicted us | launch | memory-bound | compute-bound "
+        "| latency-bound |"
+    )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, r in rows:
         b = r["breakdown"]

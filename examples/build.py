@@ -68,8 +68,13 @@ def write_example(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m examples.build", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, type=Path, help="folder to write the .onnx files to")
-    p.add_argument("--only", nargs="+", choices=sorted(EXAMPLES), metavar="NAME",
-                   help=f"examples to write (default all: {', '.join(EXAMPLES)})")  # fmt: skip
+    p.add_argument(
+        "--only",
+        nargs="+",
+        choices=sorted(EXAMPLES),
+        metavar="NAME",
+        help=f"examples to write (default all: {', '.join(EXAMPLES)})",
+    )
     p.add_argument("--size", default="tiny", choices=("tiny", "base"))
     p.add_argument("--dynamo", action="store_true", help="use the torch.export-based exporter")
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET)
@@ -78,9 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         build_all(
-            args.out, args.only or list(EXAMPLES), args.size, dynamo=args.dynamo,
-            opset=args.opset, dynamic=args.dynamic, seed=args.seed,
-        )  # fmt: skip
+            args.out,
+            args.only or list(EXAMPLES),
+            args.size,
+            dynamo=args.dynamo,
+            opset=args.opset,
+            dynamic=args.dynamic,
+            seed=args.seed,
+        )
     except ExportError as e:
         print(f"examples.build: error: {e}", file=sys.stderr)
         return 2

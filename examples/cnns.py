@@ -80,9 +80,11 @@ def conv_bn(cin: int, cout: int, k: int, stride: int = 1, groups: int = 1) -> nn
 def resnet_stem(channels: int, width: int) -> nn.Sequential:
     """ResNet's stem: a 7x7 stride-2 conv, batch norm, ReLU, 3x3 stride-2 max pool."""
     return nn.Sequential(
-        nn.Conv2d(channels, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+        nn.Conv2d(channels, width, 7, 2, 3, bias=False),
+        nn.BatchNorm2d(width),
+        nn.ReLU(),
         nn.MaxPool2d(3, 2, padding=1),
-    )  # fmt: skip
+    )
 
 
 class BasicBlock(nn.Module):
@@ -138,11 +140,13 @@ class InvertedResidual(nn.Module):
         mid = cin * expand
         act = nn.Hardswish if hard else nn.ReLU6
         self.body = nn.Sequential(
-            conv_bn(cin, mid, 1), act(),
-            conv_bn(mid, mid, 3, stride, groups=mid), act(),
+            conv_bn(cin, mid, 1),
+            act(),
+            conv_bn(mid, mid, 3, stride, groups=mid),
+            act(),
             SqueezeExcite(mid) if se else nn.Identity(),
             conv_bn(mid, cout, 1),
-        )  # fmt: skip
+        )
         self.residual = stride == 1 and cin == cout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -165,9 +169,14 @@ class MobileNet(nn.Module):
                 w = width
         self.blocks = nn.Sequential(*blocks)
         self.head = nn.Sequential(
-            conv_bn(w, 6 * w, 1), nn.Hardswish(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-            nn.Linear(6 * w, 4 * w), nn.Hardswish(), nn.Linear(4 * w, c.classes),
-        )  # fmt: skip
+            conv_bn(w, 6 * w, 1),
+            nn.Hardswish(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(6 * w, 4 * w),
+            nn.Hardswish(),
+            nn.Linear(4 * w, c.classes),
+        )
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
         return self.head(self.blocks(self.stem(image)))
@@ -181,13 +190,19 @@ class DoubleConv(nn.Module):
 
     def __init__(self, cin: int, cout: int, instance: bool):
         super().__init__()
-        norm = (lambda: nn.InstanceNorm2d(cout, affine=True)) if instance else (
-            lambda: nn.GroupNorm(min(4, cout), cout)
-        )  # fmt: skip
+        norm = (
+            (lambda: nn.InstanceNorm2d(cout, affine=True))
+            if instance
+            else (lambda: nn.GroupNorm(min(4, cout), cout))
+        )
         self.body = nn.Sequential(
-            nn.Conv2d(cin, cout, 3, padding=1), norm(), nn.LeakyReLU(0.1),
-            nn.Conv2d(cout, cout, 3, padding=2, dilation=2), norm(), nn.LeakyReLU(0.1),
-        )  # fmt: skip
+            nn.Conv2d(cin, cout, 3, padding=1),
+            norm(),
+            nn.LeakyReLU(0.1),
+            nn.Conv2d(cout, cout, 3, padding=2, dilation=2),
+            norm(),
+            nn.LeakyReLU(0.1),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(x)

@@ -91,8 +91,9 @@ def parse_range(text: str) -> dict[str, Span]:
     for axis, part in zip(AXES, parts):
         m = re.fullmatch(r"(\d+)(?:\.\.(\d+))?(?:@(\d+))?", part)
         if not m or (m.group(3) and not m.group(2)):
-            raise argparse.ArgumentTypeError(f"--range {text}: {axis} {part!r} is not "
-                                             "N or MIN..MAX[@OPT]")  # fmt: skip
+            raise argparse.ArgumentTypeError(
+                f"--range {text}: {axis} {part!r} is not N or MIN..MAX[@OPT]"
+            )
         lo = int(m.group(1))
         hi = int(m.group(2) or lo)
         opt = int(m.group(3) or hi)
@@ -123,10 +124,12 @@ class Row:
     def line(self) -> str:
         if self.status == "skip":
             return f"{self.name:14s} {self.exporter:11s} skip: {self.note}"
-        return (f"{self.name:14s} {self.exporter:11s} {self.range:22s} {self.kernels:3d} kernels  "
-                f"OPT {self.dynamic_us:9.2f} us dynamic vs {self.static_us:9.2f} static "
-                f"({self.ratio:.3f})  {len(self.shapes)} shapes  worst {self.worst:.1e}  "
-                f"{self.status}{'  ' + self.note if self.note else ''}  [{self.seconds:.0f} s]")  # fmt: skip
+        return (
+            f"{self.name:14s} {self.exporter:11s} {self.range:22s} {self.kernels:3d} kernels  "
+            f"OPT {self.dynamic_us:9.2f} us dynamic vs {self.static_us:9.2f} static "
+            f"({self.ratio:.3f})  {len(self.shapes)} shapes  worst {self.worst:.1e}  "
+            f"{self.status}{'  ' + self.note if self.note else ''}  [{self.seconds:.0f} s]"
+        )
 
 
 def dynamic_axes(model: onnx.ModelProto, inputs: tuple[Input, ...]) -> str | None:
@@ -226,13 +229,15 @@ def check(name: str, exporter: str, spans: dict[str, Span], args) -> Row:
     used = [a for a in AXES if any(n == a for i in inputs for _, n in i.dynamic)]
     row.range = "x".join(str(spans[a]) for a in used)
     try:
-        result = orchestrate.optimize(path, folder / "bundle", shapes=shapes, trials=args.trials,
-                                      device=args.device)  # fmt: skip
+        result = orchestrate.optimize(
+            path, folder / "bundle", shapes=shapes, trials=args.trials, device=args.device
+        )
         row.kernels = result.plan.summary.kernels
         row.dynamic_us = result.plan.summary.predicted_us
         opt = shapes_at(inputs, {a: spans[a].opt for a in used})
-        static = pipeline.plan_graph(pipeline.fission_model(model, opt, str(path)),
-                                     PlanOptions(device=args.device))  # fmt: skip
+        static = pipeline.plan_graph(
+            pipeline.fission_model(model, opt, str(path)), PlanOptions(device=args.device)
+        )
         row.static_us = static.plan.summary.predicted_us
         loaded = orchestrate.load(folder / "bundle")
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -263,30 +268,46 @@ def check(name: str, exporter: str, spans: dict[str, Span], args) -> Row:
 
 
 def table(rows: list[Row]) -> str:
-    head = ("| model | exporter | range | kernels | OPT dynamic µs | OPT static µs | ratio "
-            "| shapes checked | worst rel error | result | seconds |")  # fmt: skip
+    head = (
+        "| model | exporter | range | kernels | OPT dynamic µs | OPT static µs | ratio "
+        "| shapes checked | worst rel error | result | seconds |"
+    )
     lines = [head, "|" + "---|" * 11]
     for r in rows:
         if r.status == "skip":
             lines.append(f"| {r.name} | {r.exporter} | | | | | | | | skip: {r.note} | |")
             continue
         result = r.status + (f": {r.note}" if r.note else "")
-        lines.append(f"| {r.name} | {r.exporter} | {r.range} | {r.kernels} | {r.dynamic_us:.2f} "
-                     f"| {r.static_us:.2f} | {r.ratio:.3f} | {', '.join(r.shapes)} "
-                     f"| {r.worst:.1e} | {result} | {r.seconds:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {r.name} | {r.exporter} | {r.range} | {r.kernels} | {r.dynamic_us:.2f} "
+            f"| {r.static_us:.2f} | {r.ratio:.3f} | {', '.join(r.shapes)} "
+            f"| {r.worst:.1e} | {result} | {r.seconds:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m examples.dynamic",
-                                description=__doc__.split("\n")[0])  # fmt: skip
-    p.add_argument("--only", nargs="+", choices=sorted(EXAMPLES), metavar="NAME",
-                   help=f"examples to check (default: {' '.join(NAMES)})")  # fmt: skip
-    p.add_argument("--exporters", default="torchscript,dynamo",
-                   help="comma-separated: torchscript, dynamo")  # fmt: skip
-    p.add_argument("--range", type=parse_range, default=parse_range(DEFAULT_RANGE),
-                   dest="spans", metavar="BATCHxSEQUENCE",
-                   help=f"each MIN..MAX[@OPT] (default {DEFAULT_RANGE})")  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m examples.dynamic", description=__doc__.split("\n")[0]
+    )
+    p.add_argument(
+        "--only",
+        nargs="+",
+        choices=sorted(EXAMPLES),
+        metavar="NAME",
+        help=f"examples to check (default: {' '.join(NAMES)})",
+    )
+    p.add_argument(
+        "--exporters", default="torchscript,dynamo", help="comma-separated: torchscript, dynamo"
+    )
+    p.add_argument(
+        "--range",
+        type=parse_range,
+        default=parse_range(DEFAULT_RANGE),
+        dest="spans",
+        metavar="BATCHxSEQUENCE",
+        help=f"each MIN..MAX[@OPT] (default {DEFAULT_RANGE})",
+    )
     p.add_argument(
         "--trials",
         type=int,
@@ -319,9 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(md, end="")
     failed = [r for r in rows if r.status == "FAIL"]
-    print(f"\n{len(rows) - len(failed)} of {len(rows)} passed or skipped "
-          f"({sum(r.status == 'skip' for r in rows)} skipped), {len(failed)} failed; "
-          f"{time.perf_counter() - start:.0f} s; table in {args.out / 'dynamic.md'}")  # fmt: skip
+    print(
+        f"\n{len(rows) - len(failed)} of {len(rows)} passed or skipped "
+        f"({sum(r.status == 'skip' for r in rows)} skipped), {len(failed)} failed; "
+        f"{time.perf_counter() - start:.0f} s; table in {args.out / 'dynamic.md'}"
+    )
     return 1 if failed else 0
 
 

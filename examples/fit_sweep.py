@@ -58,8 +58,11 @@ def export_hf(names: list[str] | None, out: Path) -> list[tuple[str, Path]]:
     try:
         import transformers
     except ImportError:
-        print("fit_sweep: transformers is not installed (make hf-check installs it); "
-              "skipping the Hugging Face architectures", file=sys.stderr)  # fmt: skip
+        print(
+            "fit_sweep: transformers is not installed (make hf-check installs it); "
+            "skipping the Hugging Face architectures",
+            file=sys.stderr,
+        )
         return []
     from examples.export import export
     from examples.hf_models import LastHidden, _architectures, _example
@@ -89,8 +92,15 @@ def _export_either(model, example, path: Path, export) -> bool:
     for dynamo, opset in ((False, 17), (True, 18)):
         try:
             with torch.no_grad():
-                export(model, [example], path, dynamo=dynamo, opset=opset,
-                       input_names=["x"], output_names=["y"])  # fmt: skip
+                export(
+                    model,
+                    [example],
+                    path,
+                    dynamo=dynamo,
+                    opset=opset,
+                    input_names=["x"],
+                    output_names=["y"],
+                )
             return True
         except ExportError as e:
             reason = str(e).splitlines()[0][:120]
@@ -106,10 +116,25 @@ def check(
     bundle.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     made = subprocess.run(
-        [sys.executable, "-m", "orchestrate.cli", "optimize", str(src), "-o", str(bundle), "--device", device,
-         "--dtype", dtype, "--trials", "0", "--reproducible"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "orchestrate.cli",
+            "optimize",
+            str(src),
+            "-o",
+            str(bundle),
+            "--device",
+            device,
+            "--dtype",
+            dtype,
+            "--trials",
+            "0",
+            "--reproducible",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if made.returncode:
         reason = (made.stderr.strip().splitlines() or ["?"])[-1][:90]
         return [label, dtype, "-", "-", "-", "-", "-", f"FAILED to optimize: {reason}"], [], False
@@ -117,8 +142,10 @@ def check(
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     compiled = subprocess.run(
         [sys.executable, "-m", "orchestrate.check.compile_check", str(bundle), "--json"],
-        capture_output=True, text=True, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     try:
         records = json.loads(compiled.stdout)
     except json.JSONDecodeError:
@@ -131,22 +158,29 @@ def check(
     for r in records:
         r.update(model=label, dtype=dtype)
     row = [
-        label, dtype, str(kernels), str(len(records)),
+        label,
+        dtype,
+        str(kernels),
+        str(len(records)),
         f"{max((r['shared_bytes'] for r in records), default=0):,}",
         str(max((r["registers"] or 0 for r in records), default=0)),
         f"{spill:,}",
-        ("within limits" if within else "OVER: " + "; ".join(
-            v for r in records for v in r["violations"]))
+        (
+            "within limits"
+            if within
+            else "OVER: " + "; ".join(v for r in records for v in r["violations"])
+        )
         + f" ({time.perf_counter() - started:.0f} s)",
-    ]  # fmt: skip
+    ]
     return row, records, within
 
 
 def main(argv: list[str] | None = None) -> int:
     from examples import EXAMPLES
 
-    p = argparse.ArgumentParser(prog="python -m examples.fit_sweep",
-                                description=__doc__.splitlines()[0])  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m examples.fit_sweep", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--device", default="h200")
     p.add_argument("--sizes", nargs="+", default=["tiny"], choices=("tiny", "base"))
     p.add_argument("--dtypes", nargs="+", default=["fp32", "fp16"])
@@ -158,8 +192,16 @@ def main(argv: list[str] | None = None) -> int:
     models = export_examples(names, args.sizes, args.out)
     if not args.no_hf:
         models += export_hf(args.models, args.out)
-    head = ["model", "dtype", "kernels", "functions", "max shared B", "max registers",
-            "spilled B", "result"]  # fmt: skip
+    head = [
+        "model",
+        "dtype",
+        "kernels",
+        "functions",
+        "max shared B",
+        "max registers",
+        "spilled B",
+        "result",
+    ]
     print(f"{args.device}: every kernel compiled for its architecture (Triton + ptxas, no GPU)\n")
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head), flush=True)
     ok, everything = True, []

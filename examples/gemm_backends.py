@@ -50,17 +50,30 @@ def check(name: str, work: Path) -> list[Row]:
         kernels = [k for k in made.plan.kernels if k.template != VIEW]
         library = sum(1 for k in kernels if k.template in LIBRARY)
         worst = max(c.rel for c in made.report.checks)
-        rows.append(Row(name, label, made.report.ok and not made.report.simulated, worst, library,
-                        len(kernels) - library, made.report.simulated))  # fmt: skip
+        rows.append(
+            Row(
+                name,
+                label,
+                made.report.ok and not made.report.simulated,
+                worst,
+                library,
+                len(kernels) - library,
+                made.report.simulated,
+            )
+        )
     return rows
 
 
 def table(rows: list[Row]) -> str:
-    lines = [f"{'model':<16}{'backends':<10}{'worst rel. error':>18}{'library':>9}"
-             f"{'generated':>11}  result"]  # fmt: skip
+    lines = [
+        f"{'model':<16}{'backends':<10}{'worst rel. error':>18}{'library':>9}"
+        f"{'generated':>11}  result"
+    ]
     for r in rows:
-        lines.append(f"{r.model:<16}{r.backends:<10}{r.worst_rel:>18.3g}{r.library:>9}"
-                     f"{r.generated:>11}  {'verified' if r.ok else 'FAILED ' + r.detail[:200]}")  # fmt: skip
+        lines.append(
+            f"{r.model:<16}{r.backends:<10}{r.worst_rel:>18.3g}{r.library:>9}"
+            f"{r.generated:>11}  {'verified' if r.ok else 'FAILED ' + r.detail[:200]}"
+        )
     return "\n".join(lines)
 
 

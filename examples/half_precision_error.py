@@ -45,18 +45,24 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
     args = parser.parse_args()
     half = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
-    print(f"{'example':<16}{'orchestrate ' + args.dtype:>18}{'autocast ' + args.dtype:>15}"
-          f"{'kernels':>9}{'simulated':>11}")  # fmt: skip
+    print(
+        f"{'example':<16}{'orchestrate ' + args.dtype:>18}{'autocast ' + args.dtype:>15}"
+        f"{'kernels':>9}{'simulated':>11}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.names:
             src = Path(tmp) / f"{name}.onnx"
             export_example(name, src, dynamo=False, opset=17, size="tiny")
-            result = orchestrate.optimize(src, Path(tmp) / f"{name}.orch", dtype=args.dtype,
-                                          device="h200", trials=args.trials)  # fmt: skip
+            result = orchestrate.optimize(
+                src, Path(tmp) / f"{name}.orch", dtype=args.dtype, device="h200", trials=args.trials
+            )
             ours = max(c.rel for c in result.report.checks)
             simulated = "yes" if result.report.simulated else "no"
-            print(f"{name:<16}{ours:>18.2e}{autocast_error(name, half):>15.2e}"
-                  f"{result.plan.summary.kernels:>9}{simulated:>11}", flush=True)  # fmt: skip
+            print(
+                f"{name:<16}{ours:>18.2e}{autocast_error(name, half):>15.2e}"
+                f"{result.plan.summary.kernels:>9}{simulated:>11}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

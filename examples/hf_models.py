@@ -41,8 +41,14 @@ import orchestrate  # noqa: E402
 from examples.export import ExportError, export  # noqa: E402
 
 SEQ, IMAGE, VOCAB, MELS = 16, 32, 256, 16
-LM = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-          vocab_size=VOCAB, max_position_embeddings=64)  # fmt: skip
+LM = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=128,
+    vocab_size=VOCAB,
+    max_position_embeddings=64,
+)
 GQA = dict(LM, num_key_value_heads=2)
 
 
@@ -52,31 +58,75 @@ def _architectures(t) -> dict[str, tuple[Callable[[], torch.nn.Module], str]]:
     return {
         "bert": (lambda: t.BertModel(t.BertConfig(**LM)), "ids"),
         "roberta": (lambda: t.RobertaModel(t.RobertaConfig(**LM, pad_token_id=1)), "ids"),
-        "distilbert": (lambda: t.DistilBertModel(t.DistilBertConfig(
-            dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=VOCAB)), "ids"),
-        "gpt2": (lambda: t.GPT2Model(t.GPT2Config(
-            n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64)), "ids"),
+        "distilbert": (
+            lambda: t.DistilBertModel(
+                t.DistilBertConfig(dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=VOCAB)
+            ),
+            "ids",
+        ),
+        "gpt2": (
+            lambda: t.GPT2Model(
+                t.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64)
+            ),
+            "ids",
+        ),
         "llama": (lambda: t.LlamaModel(t.LlamaConfig(**GQA)), "ids"),
         "mistral": (lambda: t.MistralModel(t.MistralConfig(**GQA)), "ids"),
         "qwen2": (lambda: t.Qwen2Model(t.Qwen2Config(**GQA)), "ids"),
         "gemma": (lambda: t.GemmaModel(t.GemmaConfig(**GQA, head_dim=16)), "ids"),
         "phi": (lambda: t.PhiModel(t.PhiConfig(**LM)), "ids"),
         "clip-text": (lambda: t.CLIPTextModel(t.CLIPTextConfig(**LM)), "ids"),
-        "t5-encoder": (lambda: t.T5EncoderModel(t.T5Config(
-            d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=VOCAB)), "ids"),
-        "whisper-encoder": (lambda: t.WhisperModel(t.WhisperConfig(
-            d_model=64, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,
-            decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-            num_mel_bins=MELS, max_source_positions=SEQ, max_target_positions=SEQ,
-            vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-            decoder_start_token_id=1)).encoder, "audio"),
-        "vit": (lambda: t.ViTModel(t.ViTConfig(
-            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-            image_size=IMAGE, patch_size=8)), "image"),
-        "convnext": (lambda: t.ConvNextModel(t.ConvNextConfig(**stages, image_size=IMAGE)),
-                     "image"),
+        "t5-encoder": (
+            lambda: t.T5EncoderModel(
+                t.T5Config(
+                    d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=VOCAB
+                )
+            ),
+            "ids",
+        ),
+        "whisper-encoder": (
+            lambda: (
+                t.WhisperModel(
+                    t.WhisperConfig(
+                        d_model=64,
+                        encoder_layers=2,
+                        decoder_layers=1,
+                        encoder_attention_heads=4,
+                        decoder_attention_heads=4,
+                        encoder_ffn_dim=128,
+                        decoder_ffn_dim=128,
+                        num_mel_bins=MELS,
+                        max_source_positions=SEQ,
+                        max_target_positions=SEQ,
+                        vocab_size=VOCAB,
+                        pad_token_id=0,
+                        bos_token_id=1,
+                        eos_token_id=2,
+                        decoder_start_token_id=1,
+                    )
+                ).encoder
+            ),
+            "audio",
+        ),
+        "vit": (
+            lambda: t.ViTModel(
+                t.ViTConfig(
+                    hidden_size=64,
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    intermediate_size=128,
+                    image_size=IMAGE,
+                    patch_size=8,
+                )
+            ),
+            "image",
+        ),
+        "convnext": (
+            lambda: t.ConvNextModel(t.ConvNextConfig(**stages, image_size=IMAGE)),
+            "image",
+        ),
         "resnet": (lambda: t.ResNetModel(t.ResNetConfig(**stages, embedding_size=16)), "image"),
-    }  # fmt: skip
+    }
 
 
 class LastHidden(torch.nn.Module):
@@ -106,8 +156,15 @@ def check(name: str, build, kind: str, dynamo: bool, out: Path) -> tuple[list[st
     src = out / f"{name}_{'dynamo' if dynamo else 'torchscript'}.onnx"
     try:
         with torch.no_grad():  # as for inference (T5's dynamo export needs it)
-            model = export(LastHidden(build().eval()), [_example(kind)], src, dynamo=dynamo,
-                           opset=18 if dynamo else 17, input_names=["x"], output_names=["y"])  # fmt: skip
+            model = export(
+                LastHidden(build().eval()),
+                [_example(kind)],
+                src,
+                dynamo=dynamo,
+                opset=18 if dynamo else 17,
+                input_names=["x"],
+                output_names=["y"],
+            )
     except ExportError as e:
         reason = str(e).split("export failed: ")[-1].splitlines()[0][:70]
         return [name, exporter, "-", "-", "-", "-", "-", f"torch cannot export: {reason}"], True
@@ -120,10 +177,15 @@ def check(name: str, build, kind: str, dynamo: bool, out: Path) -> tuple[list[st
     plan, worst = result.plan, max(c.rel for c in result.report.checks)
     s, g = plan.summary, plan.baselines["greedy"]
     return [
-        name, exporter, str(len(model.graph.node)), f"{g.kernels} / {s.kernels}",
-        f"{g.predicted_us:.1f} / {s.predicted_us:.1f}", _in_attention(plan), f"{worst:.1e}",
+        name,
+        exporter,
+        str(len(model.graph.node)),
+        f"{g.kernels} / {s.kernels}",
+        f"{g.predicted_us:.1f} / {s.predicted_us:.1f}",
+        _in_attention(plan),
+        f"{worst:.1e}",
         f"verified ({time.perf_counter() - started:.0f} s)",
-    ], True  # fmt: skip
+    ], True
 
 
 def check_range(name: str, build, dynamo: bool, out: Path, rng: str) -> tuple[list[str], bool]:
@@ -135,16 +197,24 @@ def check_range(name: str, build, dynamo: bool, out: Path, rng: str) -> tuple[li
         with torch.no_grad():
             # batch 2: torch.export refuses an example whose dynamic dimension is 1
             example = torch.randint(0, VOCAB, (2, SEQ))
-            export(LastHidden(build().eval()), [example], src, dynamo=dynamo,
-                   opset=18 if dynamo else 17, input_names=["x"], output_names=["y"],
-                   dynamic_axes={"x": {0: "batch", 1: "sequence"}})  # fmt: skip
+            export(
+                LastHidden(build().eval()),
+                [example],
+                src,
+                dynamo=dynamo,
+                opset=18 if dynamo else 17,
+                input_names=["x"],
+                output_names=["y"],
+                dynamic_axes={"x": {0: "batch", 1: "sequence"}},
+            )
     except ExportError as e:
         reason = str(e).split("export failed: ")[-1].splitlines()[0][:70]
         return [name, exporter, rng, "-", "-", "-", f"torch cannot export: {reason}"], True
     started = time.perf_counter()
     try:
-        result = orchestrate.optimize(src, src.with_suffix(".orch"), shapes={"x": rng}, trials=2,
-                                      rtol=1e-4)  # fmt: skip
+        result = orchestrate.optimize(
+            src, src.with_suffix(".orch"), shapes={"x": rng}, trials=2, rtol=1e-4
+        )
     except orchestrate.OrchestrateError as e:
         return [name, exporter, rng, "-", "-", "-", f"FAILED: {e}"], False
     from orchestrate.plan import pipeline
@@ -157,10 +227,15 @@ def check_range(name: str, build, dynamo: bool, out: Path, rng: str) -> tuple[li
     shapes = "; ".join(result.report.bindings)
     ok = dyn <= 1.10 * static
     return [
-        name, exporter, rng, f"{dyn:.1f} / {static:.1f} ({dyn / static:.3f}x)", shapes,
+        name,
+        exporter,
+        rng,
+        f"{dyn:.1f} / {static:.1f} ({dyn / static:.3f}x)",
+        shapes,
         f"{worst:.1e}",
-        ("verified" if ok else "SLOWER THAN 1.10x STATIC") + f" ({time.perf_counter() - started:.0f} s)",
-    ], ok  # fmt: skip
+        ("verified" if ok else "SLOWER THAN 1.10x STATIC")
+        + f" ({time.perf_counter() - started:.0f} s)",
+    ], ok
 
 
 def _in_attention(plan) -> str:
@@ -174,27 +249,41 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", help="a subset of the architectures")
     parser.add_argument("--out", type=Path, default=Path("out/hf"))
-    parser.add_argument("--range", default=None, metavar="BxS",
-                        help="dynamic batch x sequence range for the token models, e.g. 1..8x2..64")  # fmt: skip
+    parser.add_argument(
+        "--range",
+        default=None,
+        metavar="BxS",
+        help="dynamic batch x sequence range for the token models, e.g. 1..8x2..64",
+    )
     args = parser.parse_args(argv)
     try:
         import transformers
     except ImportError:
-        print("hf_models: transformers is not installed (make hf-check installs it)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "hf_models: transformers is not installed (make hf-check installs it)", file=sys.stderr
+        )
         return 2
     archs = _architectures(transformers)
     unknown = sorted(set(args.models or ()) - set(archs))
     if unknown:
-        print(f"hf_models: unknown model(s) {', '.join(unknown)} (known: {', '.join(archs)})",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"hf_models: unknown model(s) {', '.join(unknown)} (known: {', '.join(archs)})",
+            file=sys.stderr,
+        )
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     if args.range:
         return _main_range(archs, args, transformers.__version__)
-    head = ["model", "exporter", "ONNX nodes", "kernels greedy / ILP",
-            "predicted us greedy / ILP", "softmax in attention", "worst rel. error",
-            "result"]  # fmt: skip
+    head = [
+        "model",
+        "exporter",
+        "ONNX nodes",
+        "kernels greedy / ILP",
+        "predicted us greedy / ILP",
+        "softmax in attention",
+        "worst rel. error",
+        "result",
+    ]
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, random weights\n")
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head), flush=True)
     ok = True
@@ -210,8 +299,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main_range(archs, args, version: str) -> int:
-    head = ["model", "exporter", "range", "predicted us at OPT: dynamic / static",
-            "shapes verified", "worst rel. error", "result"]  # fmt: skip
+    head = [
+        "model",
+        "exporter",
+        "range",
+        "predicted us at OPT: dynamic / static",
+        "shapes verified",
+        "worst rel. error",
+        "result",
+    ]
     print(f"transformers {version}, torch {torch.__version__}, random weights\n")
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head), flush=True)
     ok = True

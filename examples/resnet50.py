@@ -40,10 +40,12 @@ class Bottleneck(nn.Module):
     def __init__(self, cin: int, width: int, cout: int, stride: int):
         super().__init__()
         self.body = nn.Sequential(
-            conv_bn(cin, width, 1), nn.ReLU(),
-            conv_bn(width, width, 3, stride), nn.ReLU(),
+            conv_bn(cin, width, 1),
+            nn.ReLU(),
+            conv_bn(width, width, 3, stride),
+            nn.ReLU(),
             conv_bn(width, cout, 1),
-        )  # fmt: skip
+        )
         self.shortcut = conv_bn(cin, cout, 1, stride) if stride != 1 or cin != cout else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -145,8 +145,9 @@ class SegFormer(nn.Module):
         self.project = nn.ModuleList(nn.Linear(w, c.decoder) for w in c.widths)
         self.fuse = nn.Sequential(
             nn.Conv2d(len(c.widths) * c.decoder, c.decoder, 1, bias=False),
-            nn.BatchNorm2d(c.decoder), nn.ReLU(),
-        )  # fmt: skip
+            nn.BatchNorm2d(c.decoder),
+            nn.ReLU(),
+        )
         self.classify = nn.Conv2d(c.decoder, c.classes, 1)
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:

@@ -58,9 +58,12 @@ class ResidualBlock(nn.Module):
     def __init__(self, c: int):
         super().__init__()
         self.body = nn.Sequential(
-            ConvLayer(c, c, 3), nn.InstanceNorm2d(c, affine=True), nn.ReLU(),
-            ConvLayer(c, c, 3), nn.InstanceNorm2d(c, affine=True),
-        )  # fmt: skip
+            ConvLayer(c, c, 3),
+            nn.InstanceNorm2d(c, affine=True),
+            nn.ReLU(),
+            ConvLayer(c, c, 3),
+            nn.InstanceNorm2d(c, affine=True),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.body(x)
@@ -73,11 +76,14 @@ class StyleTransfer(nn.Module):
         super().__init__()
         a, b, w = c.widths
         self.body = nn.Sequential(
-            conv_norm_relu(3, a, 9), conv_norm_relu(a, b, 3, 2), conv_norm_relu(b, w, 3, 2),
+            conv_norm_relu(3, a, 9),
+            conv_norm_relu(a, b, 3, 2),
+            conv_norm_relu(b, w, 3, 2),
             *(ResidualBlock(w) for _ in range(c.residual_blocks)),
-            conv_norm_relu(w, b, 3, upsample=True), conv_norm_relu(b, a, 3, upsample=True),
+            conv_norm_relu(w, b, 3, upsample=True),
+            conv_norm_relu(b, a, 3, upsample=True),
             ConvLayer(a, 3, 9),
-        )  # fmt: skip
+        )
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
         return self.body(image)

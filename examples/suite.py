@@ -44,11 +44,20 @@ DEFAULT_OUT = Path("out/models")
 def main(argv: list[str] | None = None) -> int:
     names = [name for name, _ in SUITE]
     p = argparse.ArgumentParser(prog="python -m examples.suite", description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                   help=f"folder to write the .onnx files to (default {DEFAULT_OUT})")  # fmt: skip
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"folder to write the .onnx files to (default {DEFAULT_OUT})",
+    )
     p.add_argument("--tiny", action="store_true", help="the tiny variant of each model")
-    p.add_argument("--only", nargs="+", choices=names, metavar="NAME",
-                   help=f"models to write (default all: {', '.join(names)})")  # fmt: skip
+    p.add_argument(
+        "--only",
+        nargs="+",
+        choices=names,
+        metavar="NAME",
+        help=f"models to write (default all: {', '.join(names)})",
+    )
     p.add_argument("--dynamo", action="store_true", help="use the torch.export-based exporter")
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET)
     p.add_argument("--seed", type=int, default=0)
@@ -57,8 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, size in SUITE:
             if args.only is None or name in args.only:
-                write_example(args.out, name, "tiny" if args.tiny else size,
-                              dynamo=args.dynamo, opset=args.opset, seed=args.seed)  # fmt: skip
+                write_example(
+                    args.out,
+                    name,
+                    "tiny" if args.tiny else size,
+                    dynamo=args.dynamo,
+                    opset=args.opset,
+                    seed=args.seed,
+                )
     except ExportError as e:
         print(f"examples.suite: error: {e}", file=sys.stderr)
         return 2

@@ -273,9 +273,14 @@ class TorchEncoder(nn.Module):
     def __init__(self, c: TorchEncoderConfig):
         super().__init__()
         layer = nn.TransformerEncoderLayer(
-            c.hidden, c.heads, c.intermediate, dropout=0.0, activation=c.activation,
-            batch_first=True, norm_first=c.norm_first,
-        )  # fmt: skip
+            c.hidden,
+            c.heads,
+            c.intermediate,
+            dropout=0.0,
+            activation=c.activation,
+            batch_first=True,
+            norm_first=c.norm_first,
+        )
         self.encoder = nn.TransformerEncoder(layer, c.layers, enable_nested_tensor=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -83,9 +83,12 @@ class Yolo(nn.Module):
         super().__init__()
         w3, w4, w5 = c.widths
         self.stem = nn.Sequential(
-            conv(3, c.stem, 3, 2), conv(c.stem, w3 // 2, 3, 2), Csp(w3 // 2, w3 // 2, c.depth),
-            conv(w3 // 2, w3, 3, 2), Csp(w3, w3, c.depth),
-        )  # fmt: skip
+            conv(3, c.stem, 3, 2),
+            conv(c.stem, w3 // 2, 3, 2),
+            Csp(w3 // 2, w3 // 2, c.depth),
+            conv(w3 // 2, w3, 3, 2),
+            Csp(w3, w3, c.depth),
+        )
         self.down4 = nn.Sequential(conv(w3, w4, 3, 2), Csp(w4, w4, c.depth))
         self.down5 = nn.Sequential(conv(w4, w5, 3, 2), Csp(w5, w5, c.depth), Sppf(w5))
         # top-down

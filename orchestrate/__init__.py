@@ -43,6 +43,12 @@ def load(out_dir, **options):
 
 
 __all__ = [
-    "decompose", "optimize", "load", "OrchestrateError", "UnsupportedError", "InputError", "GraphError",
+    "decompose",
+    "optimize",
+    "load",
+    "OrchestrateError",
+    "UnsupportedError",
+    "InputError",
+    "GraphError",
     "__version__",
-]  # fmt: skip
+]

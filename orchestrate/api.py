@@ -58,8 +58,9 @@ class Bundle:
     Its kernels are the source orchestrate generates from its plan (see
     ``orchestrate.bundle.regenerate``); they are compiled (on a GPU) on the first run."""
 
-    def __init__(self, path: Path, manifest: dict, made: regenerate.Regenerated,
-                 interpret: bool | None):  # fmt: skip
+    def __init__(
+        self, path: Path, manifest: dict, made: regenerate.Regenerated, interpret: bool | None
+    ):
         self.path, self.manifest = path, manifest
         self.plan, self._made = made.planned.plan, made
         self.interpret = (not gpu_available()) if interpret is None else interpret
@@ -82,8 +83,13 @@ class Bundle:
             # before the kernels are loaded
             check_runnable(self._made.graph, self.interpret, self._made.planned.specs)
             module = load_kernels(self._made.source, self.interpret)
-            self._program = Program(self._made.planned, self._made.graph, module,
-                                    interpret=self.interpret, indices=self._indices)  # fmt: skip
+            self._program = Program(
+                self._made.planned,
+                self._made.graph,
+                module,
+                interpret=self.interpret,
+                indices=self._indices,
+            )
         return self._program
 
     def check_inputs(self, inputs: Mapping[str, object]) -> None:
@@ -124,12 +130,16 @@ def load(out_dir: str | os.PathLike, *, interpret: bool | None = None) -> Bundle
     contents = bundle.read(out_dir)
     if contents.dims is not None:
         return dynamic_api.load_dynamic(Path(out_dir), contents, interpret)
-    made = regenerate.regenerate(contents.plan, contents.constants,
-                                 contents.manifest["model"]["file"], str(out_dir))  # fmt: skip
+    made = regenerate.regenerate(
+        contents.plan, contents.constants, contents.manifest["model"]["file"], str(out_dir)
+    )
     if made.source != contents.kernels_py:
         made_by = contents.manifest["orchestrate"]
-        why = (f"it was written by orchestrate {made_by}, this is {__version__}"
-               if made_by != __version__ else "the bundle was edited")  # fmt: skip
+        why = (
+            f"it was written by orchestrate {made_by}, this is {__version__}"
+            if made_by != __version__
+            else "the bundle was edited"
+        )
         raise InputError(
             f"{out_dir}: kernels.py is not the source orchestrate generates from plan.json ({why});"
             " kernels.py is there to read, not to run: optimize the model again"
@@ -186,8 +196,9 @@ def optimize(
     trials = _count(trials, "trials", 0)
     rtol, atol = check_tolerance(rtol, "rtol"), check_tolerance(atol, "atol")
     if progress is not None and not callable(progress):
-        raise InputError(f"progress: expected a function (stage, done, total), got "
-                         f"{type(progress).__name__}")  # fmt: skip
+        raise InputError(
+            f"progress: expected a function (stage, done, total), got {type(progress).__name__}"
+        )
     options = _plan_options(options, plan_options)
     if tune is not None and not isinstance(tune, Tune):
         raise InputError(f"tune: expected an orchestrate.tune.Tune, got {type(tune).__name__}")
@@ -197,8 +208,10 @@ def optimize(
         rtol = default_rtol(options.dtype, options.tf32)
     if ranges is not None:
         if tune is not None:
-            raise InputError("--tune: not with a range of shapes yet (it times kernels at one "
-                             "shape); tune a static shape, or plan the range by the cost model")  # fmt: skip
+            raise InputError(
+                "--tune: not with a range of shapes yet (it times kernels at one "
+                "shape); tune a static shape, or plan the range by the cost model"
+            )
         return _optimize_range(model_path, out, ranges, options, trials, rtol, atol, progress)
     report_step = progress or (lambda stage, i, n: None)
     model = pipeline.load(model_path)
@@ -226,14 +239,21 @@ def optimize(
             loaded = load(staging.path)
             refusal = interpreter_refusal(graph, planned.specs) if loaded.interpret else None
             run = loaded.run if refusal is None else (lambda feeds: reference.run(graph, feeds))
-            result = verify(model, graph, run, trials=trials, rtol=rtol, atol=atol,
-                            session=session, source=str(model_path))  # fmt: skip
+            result = verify(
+                model,
+                graph,
+                run,
+                trials=trials,
+                rtol=rtol,
+                atol=atol,
+                session=session,
+                source=str(model_path),
+            )
             result = replace(result, simulated=refusal or "")
             staging.write(plan, source, constants, _report_md(plan, result), info)
             if not result.ok:
                 bad = result.first_failure()
-                what = ("the plan, simulated in numpy," if refusal
-                        else "the generated kernels")  # fmt: skip
+                what = "the plan, simulated in numpy," if refusal else "the generated kernels"
                 raise VerificationError(
                     f"{model_path}: {what} do not match onnxruntime on output "
                     f"{bad.name!r} (trial {bad.trial}): {bad.detail}",
@@ -246,8 +266,9 @@ def optimize(
     return Optimized(path, plan, result)
 
 
-def _optimize_range(model_path: Path, out: Path, ranges, options: PlanOptions, trials: int,
-                    rtol, atol, progress) -> Optimized:  # fmt: skip
+def _optimize_range(
+    model_path: Path, out: Path, ranges, options: PlanOptions, trials: int, rtol, atol, progress
+) -> Optimized:
     """``optimize`` for a range of shapes: one dynamic bundle, verified at
     MIN, OPT, MAX and ``trials`` random bindings."""
     report_step = progress or (lambda stage, i, n: None)
@@ -260,21 +281,26 @@ def _optimize_range(model_path: Path, out: Path, ranges, options: PlanOptions, t
         info = {
             "orchestrate": __version__,
             "model": {"file": model_path.name, "sha256": bundle.sha256(model_path)},
-            "shapes": {
-                i.name: list(i.shape) for i in plan.graph.inputs if i.name in family.inputs
-            },  # fmt: skip
+            "shapes": {i.name: list(i.shape) for i in plan.graph.inputs if i.name in family.inputs},
         }
         dims = family.to_json()
-        staging.write(plan, made.source, made.constants, _report_md(plan, None, family), info,
-                      dims)  # fmt: skip
+        staging.write(plan, made.source, made.constants, _report_md(plan, None, family), info, dims)
         report_step("emit", 1, 1)
         loaded = load(staging.path)
         bindings = dynamic_api.range_bindings(family, trials)
-        result = dynamic_api.verify_range(model, loaded, bindings, rtol=rtol, atol=atol,
-                                          source=str(model_path), session=session,
-                                          progress=progress)  # fmt: skip
-        staging.write(plan, made.source, made.constants, _report_md(plan, result, family), info,
-                      dims)  # fmt: skip
+        result = dynamic_api.verify_range(
+            model,
+            loaded,
+            bindings,
+            rtol=rtol,
+            atol=atol,
+            source=str(model_path),
+            session=session,
+            progress=progress,
+        )
+        staging.write(
+            plan, made.source, made.constants, _report_md(plan, result, family), info, dims
+        )
         if not result.ok:
             bad = result.first_failure()
             raise VerificationError(
@@ -311,8 +337,9 @@ def verify_bundle(
     )
     if rtol is None:
         rtol = default_rtol(loaded.plan.options.dtype, loaded.plan.options.tf32)
-    return verify(model, graph, loaded.run, trials=trials, rtol=rtol, atol=atol,
-                  source=str(model_path))  # fmt: skip
+    return verify(
+        model, graph, loaded.run, trials=trials, rtol=rtol, atol=atol, source=str(model_path)
+    )
 
 
 def _verify_range(out_dir, model_path, shapes, trials: int, rtol, atol, option: str) -> Report:
@@ -333,8 +360,9 @@ def _verify_range(out_dir, model_path, shapes, trials: int, rtol, atol, option: 
         bindings = dynamic_api.range_bindings(family, trials)
     if rtol is None:
         rtol = default_rtol(loaded.plan.options.dtype, loaded.plan.options.tf32)
-    return dynamic_api.verify_range(model, loaded, bindings, rtol=rtol, atol=atol,
-                                    source=str(model_path))  # fmt: skip
+    return dynamic_api.verify_range(
+        model, loaded, bindings, rtol=rtol, atol=atol, source=str(model_path)
+    )
 
 
 def default_rtol(dtype: str | None, tf32: bool) -> float | None:
@@ -387,8 +415,10 @@ def _check_same_interface(graph, loaded: Bundle, model_path: Path, out_dir: Path
     else:
         for name, io in mine.items():
             if io != theirs[name]:
-                problem = (f"input {name!r} is {typed(io)} in the model but {typed(theirs[name])} "
-                           "in the bundle")  # fmt: skip
+                problem = (
+                    f"input {name!r} is {typed(io)} in the model but {typed(theirs[name])} "
+                    "in the bundle"
+                )
                 if io[1] == theirs[name][1]:
                     problem += " (pass the shapes the bundle was built with)"
                 break
@@ -405,8 +435,9 @@ def _path(value, name: str) -> Path:
     try:
         return Path(value)
     except TypeError:
-        raise InputError(f"{name}: expected a path (str or os.PathLike), got "
-                         f"{type(value).__name__}") from None  # fmt: skip
+        raise InputError(
+            f"{name}: expected a path (str or os.PathLike), got {type(value).__name__}"
+        ) from None
 
 
 def _count(value, name: str, least: int) -> int:
@@ -422,11 +453,15 @@ def _plan_options(options, keywords: dict) -> PlanOptions:
     """The PlanOptions of ``optimize``: ``options``, or made from the keywords."""
     if options is not None:
         if not isinstance(options, PlanOptions):
-            raise InputError(f"options: expected an orchestrate.plan.planner.PlanOptions, got "
-                             f"{type(options).__name__}")  # fmt: skip
+            raise InputError(
+                f"options: expected an orchestrate.plan.planner.PlanOptions, got "
+                f"{type(options).__name__}"
+            )
         if keywords:
-            raise InputError(f"options and {', '.join(sorted(keywords))}: give the plan options "
-                             "as a PlanOptions or as keywords, not both")  # fmt: skip
+            raise InputError(
+                f"options and {', '.join(sorted(keywords))}: give the plan options "
+                "as a PlanOptions or as keywords, not both"
+            )
         return options
     known = PlanOptions.names()
     unknown = sorted(set(keywords) - set(known))
@@ -450,11 +485,19 @@ def _report_md(plan: Plan, result: Report | None, family: Family | None = None) 
         lines.append("not run")
     else:
         if result.simulated:
-            lines += [f"The kernels did not run: {result.simulated}. The outputs below are the "
-                      "plan's primitive graph run by orchestrate's numpy reference executor "
-                      "(its dtypes, rounded at every primitive): a check of the precision, "
-                      "not of the kernels; run `orchestrate verify` on a GPU for that.", ""]  # fmt: skip
+            lines += [
+                f"The kernels did not run: {result.simulated}. The outputs below are the "
+                "plan's primitive graph run by orchestrate's numpy reference executor "
+                "(its dtypes, rounded at every primitive): a check of the precision, "
+                "not of the kernels; run `orchestrate verify` on a GPU for that.",
+                "",
+            ]
         verdict = "PASSED" if result.ok else "FAILED"
-        lines += ["```", *result.lines(), "```", "",
-                  f"{verdict} (simulated)" if result.simulated else verdict]  # fmt: skip
+        lines += [
+            "```",
+            *result.lines(),
+            "```",
+            "",
+            f"{verdict} (simulated)" if result.simulated else verdict,
+        ]
     return "\n".join(lines) + "\n"

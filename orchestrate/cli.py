@@ -150,10 +150,13 @@ def shape_option(fn):
 
 def dim_option(fn):
     return click.option(
-        "--dim", "dims", metavar="SYMBOL=MIN..MAX[@OPT]", multiple=True,
+        "--dim",
+        "dims",
+        metavar="SYMBOL=MIN..MAX[@OPT]",
+        multiple=True,
         help="A range for a symbolic dimension of the model wherever it appears, e.g. "
-             "--dim batch=1..8 --dim sequence=2..64@32 (repeatable).",
-    )(fn)  # fmt: skip
+        "--dim batch=1..8 --dim sequence=2..64@32 (repeatable).",
+    )(fn)
 
 
 def _ranges(texts, dims):
@@ -186,9 +189,11 @@ def _shapes(texts) -> dict[str, tuple[int, ...]]:
 
     for text in texts:
         if is_range_text(text):
-            raise InputError(f"--shape {text}: this command takes one shape, not a range "
-                             "(optimize and plan take ranges; verify checks a dynamic bundle "
-                             "across its range when given no --shape)")  # fmt: skip
+            raise InputError(
+                f"--shape {text}: this command takes one shape, not a range "
+                "(optimize and plan take ranges; verify checks a dynamic bundle "
+                "across its range when given no --shape)"
+            )
     out: dict[str, tuple[int, ...]] = {}
     for name, dims in map(parse_shape, texts):
         if name in out and out[name] != dims:
@@ -220,8 +225,13 @@ def main(debug: bool) -> None:
 
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Where to write the primitive ONNX model.")  # fmt: skip
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Where to write the primitive ONNX model.",
+)
 @shape_option
 @reports_errors
 def decompose(model: Path, output: Path, shapes) -> None:
@@ -241,12 +251,21 @@ def decompose(model: Path, output: Path, shapes) -> None:
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @shape_option
-@click.option("--dtype", default=None, metavar="fp16|bf16|fp32",
-              help="Show the primitive graph run at this precision (as optimize --dtype).")  # fmt: skip
+@click.option(
+    "--dtype",
+    default=None,
+    metavar="fp16|bf16|fp32",
+    help="Show the primitive graph run at this precision (as optimize --dtype).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@click.option("--dim", "dims", metavar="SYMBOL=MIN..MAX[@OPT]", multiple=True,
-              help="A range for a symbolic dimension of the model, e.g. --dim seq=2..64; with it, "
-                   "or a range in --shape (x=1..8x2..64), show symbolic shapes instead.")  # fmt: skip
+@click.option(
+    "--dim",
+    "dims",
+    metavar="SYMBOL=MIN..MAX[@OPT]",
+    multiple=True,
+    help="A range for a symbolic dimension of the model, e.g. --dim seq=2..64; with it, "
+    "or a range in --shape (x=1..8x2..64), show symbolic shapes instead.",
+)
 @reports_errors
 def inspect(model: Path, shapes, dtype, as_json: bool, dims) -> None:
     """Op types and tensor sizes of MODEL, before and after operator fission.
@@ -296,32 +315,71 @@ def _inspect_symbolic(model: Path, shapes, dtype, as_json: bool, dims) -> None:
 def plan_options(fn):
     """The options every command that plans takes."""
     # click lists these in the reverse of the order they are applied here
-    fn = click.option("--reproducible", is_flag=True,
-                      help="Write 0 for wall-clock fields so the file is byte-identical across runs.")(fn)  # fmt: skip
-    fn = click.option("--max-kernel-nodes", type=click.IntRange(1, 64), default=16,
-                      show_default=True, help="Most primitives in one candidate kernel.")(fn)  # fmt: skip
+    fn = click.option(
+        "--reproducible",
+        is_flag=True,
+        help="Write 0 for wall-clock fields so the file is byte-identical across runs.",
+    )(fn)
+    fn = click.option(
+        "--max-kernel-nodes",
+        type=click.IntRange(1, 64),
+        default=16,
+        show_default=True,
+        help="Most primitives in one candidate kernel.",
+    )(fn)
     fn = click.option("--tf32", is_flag=True, help="Let fp32 matmuls use TF32 tensor cores.")(fn)
-    fn = click.option("--no-rewrites", "no_rewrites", is_flag=True,
-                      help="Plan without the pattern rules (attention, merged siblings, norm past "
-                           "matmul, low rank): only sets enumeration builds.")(fn)  # fmt: skip
-    fn = click.option("--gemm-backends", "gemm_backends", default="triton,library",
-                      show_default=True, metavar="LIST",
-                      help="Who may run matmuls, convolutions and attention: generated Triton "
-                           "kernels, library calls (cuBLAS, cuDNN, SDPA through torch), or both "
-                           "competing in the linear program.")(fn)  # fmt: skip
-    fn = click.option("--dtype", default=None, metavar="fp16|bf16|fp32",
-                      help="Run an fp32 model in half precision (fp16 or bf16 storage and tensor "
-                           "cores; fp32 accumulation, softmax and normalisation). Default: the "
-                           "model's own.")(fn)  # fmt: skip
-    fn = click.option("--no-recompute", "no_recompute", is_flag=True,
-                      help="Forbid computing a primitive in more than one kernel.")(fn)  # fmt: skip
-    fn = click.option("--time-limit", type=float, default=60.0, show_default=True, metavar="S",
-                      help="Seconds per linear program (the best plan found so far is kept).")(fn)  # fmt: skip
-    fn = click.option("--memory-budget", type=int, default=None, metavar="BYTES",
-                      help="Bound the bytes of intermediate tensors the plan materialises.")(fn)  # fmt: skip
-    fn = click.option("--device", default=None,
-                      help="GPU to plan for (h200, h100, a100, v100, l4, rtx4090, ...); "
-                           "default: the GPU present, else h100.")(fn)  # fmt: skip
+    fn = click.option(
+        "--no-rewrites",
+        "no_rewrites",
+        is_flag=True,
+        help="Plan without the pattern rules (attention, merged siblings, norm past "
+        "matmul, low rank): only sets enumeration builds.",
+    )(fn)
+    fn = click.option(
+        "--gemm-backends",
+        "gemm_backends",
+        default="triton,library",
+        show_default=True,
+        metavar="LIST",
+        help="Who may run matmuls, convolutions and attention: generated Triton "
+        "kernels, library calls (cuBLAS, cuDNN, SDPA through torch), or both "
+        "competing in the linear program.",
+    )(fn)
+    fn = click.option(
+        "--dtype",
+        default=None,
+        metavar="fp16|bf16|fp32",
+        help="Run an fp32 model in half precision (fp16 or bf16 storage and tensor "
+        "cores; fp32 accumulation, softmax and normalisation). Default: the "
+        "model's own.",
+    )(fn)
+    fn = click.option(
+        "--no-recompute",
+        "no_recompute",
+        is_flag=True,
+        help="Forbid computing a primitive in more than one kernel.",
+    )(fn)
+    fn = click.option(
+        "--time-limit",
+        type=float,
+        default=60.0,
+        show_default=True,
+        metavar="S",
+        help="Seconds per linear program (the best plan found so far is kept).",
+    )(fn)
+    fn = click.option(
+        "--memory-budget",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="Bound the bytes of intermediate tensors the plan materialises.",
+    )(fn)
+    fn = click.option(
+        "--device",
+        default=None,
+        help="GPU to plan for (h200, h100, a100, v100, l4, rtx4090, ...); "
+        "default: the GPU present, else h100.",
+    )(fn)
     return fn
 
 
@@ -343,19 +401,30 @@ def _plan_options(
 
     try:
         return PlanOptions(
-            device=device, memory_budget=memory_budget, time_limit=time_limit, tf32=tf32,
-            limits=Limits(max_nodes=max_kernel_nodes), reproducible=reproducible,
-            recompute=not no_recompute, dtype=dtype, gemm_backends=gemm_backends,
+            device=device,
+            memory_budget=memory_budget,
+            time_limit=time_limit,
+            tf32=tf32,
+            limits=Limits(max_nodes=max_kernel_nodes),
+            reproducible=reproducible,
+            recompute=not no_recompute,
+            dtype=dtype,
+            gemm_backends=gemm_backends,
             rewrites=not no_rewrites,
-        )  # fmt: skip
+        )
     except PlanOptionError as e:  # name the flag, not the field
         flag = _PLAN_FLAGS.get(e.field, e.field)
         raise InputError(f"{flag} {e.value}: {e.problem}") from None
 
 
-_PLAN_FLAGS = {"device": "--device", "memory_budget": "--memory-budget",
-               "time_limit": "--time-limit", "limits.max_nodes": "--max-kernel-nodes",
-               "dtype": "--dtype", "gemm_backends": "--gemm-backends"}  # fmt: skip
+_PLAN_FLAGS = {
+    "device": "--device",
+    "memory_budget": "--memory-budget",
+    "time_limit": "--time-limit",
+    "limits.max_nodes": "--max-kernel-nodes",
+    "dtype": "--dtype",
+    "gemm_backends": "--gemm-backends",
+}
 
 
 def _lowered(graph, dtype, model: Path):
@@ -380,12 +449,19 @@ def _dtype_flag():
 
 def tune_options(fn):
     """--tune and --tune-configs (plan and optimize)."""
-    fn = click.option("--tune-configs", type=int, default=None, metavar="N",
-                      help="With --tune: configurations timed per kernel, the cost model's best "
-                           "N (default 3).")(fn)  # fmt: skip
-    fn = click.option("--tune", is_flag=True,
-                      help="Time each candidate kernel's best configurations on the GPU present "
-                           "(cached) and plan with the measured times. GPU only.")(fn)  # fmt: skip
+    fn = click.option(
+        "--tune-configs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="With --tune: configurations timed per kernel, the cost model's best N (default 3).",
+    )(fn)
+    fn = click.option(
+        "--tune",
+        is_flag=True,
+        help="Time each candidate kernel's best configurations on the GPU present "
+        "(cached) and plan with the measured times. GPU only.",
+    )(fn)
     return fn
 
 
@@ -404,12 +480,15 @@ def _tuning(tune: bool, configs: int | None, device: str | None):
     from orchestrate.run.runtime import gpu_available
 
     if not gpu_available():
-        raise InputError("--tune: no CUDA GPU here (torch.cuda.is_available() is false); "
-                         "tuning times kernels on a GPU")  # fmt: skip
+        raise InputError(
+            "--tune: no CUDA GPU here (torch.cuda.is_available() is false); "
+            "tuning times kernels on a GPU"
+        )
     present = detect()
     if device is not None and present is not None and device.lower() != present:
-        raise InputError(f"--tune measures the GPU present ({present}); --device {device} plans "
-                         "for another")  # fmt: skip
+        raise InputError(
+            f"--tune measures the GPU present ({present}); --device {device} plans for another"
+        )
     from orchestrate.tune import Tune
     from orchestrate.tune.gpu import GpuTimer
     from orchestrate.tune.tuner import CONFIGS
@@ -436,8 +515,13 @@ class StageProgress:
 
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Where to write PLAN.json.")  # fmt: skip
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Where to write PLAN.json.",
+)
 @shape_option
 @dim_option
 @plan_options
@@ -464,8 +548,9 @@ def plan(model: Path, output: Path, shapes, dims, tune, tune_configs, **opts) ->
 
         dims_file = _dims_file(output)
         pipeline.check_output_path(dims_file, model)
-        made = build(pipeline.load(model), Ranges(*ranges), options, model.name, str(model),
-                     StageProgress())  # fmt: skip
+        made = build(
+            pipeline.load(model), Ranges(*ranges), options, model.name, str(model), StageProgress()
+        )
         result, family = made.plan, made.family
     else:
         graph = _lowered(pipeline.fission_file(model, _shapes(shapes)), options.dtype, model)
@@ -488,8 +573,10 @@ def _no_tune_with_range(tune: bool, ranges) -> None:
     from orchestrate.errors import InputError
 
     if tune and ranges is not None:
-        raise InputError("--tune: not with a range of shapes yet (it times kernels at one "
-                         "shape); tune a static shape, or plan the range by the cost model")  # fmt: skip
+        raise InputError(
+            "--tune: not with a range of shapes yet (it times kernels at one "
+            "shape); tune a static shape, or plan the range by the cost model"
+        )
 
 
 def _dims_file(plan_file: Path) -> Path:
@@ -526,18 +613,27 @@ def _read_family(path: Path):
 
 @main.command()
 @click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--picture", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also draw the kernels as a graph: Graphviz DOT, rendered by dot for "
-                   ".svg, .png or .pdf where dot is installed.")  # fmt: skip
-@click.option("--roofline", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also chart the kernels on the device's roofline (.png, .svg or .pdf; "
-                   "needs matplotlib).")  # fmt: skip
+@click.option(
+    "--picture",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also draw the kernels as a graph: Graphviz DOT, rendered by dot for "
+    ".svg, .png or .pdf where dot is installed.",
+)
+@click.option(
+    "--roofline",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also chart the kernels on the device's roofline (.png, .svg or .pdf; needs matplotlib).",
+)
 @click.option("--rejected", is_flag=True, help="Also list fusions that were refused, with reasons.")
-@click.option("--limit", type=int, default=40, show_default=True,
-              help="Rows of the kernel table (0: all).")  # fmt: skip
+@click.option(
+    "--limit", type=int, default=40, show_default=True, help="Rows of the kernel table (0: all)."
+)
 @reports_errors
-def explain(plan_file: Path, picture: Path | None, roofline: Path | None, rejected: bool,
-            limit: int) -> None:  # fmt: skip
+def explain(
+    plan_file: Path, picture: Path | None, roofline: Path | None, rejected: bool, limit: int
+) -> None:
     """Show PLAN.json: per-kernel table, totals against both baselines."""
     from orchestrate import explain as ex
     from orchestrate.explain import picture as pic
@@ -563,8 +659,10 @@ def explain(plan_file: Path, picture: Path | None, roofline: Path | None, reject
         pipeline.write_atomic(drawn, pic.picture(result, drawn), plan_file, "the input plan")
         click.echo(f"wrote {drawn}")
         if drawn != picture:
-            click.echo(f"Graphviz's dot is not installed: `dot -T{picture.suffix[1:].lower()} "
-                       f"{drawn} -o {picture}` renders it where it is")  # fmt: skip
+            click.echo(
+                f"Graphviz's dot is not installed: `dot -T{picture.suffix[1:].lower()} "
+                f"{drawn} -o {picture}` renders it where it is"
+            )
     if roofline is not None:
         data = roofline_chart.chart(result, roofline.suffix.lower()[1:])
         pipeline.write_atomic(roofline, data, plan_file, "the input plan")
@@ -589,30 +687,49 @@ def _tolerances(rtol, atol):
 
 
 def tolerance_options(fn):
-    fn = click.option("--atol", type=float, default=None,
-                      help="Absolute tolerance (default: rtol x the output's largest magnitude).")(fn)  # fmt: skip
-    fn = click.option("--rtol", type=float, default=None,
-                      help="Relative tolerance (default by dtype: fp32 1e-4, fp16 1e-2, "
-                           "bf16 4e-2).")(fn)  # fmt: skip
+    fn = click.option(
+        "--atol",
+        type=float,
+        default=None,
+        help="Absolute tolerance (default: rtol x the output's largest magnitude).",
+    )(fn)
+    fn = click.option(
+        "--rtol",
+        type=float,
+        default=None,
+        help="Relative tolerance (default by dtype: fp32 1e-4, fp16 1e-2, bf16 4e-2).",
+    )(fn)
     return fn
 
 
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              required=True, help="Bundle folder to write (replaced only if it is a bundle).")  # fmt: skip
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Bundle folder to write (replaced only if it is a bundle).",
+)
 @shape_option
 @dim_option
 @plan_options
-@click.option("--trials", type=click.IntRange(0, 100), default=2, show_default=True,
-              help="Random-input verification trials before success (0 skips). With a range "
-                   "of shapes: MIN, OPT and MAX are always checked, and N random shapes "
-                   "between.")  # fmt: skip
+@click.option(
+    "--trials",
+    type=click.IntRange(0, 100),
+    default=2,
+    show_default=True,
+    help="Random-input verification trials before success (0 skips). With a range "
+    "of shapes: MIN, OPT and MAX are always checked, and N random shapes "
+    "between.",
+)
 @tolerance_options
 @tune_options
 @reports_errors
-def optimize(model: Path, out_dir: Path, shapes, dims, trials, rtol, atol, tune, tune_configs,
-             **opts) -> None:  # fmt: skip
+def optimize(
+    model: Path, out_dir: Path, shapes, dims, trials, rtol, atol, tune, tune_configs, **opts
+) -> None:
     """Optimize MODEL into a bundle of Triton kernels, verified against onnxruntime.
 
     With a range (--shape x=1..8x2..64@32, --dim seq=2..64): one bundle for
@@ -624,13 +741,22 @@ def optimize(model: Path, out_dir: Path, shapes, dims, trials, rtol, atol, tune,
     _no_tune_with_range(tune, ranges)
     tuning = _tuning(tune, tune_configs, opts["device"])
     rtol, atol = _tolerances(rtol, atol)
-    given = dict(shapes=_shapes(shapes)) if ranges is None else dict(
-        shapes=ranges[0], dims=ranges[1])  # fmt: skip
+    given = (
+        dict(shapes=_shapes(shapes)) if ranges is None else dict(shapes=ranges[0], dims=ranges[1])
+    )
     with _dtype_flag():
         result = api.optimize(
-            model, out_dir, **given, options=_plan_options(**opts), trials=trials,
-            rtol=rtol, atol=atol, progress=StageProgress(), tune=tuning, _shape_option="--shape",
-        )  # fmt: skip
+            model,
+            out_dir,
+            **given,
+            options=_plan_options(**opts),
+            trials=trials,
+            rtol=rtol,
+            atol=atol,
+            progress=StageProgress(),
+            tune=tuning,
+            _shape_option="--shape",
+        )
     click.echo(explain.kernel_table(result.plan, limit=25))
     click.echo("")
     lines = explain.range_lines(result.family) if result.family is not None else []
@@ -651,11 +777,19 @@ def records() -> None:
 
 @records.command("export")
 @click.argument("out", metavar="OUT.jsonl", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--device", default=None,
-              help="Only this GPU's measurements (its name, or a device row such as h200).")  # fmt: skip
-@click.option("--cache", "cache_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="The measurement cache (default: the user's cache directory, "
-                                 "$ORCHESTRATE_CACHE_DIR or $XDG_CACHE_HOME/orchestrate).")  # fmt: skip
+@click.option(
+    "--device",
+    default=None,
+    help="Only this GPU's measurements (its name, or a device row such as h200).",
+)
+@click.option(
+    "--cache",
+    "cache_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The measurement cache (default: the user's cache directory, "
+    "$ORCHESTRATE_CACHE_DIR or $XDG_CACHE_HOME/orchestrate).",
+)
 @reports_errors
 def records_export(out: Path, device: str | None, cache_path: Path | None) -> None:
     """Write one JSON line per measurement to OUT.jsonl (schema in orchestrate/tune/records.py)."""
@@ -683,10 +817,15 @@ def _parse_inputs(texts) -> dict[str, Path]:
 
 @main.command()
 @click.argument("bundle_dir", metavar="OUT", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy",
-              help="An input array (repeatable).")  # fmt: skip
-@click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write each output to DIR/<name>.npy.")  # fmt: skip
+@click.option(
+    "--input", "inputs", multiple=True, metavar="NAME=FILE.npy", help="An input array (repeatable)."
+)
+@click.option(
+    "--output-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write each output to DIR/<name>.npy.",
+)
 @reports_errors
 def run(bundle_dir: Path, inputs, output_dir: Path | None) -> None:
     """Run the bundle OUT on .npy inputs."""
@@ -715,15 +854,22 @@ def run(bundle_dir: Path, inputs, output_dir: Path | None) -> None:
 
 @main.command()
 @click.argument("bundle_dir", metavar="OUT", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--model", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="The ONNX model the bundle must match.")  # fmt: skip
+@click.option(
+    "--model",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="The ONNX model the bundle must match.",
+)
 @shape_option
 @click.option("--trials", type=click.IntRange(1, 1000), default=3, show_default=True)
 @tolerance_options
-@click.option("--exact", is_flag=True,
-              help="Instead: check exactly, in modular arithmetic, that the plan computes the "
-                   "function of MODEL's primitive graph (Mirage's fingerprint) where the "
-                   "fragment of add, mul, matmul, sums and one exp reaches.")  # fmt: skip
+@click.option(
+    "--exact",
+    is_flag=True,
+    help="Instead: check exactly, in modular arithmetic, that the plan computes the "
+    "function of MODEL's primitive graph (Mirage's fingerprint) where the "
+    "fragment of add, mul, matmul, sums and one exp reaches.",
+)
 @reports_errors
 def verify(bundle_dir: Path, model: Path, shapes, trials, rtol, atol, exact) -> None:
     """Check that bundle OUT computes what MODEL computes (exit 1 if not)."""
@@ -740,29 +886,46 @@ def verify(bundle_dir: Path, model: Path, shapes, trials, rtol, atol, exact) -> 
             click.echo(line)
         bad = result.mismatch
         if bad is not None:
-            _fail(f"{bundle_dir} does not compute what {model} computes: tensor {bad.tensor!r}"
-                  f"{f' (trial {bad.trial})' if bad.trial >= 0 else ''}: {bad.detail}",
-                  EXIT_MISMATCH)  # fmt: skip
+            _fail(
+                f"{bundle_dir} does not compute what {model} computes: tensor {bad.tensor!r}"
+                f"{f' (trial {bad.trial})' if bad.trial >= 0 else ''}: {bad.detail}",
+                EXIT_MISMATCH,
+            )
         if not result.ok:
-            _fail(f"the false-pass bound {result.bound:.3g} did not fall below 1e-9 in "
-                  f"{result.trials} trials", EXIT_MISMATCH)  # fmt: skip
-        click.echo(f"OK: the plan computes the original's function on the fragment "
-                   f"(false-pass bound {result.bound:.3g})")  # fmt: skip
+            _fail(
+                f"the false-pass bound {result.bound:.3g} did not fall below 1e-9 in "
+                f"{result.trials} trials",
+                EXIT_MISMATCH,
+            )
+        click.echo(
+            f"OK: the plan computes the original's function on the fragment "
+            f"(false-pass bound {result.bound:.3g})"
+        )
         return
     rtol, atol = _tolerances(rtol, atol)
-    report = api.verify_bundle(bundle_dir, model, shapes=_shapes(shapes) or None, trials=trials,
-                               rtol=rtol, atol=atol, _shape_option="--shape")  # fmt: skip
+    report = api.verify_bundle(
+        bundle_dir,
+        model,
+        shapes=_shapes(shapes) or None,
+        trials=trials,
+        rtol=rtol,
+        atol=atol,
+        _shape_option="--shape",
+    )
     for line in report.lines():
         click.echo(line)
     bad = report.first_failure()
     if bad is not None:
-        where = (f"at {report.bindings[bad.trial]}" if report.bindings
-                 else f"(trial {bad.trial})")  # fmt: skip
-        _fail(f"{bundle_dir} does not match {model}: output {bad.name!r} {where}: {bad.detail}",
-              EXIT_MISMATCH)  # fmt: skip
+        where = f"at {report.bindings[bad.trial]}" if report.bindings else f"(trial {bad.trial})"
+        _fail(
+            f"{bundle_dir} does not match {model}: output {bad.name!r} {where}: {bad.detail}",
+            EXIT_MISMATCH,
+        )
     if report.bindings:
-        click.echo(f"OK: {len(report.worst())} outputs match onnxruntime at "
-                   f"{len(report.bindings)} shapes: {'; '.join(report.bindings)}")  # fmt: skip
+        click.echo(
+            f"OK: {len(report.worst())} outputs match onnxruntime at "
+            f"{len(report.bindings)} shapes: {'; '.join(report.bindings)}"
+        )
     else:
         click.echo(f"OK: {len(report.worst())} outputs match onnxruntime over {trials} trials")
 
@@ -773,44 +936,81 @@ def _verify_exact_range(bundle_dir: Path, model: Path, shapes) -> None:
     from orchestrate.errors import InputError
 
     if shapes:
-        raise InputError("--shape: verify --exact checks a dynamic bundle at MIN, OPT and MAX "
-                         "of its range; give no --shape")  # fmt: skip
+        raise InputError(
+            "--shape: verify --exact checks a dynamic bundle at MIN, OPT and MAX "
+            "of its range; give no --shape"
+        )
     for where, result in verify_exact_range(bundle_dir, model):
         click.echo(f"at {where}:")
         for line in result.lines():
             click.echo(f"  {line}")
         bad = result.mismatch
         if bad is not None:
-            _fail(f"{bundle_dir} does not compute what {model} computes at {where}: tensor "
-                  f"{bad.tensor!r}: {bad.detail}", EXIT_MISMATCH)  # fmt: skip
+            _fail(
+                f"{bundle_dir} does not compute what {model} computes at {where}: tensor "
+                f"{bad.tensor!r}: {bad.detail}",
+                EXIT_MISMATCH,
+            )
         if not result.ok:
-            _fail(f"at {where}: the false-pass bound {result.bound:.3g} did not fall below 1e-9 "
-                  f"in {result.trials} trials", EXIT_MISMATCH)  # fmt: skip
+            _fail(
+                f"at {where}: the false-pass bound {result.bound:.3g} did not fall below 1e-9 "
+                f"in {result.trials} trials",
+                EXIT_MISMATCH,
+            )
     click.echo("OK: the plan computes the original's function on the fragment at MIN, OPT and MAX")
 
 
 @main.command()
 @click.argument("target", metavar="MODEL.onnx|OUT", type=click.Path(path_type=Path))
-@click.option("--model", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="For a bundle OUT: the ONNX model it was made from (the baselines run it).")  # fmt: skip
-@click.option("--against", default=None, metavar="LIST",
-              help="Baselines, comma-separated: eager, compile, compile-max-autotune, ort-cuda, "
-                   "ort-cpu. Default: all (ort-cpu only without a GPU).")  # fmt: skip
-@click.option("--dtype", default=None, metavar="fp16|bf16|fp32",
-              help="Optimize MODEL.onnx at this precision; the baselines run at it too.")  # fmt: skip
+@click.option(
+    "--model",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="For a bundle OUT: the ONNX model it was made from (the baselines run it).",
+)
+@click.option(
+    "--against",
+    default=None,
+    metavar="LIST",
+    help="Baselines, comma-separated: eager, compile, compile-max-autotune, ort-cuda, "
+    "ort-cpu. Default: all (ort-cpu only without a GPU).",
+)
+@click.option(
+    "--dtype",
+    default=None,
+    metavar="fp16|bf16|fp32",
+    help="Optimize MODEL.onnx at this precision; the baselines run at it too.",
+)
 @click.option("--device", default=None, help="Plan for this GPU (default: the one present).")
 @shape_option
 @click.option("--runs", type=click.IntRange(1, 10000), default=20, show_default=True)
 @click.option("--warmup", type=click.IntRange(0, 1000), default=3, show_default=True)
-@click.option("--inputs", "sets", type=click.IntRange(1, 64), default=4, show_default=True,
-              help="Random input sets, rotated through the timed calls.")  # fmt: skip
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the results document here.")  # fmt: skip
-@click.option("--chart", "chart_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="Draw the results as a PNG here (needs matplotlib).")  # fmt: skip
+@click.option(
+    "--inputs",
+    "sets",
+    type=click.IntRange(1, 64),
+    default=4,
+    show_default=True,
+    help="Random input sets, rotated through the timed calls.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the results document here.",
+)
+@click.option(
+    "--chart",
+    "chart_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Draw the results as a PNG here (needs matplotlib).",
+)
 @reports_errors
-def bench(target: Path, model, against, dtype, device, shapes, runs, warmup, sets, json_path,
-          chart_path) -> None:  # fmt: skip
+def bench(
+    target: Path, model, against, dtype, device, shapes, runs, warmup, sets, json_path, chart_path
+) -> None:
     """Time MODEL.onnx optimized (or bundle OUT) against torch eager, torch.compile and
     onnxruntime, on the same inputs and clock; report latency, memory, ready time and
     the roofline floor."""
@@ -825,8 +1025,13 @@ def bench(target: Path, model, against, dtype, device, shapes, runs, warmup, set
     check_dtype(dtype, "--dtype")
     on_gpu = clock.cuda()
     try:
-        keys = (runtimes.against(against.split(",")) if against is not None
-                else runtimes.DEFAULT_GPU if on_gpu else runtimes.DEFAULT_CPU)  # fmt: skip
+        keys = (
+            runtimes.against(against.split(","))
+            if against is not None
+            else runtimes.DEFAULT_GPU
+            if on_gpu
+            else runtimes.DEFAULT_CPU
+        )
     except ValueError as e:
         raise InputError(str(e)) from None
     for path, suffix in ((json_path, ".json"), (chart_path, ".png")):
@@ -834,16 +1039,28 @@ def bench(target: Path, model, against, dtype, device, shapes, runs, warmup, set
             raise InputError(f"{path}: expected a {suffix} file name")
     t = resolve(target, model, _shapes(shapes), dtype=dtype, device=device)
     try:
-        result = bench_model(t.name, t.bundle, t.model, t.graph, keys,
-                             Settings(runs, warmup, sets, on_gpu), optimize_s=t.optimize_s,
-                             verified=t.verified, verify_note=t.verify_note)  # fmt: skip
+        result = bench_model(
+            t.name,
+            t.bundle,
+            t.model,
+            t.graph,
+            keys,
+            Settings(runs, warmup, sets, on_gpu),
+            optimize_s=t.optimize_s,
+            verified=t.verified,
+            verify_note=t.verify_note,
+        )
     finally:
         t.close()
     interpreter = bool(t.bundle.interpret)
     for line in report.table(result, interpreter):
         click.echo(line)
-    doc = report.document([report.model_record(result)], device=_device_name(on_gpu),
-                          clock=clock.clock_name(on_gpu), interpreter=interpreter)  # fmt: skip
+    doc = report.document(
+        [report.model_record(result)],
+        device=_device_name(on_gpu),
+        clock=clock.clock_name(on_gpu),
+        interpreter=interpreter,
+    )
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(doc, indent=2) + "\n")

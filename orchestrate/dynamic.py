@@ -112,8 +112,10 @@ class _Graphs:
             else:
                 g = _named_like(g, self.first)
                 ref = self.first.constants
-                shared = {k: ref[k] if k in ref and same_array(ref[k], v) else v
-                          for k, v in g.constants.items()}  # fmt: skip
+                shared = {
+                    k: ref[k] if k in ref and same_array(ref[k], v) else v
+                    for k, v in g.constants.items()
+                }
                 g = ir.Graph(g.nodes, g.inputs, g.outputs, shared, g.name)
             self.made[binding] = g
         return self.made[binding]
@@ -134,8 +136,16 @@ def _named_like(g: ir.Graph, ref: ir.Graph) -> ir.Graph:
         inputs = list(n.inputs)
         if other is not None and len(other.inputs) == len(inputs):
             for k, (mine, theirs) in enumerate(zip(n.inputs, other.inputs)):
-                if mine != theirs and mine in g.constants and theirs in ref.constants and (
-                        theirs not in g.constants or theirs in consts and consts[theirs] is g.constants[mine]):  # fmt: skip
+                if (
+                    mine != theirs
+                    and mine in g.constants
+                    and theirs in ref.constants
+                    and (
+                        theirs not in g.constants
+                        or theirs in consts
+                        and consts[theirs] is g.constants[mine]
+                    )
+                ):
                     consts[theirs] = g.constants[mine]
                     inputs[k] = theirs
                     changed = True
@@ -147,8 +157,9 @@ def _named_like(g: ir.Graph, ref: ir.Graph) -> ir.Graph:
     return ir.Graph(tuple(new_nodes), g.inputs, g.outputs, consts, g.name)
 
 
-def build(model: onnx.ModelProto, ranges: Ranges, options, model_file: str, source: str,
-          progress=None) -> Built:  # fmt: skip
+def build(
+    model: onnx.ModelProto, ranges: Ranges, options, model_file: str, source: str, progress=None
+) -> Built:
     """Plan ``model`` for ``ranges`` (see the module doc)."""
     report = progress or (lambda stage, i, n: None)
     symbolic = bind(model, ranges, source)
@@ -178,20 +189,30 @@ def build(model: onnx.ModelProto, ranges: Ranges, options, model_file: str, sour
 def _pinned(plan: Plan, family: Family, g_max: ir.Graph, top: Binding, source: str) -> Plan:
     """``plan`` with each kernel's interpreter blocks those of MAX, so that
     the recorded configuration serves the whole range there too."""
-    bare = replace(plan, kernels=tuple(
-        replace(k, config=replace(k.config, interpret=())) for k in plan.kernels))  # fmt: skip
-    at_max = regenerate.planned(family.plan_at(bare, top), g_max, source, check_hash=False,
-                                own_interpret=True)  # fmt: skip
-    return replace(plan, kernels=tuple(
-        replace(k, config=s.config) if not k.is_view else k
-        for k, s in zip(plan.kernels, at_max.specs)))  # fmt: skip
+    bare = replace(
+        plan,
+        kernels=tuple(replace(k, config=replace(k.config, interpret=())) for k in plan.kernels),
+    )
+    at_max = regenerate.planned(
+        family.plan_at(bare, top), g_max, source, check_hash=False, own_interpret=True
+    )
+    return replace(
+        plan,
+        kernels=tuple(
+            replace(k, config=s.config) if not k.is_view else k
+            for k, s in zip(plan.kernels, at_max.specs)
+        ),
+    )
 
 
 def _stored(plan: Plan, g_opt: ir.Graph, g_max: ir.Graph, family: Family) -> dict[str, np.ndarray]:
     """The constants the kernels read, the sliced ones at MAX."""
     used = {t for k in plan.kernels for t in k.inputs}
-    return {k: (g_max if k in family.sliced else g_opt).constants[k]
-            for k in g_opt.constants if k in used}  # fmt: skip
+    return {
+        k: (g_max if k in family.sliced else g_opt).constants[k]
+        for k in g_opt.constants
+        if k in used
+    }
 
 
 @dataclass(frozen=True)
@@ -203,8 +224,14 @@ class Instance:
     planned: Planned
 
 
-def instance(plan: Plan, family: Family, constants: Mapping[str, np.ndarray], binding: Binding,
-             source: str, graph: ir.Graph | None = None) -> Instance:  # fmt: skip
+def instance(
+    plan: Plan,
+    family: Family,
+    constants: Mapping[str, np.ndarray],
+    binding: Binding,
+    source: str,
+    graph: ir.Graph | None = None,
+) -> Instance:
     """The plan at ``binding`` (its graph rebuilt from the plan and the
     constants, and type-checked, unless ``graph`` is given)."""
     at = family.plan_at(plan, binding)
@@ -216,9 +243,14 @@ def instance(plan: Plan, family: Family, constants: Mapping[str, np.ndarray], bi
         raise InputError(f"{e} (at {family.named(binding)})") from None
 
 
-def regenerate_dynamic(plan: Plan, family: Family, constants: Mapping[str, np.ndarray],
-                       model_file: str, source: str,
-                       at_opt: ir.Graph | None = None) -> regenerate.Regenerated:  # fmt: skip
+def regenerate_dynamic(
+    plan: Plan,
+    family: Family,
+    constants: Mapping[str, np.ndarray],
+    model_file: str,
+    source: str,
+    at_opt: ir.Graph | None = None,
+) -> regenerate.Regenerated:
     """The graph and specs at OPT and the lifted ``kernels.py`` (see the module doc)."""
     title = regenerate.title(model_file)
     opt = family.at("opt")
@@ -230,10 +262,13 @@ def regenerate_dynamic(plan: Plan, family: Family, constants: Mapping[str, np.nd
     for end in ("min", "max"):  # the rules take the plan's kernels at the range's ends too
         instance(plan, family, constants, family.at(end), source)
     shown = emit(here.graph, here.planned, title=title)
-    lifted = lift_source(printed, family.grid, family.codes, [d.name for d in family.dims],
-                         shown, family.named(opt))  # fmt: skip
+    lifted = lift_source(
+        printed, family.grid, family.codes, [d.name for d in family.dims], shown, family.named(opt)
+    )
     if isinstance(lifted, Unliftable):
         where = f"kernel function {lifted.function}" if lifted.function else "the kernels"
-        raise InputError(f"{source}: {where} cannot serve the range: {lifted.reason}; "
-                         "narrow the range with --shape or --dim")  # fmt: skip
+        raise InputError(
+            f"{source}: {where} cannot serve the range: {lifted.reason}; "
+            "narrow the range with --shape or --dim"
+        )
     return regenerate.Regenerated(here.graph, here.planned, lifted)

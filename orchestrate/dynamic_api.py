@@ -48,10 +48,14 @@ def _one_range(value, where: str) -> DimRange:
         return value
     if isinstance(value, str):
         return parse_range(value, where)
-    if isinstance(value, tuple) and 2 <= len(value) <= 3 and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value):  # fmt: skip
-        return parse_range("..".join(map(str, value[:2])) + (f"@{value[2]}" if len(value) == 3
-                                                            else ""), where)  # fmt: skip
+    if (
+        isinstance(value, tuple)
+        and 2 <= len(value) <= 3
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        return parse_range(
+            "..".join(map(str, value[:2])) + (f"@{value[2]}" if len(value) == 3 else ""), where
+        )
     if isinstance(value, int) and not isinstance(value, bool):
         return parse_range(str(value), where)
     raise InputError(
@@ -71,7 +75,8 @@ def parse_ranges(shapes, dims, option: str = "shapes") -> Ranges | None:
         if isinstance(v, str):
             return ".." in v
         return isinstance(v, DimRange) or (
-            isinstance(v, (tuple, list)) and any(isinstance(d, (str, DimRange, tuple)) for d in v))  # fmt: skip
+            isinstance(v, (tuple, list)) and any(isinstance(d, (str, DimRange, tuple)) for d in v)
+        )
 
     if not dims and not any(ranged(v) for v in shapes.values()):
         return None
@@ -92,8 +97,16 @@ class DynamicBundle:
     """A loaded dynamic bundle: ``run(inputs)`` at any shape in its range.
     ``dims`` gives each dimension's range; ``inputs`` the input shapes at OPT."""
 
-    def __init__(self, path: Path, manifest: dict, plan: Plan, family: Family,
-                 constants, source: str, interpret: bool | None):  # fmt: skip
+    def __init__(
+        self,
+        path: Path,
+        manifest: dict,
+        plan: Plan,
+        family: Family,
+        constants,
+        source: str,
+        interpret: bool | None,
+    ):
         self.path, self.manifest, self.plan, self.family = path, manifest, plan, family
         self.interpret = (not gpu_available()) if interpret is None else interpret
         self._constants, self._source = constants, source
@@ -112,12 +125,19 @@ class DynamicBundle:
     @property
     def program(self) -> DynamicProgram:
         if self._program is None:
-            opt = instance(self.plan, self.family, self._constants, self.family.at("opt"),
-                           str(self.path))  # fmt: skip
+            opt = instance(
+                self.plan, self.family, self._constants, self.family.at("opt"), str(self.path)
+            )
             check_runnable(opt.graph, self.interpret, opt.planned.specs)
             module = load_kernels(self._source, self.interpret)
-            self._program = DynamicProgram(self.plan, self.family, self._constants, module,
-                                           str(self.path), interpret=self.interpret)  # fmt: skip
+            self._program = DynamicProgram(
+                self.plan,
+                self.family,
+                self._constants,
+                module,
+                str(self.path),
+                interpret=self.interpret,
+            )
         return self._program
 
     def binding(self, inputs: Mapping[str, object]) -> Binding:
@@ -149,14 +169,24 @@ def load_dynamic(out_dir: Path, contents: bundle.Contents, interpret: bool | Non
     """The dynamic bundle in ``contents``, its kernels printed again and
     compared with the shipped kernels.py (as ``api.load``)."""
     family = Family.from_json(contents.dims, f"{out_dir}/{bundle.DIMS}")
-    made = regenerate_dynamic(contents.plan, family, contents.constants,
-                              contents.manifest["model"]["file"], str(out_dir))  # fmt: skip
+    made = regenerate_dynamic(
+        contents.plan, family, contents.constants, contents.manifest["model"]["file"], str(out_dir)
+    )
     if made.source != contents.kernels_py:
-        raise InputError(f"{out_dir}: kernels.py is not the source orchestrate generates from "
-                         "plan.json and dims.json (the bundle was edited, or written by another "
-                         "version); optimize the model again")  # fmt: skip
-    return DynamicBundle(out_dir, contents.manifest, contents.plan, family, contents.constants,
-                         made.source, interpret)  # fmt: skip
+        raise InputError(
+            f"{out_dir}: kernels.py is not the source orchestrate generates from "
+            "plan.json and dims.json (the bundle was edited, or written by another "
+            "version); optimize the model again"
+        )
+    return DynamicBundle(
+        out_dir,
+        contents.manifest,
+        contents.plan,
+        family,
+        contents.constants,
+        made.source,
+        interpret,
+    )
 
 
 def range_bindings(family: Family, trials: int, seed: int = 0) -> list[Binding]:
@@ -165,8 +195,7 @@ def range_bindings(family: Family, trials: int, seed: int = 0) -> list[Binding]:
     when the range holds no more than ``trials + 3``."""
     sizes = [d.range.max - d.range.min + 1 for d in family.dims]
     if np.prod(sizes, dtype=np.int64) <= trials + 3:
-        return list(itertools.product(*(range(d.range.min, d.range.max + 1)
-                                         for d in family.dims)))  # fmt: skip
+        return list(itertools.product(*(range(d.range.min, d.range.max + 1) for d in family.dims)))
     out: list[Binding] = []
     for which in ("min", "opt", "max"):
         b = family.at(which)
@@ -187,12 +216,23 @@ def range_bindings(family: Family, trials: int, seed: int = 0) -> list[Binding]:
 
 def input_shapes(loaded: DynamicBundle, binding: Binding) -> dict[str, tuple[int, ...]]:
     family = loaded.family
-    return {i.name: family.input_shape(i.name, binding) if i.name in family.inputs else i.shape
-            for i in loaded.plan.graph.inputs}  # fmt: skip
+    return {
+        i.name: family.input_shape(i.name, binding) if i.name in family.inputs else i.shape
+        for i in loaded.plan.graph.inputs
+    }
 
 
-def verify_range(model, loaded: DynamicBundle, bindings: list[Binding], *, rtol, atol,
-                 source: str, session=None, progress=None) -> Report:  # fmt: skip
+def verify_range(
+    model,
+    loaded: DynamicBundle,
+    bindings: list[Binding],
+    *,
+    rtol,
+    atol,
+    source: str,
+    session=None,
+    progress=None,
+) -> Report:
     """Compare ``loaded`` with onnxruntime at each binding (one random input
     each, seeded by its position).  Where the kernels cannot run here (bf16
     matmuls in the interpreter) the plan's graph is simulated in numpy."""
@@ -208,8 +248,17 @@ def verify_range(model, loaded: DynamicBundle, bindings: list[Binding], *, rtol,
             loaded.run if refusal is None else (lambda feeds, g=inst.graph: reference.run(g, feeds))
         )
         simulated = simulated or (refusal or "")
-        r = verify(model, graph, run, trials=1, rtol=rtol, atol=atol, seed=k, session=session,
-                   source=source)  # fmt: skip
+        r = verify(
+            model,
+            graph,
+            run,
+            trials=1,
+            rtol=rtol,
+            atol=atol,
+            seed=k,
+            session=session,
+            source=source,
+        )
         checks += [_at(c, k) for c in r.checks]
         names.append(loaded.family.named(b))
     return Report(tuple(checks), simulated, tuple(names))

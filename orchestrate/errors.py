@@ -31,8 +31,9 @@ class GraphError(OrchestrateError):
     """A primitive graph that breaks an IR rule (shapes, dtypes, ordering)."""
 
 
-def check_format(found, current: str, older: dict[str, str], source: str, what: str,
-                 redo: str) -> None:  # fmt: skip
+def check_format(
+    found, current: str, older: dict[str, str], source: str, what: str, redo: str
+) -> None:
     """Refuse a file of another format than ``current``: an older one names
     what it lacks (``older``) and what to ``redo``; anything else is not ``what``."""
     if not isinstance(found, str):

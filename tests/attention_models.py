@@ -47,8 +47,16 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-MASKS = ("none", "causal_inf", "causal_min", "causal_where", "causal_range", "padding",
-         "padding_causal", "sliding")  # fmt: skip
+MASKS = (
+    "none",
+    "causal_inf",
+    "causal_min",
+    "causal_where",
+    "causal_range",
+    "padding",
+    "padding_causal",
+    "sliding",
+)
 WINDOW = 8
 ELEM = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 
@@ -170,9 +178,18 @@ def model(case: Case) -> onnx.ModelProto:
     q, k, v = "q", "k", "v"
     broadcast = Hkv < H and case.gqa == "broadcast"
     if Hkv < H and case.gqa == "expand":  # transformers' repeat_kv
-        k, v = (_shape(n, n("Expand", n("Unsqueeze", t, n.const([2], np.int64)),
-                             n.const([B, Hkv, groups, L, D], np.int64)), (B, H, L, D))
-                for t in (k, v))  # fmt: skip
+        k, v = (
+            _shape(
+                n,
+                n(
+                    "Expand",
+                    n("Unsqueeze", t, n.const([2], np.int64)),
+                    n.const([B, Hkv, groups, L, D], np.int64),
+                ),
+                (B, H, L, D),
+            )
+            for t in (k, v)
+        )
     if broadcast:
         q = _shape(n, q, (B, Hkv, groups, Lq, D))
         k, v = (n("Unsqueeze", t, n.const([2], np.int64)) for t in (k, v))
@@ -198,14 +215,20 @@ def model(case: Case) -> onnx.ModelProto:
         out = _shape(n, out, (B, H, Lq, D))
     n.nodes[-1].output[0] = "out"
     elem = ELEM[case.float_type]
-    inputs = [helper.make_tensor_value_info("q", elem, (B, H, Lq, D)),
-              helper.make_tensor_value_info("k", elem, (B, Hkv, L, D)),
-              helper.make_tensor_value_info("v", elem, (B, Hkv, L, D))]  # fmt: skip
+    inputs = [
+        helper.make_tensor_value_info("q", elem, (B, H, Lq, D)),
+        helper.make_tensor_value_info("k", elem, (B, Hkv, L, D)),
+        helper.make_tensor_value_info("v", elem, (B, Hkv, L, D)),
+    ]
     if case.mask.startswith("padding"):
         inputs.append(helper.make_tensor_value_info("mask", TensorProto.INT64, (B, L)))
-    g = helper.make_graph(n.nodes, case.id, inputs,
-                          [helper.make_tensor_value_info("out", elem, (B, H, Lq, D))],
-                          initializer=n.inits)  # fmt: skip
+    g = helper.make_graph(
+        n.nodes,
+        case.id,
+        inputs,
+        [helper.make_tensor_value_info("out", elem, (B, H, Lq, D))],
+        initializer=n.inits,
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
     m.ir_version = 9
     onnx.checker.check_model(m, full_check=True)

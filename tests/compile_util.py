@@ -36,8 +36,12 @@ print(json.dumps(out))
 """
 
 
-def compile_sm90(tmp_path: Path, kernels: Sequence[tuple], extra_dtypes: Mapping[str, str] = {},
-                 timeout: int = 600) -> list[tuple[int, int | None]]:  # fmt: skip
+def compile_sm90(
+    tmp_path: Path,
+    kernels: Sequence[tuple],
+    extra_dtypes: Mapping[str, str] = {},
+    timeout: int = 600,
+) -> list[tuple[int, int | None]]:
     """(shared bytes, spilled bytes or None) of each (graph, spec, writes,
     function name, module title) compiled for sm_90; skips the test when
     there is no ptxas."""
@@ -46,14 +50,21 @@ def compile_sm90(tmp_path: Path, kernels: Sequence[tuple], extra_dtypes: Mapping
         ks = kernel_source(g, spec, writes, name)
         slots = {v: k for k, v in pointers(g, spec, writes).slots.items()}
         path = tmp_path / f"k{i}.py"
-        path.write_text(module([ks], [Launch("k", ks.name, tuple(slots[p] for p in ks.params))],
-                               title))  # fmt: skip
+        path.write_text(
+            module([ks], [Launch("k", ks.name, tuple(slots[p] for p in ks.params))], title)
+        )
         dtypes = {t: g.types[t].dtype for t in (*spec.inputs, *writes)} | dict(extra_dtypes)
         jobs.append((str(path), dtypes))
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE, str(tmp_path / "jobs.json")], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", _COMPILE, str(tmp_path / "jobs.json")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if run.returncode and "ptxas" in run.stderr and "not found" in run.stderr:
         pytest.skip("no ptxas to compile with")
     assert run.returncode == 0, run.stderr[-4000:]

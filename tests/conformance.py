@@ -92,8 +92,9 @@ def _compare(got: dict, want: list, names: list[str], rtol: float, atol: float) 
         if w.dtype.kind in "biu":
             if not np.array_equal(g, w):
                 return f"{name}: integer/bool values differ"
-        elif not np.allclose(g.astype(np.float64), w.astype(np.float64), rtol=rtol, atol=atol,
-                             equal_nan=True):  # fmt: skip
+        elif not np.allclose(
+            g.astype(np.float64), w.astype(np.float64), rtol=rtol, atol=atol, equal_nan=True
+        ):
             err = np.nanmax(np.abs(g.astype(np.float64) - w.astype(np.float64)))
             return f"{name}: max abs error {err:.3g} (rtol {rtol}, atol {atol})"
     return None

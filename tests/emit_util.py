@@ -18,8 +18,12 @@ from orchestrate.plan.planner import PlanOptions, plan_sets
 from orchestrate.run.runtime import Program, load_kernels
 
 
-def plan_from_sets(graph: ir.Graph, sets: Sequence[Sequence[str]], writes_all: bool = True,
-                   options: PlanOptions | None = None) -> Planned:  # fmt: skip
+def plan_from_sets(
+    graph: ir.Graph,
+    sets: Sequence[Sequence[str]],
+    writes_all: bool = True,
+    options: PlanOptions | None = None,
+) -> Planned:
     """A plan whose kernels are exactly ``sets`` (in order); every value read
     outside its kernel is written.  Checked with the plan checker."""
     return plan_sets(graph, sets, options or PlanOptions(), writes_all)
@@ -33,13 +37,17 @@ def one_kernel(graph: ir.Graph, options: PlanOptions | None = None) -> Planned:
 def run_plan(graph: ir.Graph, planned: Planned, inputs: dict[str, np.ndarray]) -> tuple[dict, str]:
     """Emit, import under the interpreter and run ``planned``; (outputs, source)."""
     src = emit(graph, planned)
-    program = Program(planned, graph, load_kernels(src, interpret=True),
-                      interpret=True)  # fmt: skip
+    program = Program(planned, graph, load_kernels(src, interpret=True), interpret=True)
     return program.run(inputs), src
 
 
-def assert_matches_reference(graph: ir.Graph, planned: Planned, inputs: dict[str, np.ndarray],
-                             rtol: float = 1e-5, atol: float = 1e-6) -> str:  # fmt: skip
+def assert_matches_reference(
+    graph: ir.Graph,
+    planned: Planned,
+    inputs: dict[str, np.ndarray],
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+) -> str:
     """Run ``planned`` and compare every output with the float64 reference."""
     got, src = run_plan(graph, planned, inputs)
     want = reference.run(graph, inputs, float64=True)

@@ -39,9 +39,14 @@ _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_
 # ci does not shrink: a property that fails today is xfail, and its minimal
 # case is a regression test of its own
 settings.register_profile(
-    "ci", deadline=None, derandomize=True, database=None, print_blob=True,
-    suppress_health_check=_HEALTH, phases=(Phase.explicit, Phase.generate),
-)  # fmt: skip
+    "ci",
+    deadline=None,
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    suppress_health_check=_HEALTH,
+    phases=(Phase.explicit, Phase.generate),
+)
 settings.register_profile(
     "fuzz", deadline=None, derandomize=False, print_blob=True, suppress_health_check=_HEALTH
 )
@@ -247,14 +252,17 @@ def named_model(n: Names = Names(), value_info: bool = True) -> onnx.ModelProto:
         helper.make_node("Softmax", [n.t], [n.z], name=n.softmax, axis=-1),
     ]
     g = helper.make_graph(
-        nodes, n.graph,
+        nodes,
+        n.graph,
         [helper.make_tensor_value_info(n.x, F32, [2, 8])],
-        [helper.make_tensor_value_info(n.y, F32, [2, 8]),
-         helper.make_tensor_value_info(n.z, F32, [2, 8])],
+        [
+            helper.make_tensor_value_info(n.y, F32, [2, 8]),
+            helper.make_tensor_value_info(n.z, F32, [2, 8]),
+        ],
         initializer=[numpy_helper.from_array(np.linspace(-1, 1, 8, dtype=np.float32), n.w)],
         value_info=[helper.make_tensor_value_info(n.t, F32, [2, 8])] if value_info else [],
         doc_string=n.doc,
-    )  # fmt: skip
+    )
     return finish(g, infer=False)
 
 
@@ -295,12 +303,15 @@ def gather_model() -> onnx.ModelProto:
         helper.make_node("Add", ["e", "one"], ["z"], name="add"),
     ]
     g = helper.make_graph(
-        nodes, "gathered",
-        [helper.make_tensor_value_info("x", F32, [3, 8]),
-         helper.make_tensor_value_info("ids", I64, [4])],
+        nodes,
+        "gathered",
+        [
+            helper.make_tensor_value_info("x", F32, [3, 8]),
+            helper.make_tensor_value_info("ids", I64, [4]),
+        ],
         [onnx.ValueInfoProto(name="y"), onnx.ValueInfoProto(name="z")],
         initializer=inits,
-    )  # fmt: skip
+    )
     return finish(g)
 
 
@@ -417,8 +428,19 @@ def flip(data: bytes, flips: list[tuple[int, int]]) -> bytes:
 
 # every Unicode line terminator Python's str.splitlines knows, and the
 # characters that end or escape a Python comment or string
-LINE_TERMINATORS = ("\n", "\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85",
-                    "\u2028", "\u2029")  # fmt: skip
+LINE_TERMINATORS = (
+    "\n",
+    "\r",
+    "\r\n",
+    "\x0b",
+    "\x0c",
+    "\x1c",
+    "\x1d",
+    "\x1e",
+    "\x85",
+    "\u2028",
+    "\u2029",
+)
 SOURCE_BREAKERS = ('"', "'", '"""', "'''", "\\", "#", "{", "}", "%", "\x00", "\t", "\x1b[2J")
 
 

@@ -20,9 +20,12 @@ def build(fn, shapes, dtype="float32", name="g") -> ir.Graph:
     out = fn(b, *xs)
     outs = out if isinstance(out, tuple) else (out,)
     g = ir.Graph(
-        tuple(b.nodes), tuple(ir.Input(x.name, x.type) for x in xs),
-        tuple(o.name for o in outs), b.constants, name,
-    )  # fmt: skip
+        tuple(b.nodes),
+        tuple(ir.Input(x.name, x.type) for x in xs),
+        tuple(o.name for o in outs),
+        b.constants,
+        name,
+    )
     return type_rules.validate(eliminate_dead_code(g))
 
 

@@ -72,8 +72,12 @@ def test_decompose_stays_callable_after_any_import(tmp_path, model_file):
     env = dict(os.environ, TRITON_INTERPRET="1")
     run = subprocess.run(
         [sys.executable, "-c", script, str(model_file), str(tmp_path / "m.orch")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip().endswith("ok")
 
@@ -83,8 +87,9 @@ def test_numpy_integer_shapes_are_integers(tmp_path, model_file):
     manifest could not hold numpy integers): any integer is accepted and
     written as a plain int."""
     out = tmp_path / "m.orch"
-    result = orchestrate.optimize(model_file, out, shapes={"x": (np.int64(3), np.int32(8))},
-                                  trials=1)  # fmt: skip
+    result = orchestrate.optimize(
+        model_file, out, shapes={"x": (np.int64(3), np.int32(8))}, trials=1
+    )
     assert result.report is not None and result.report.ok
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["shapes"] == {"x": [3, 8]}
@@ -150,9 +155,13 @@ def test_bad_optimize_arguments_are_named(tmp_path, model_file, kwargs, needles)
 
 @pytest.mark.parametrize(
     "model_path, out_dir, needle",
-    [(123, "out", "model_path: expected a path"), ("m.onnx", None, "out_dir: expected a path"),
-     ("", "out", "model_path: an empty path"), ("m.onnx", "", "out_dir: an empty path")],
-)  # fmt: skip
+    [
+        (123, "out", "model_path: expected a path"),
+        ("m.onnx", None, "out_dir: expected a path"),
+        ("", "out", "model_path: an empty path"),
+        ("m.onnx", "", "out_dir: an empty path"),
+    ],
+)
 def test_bad_paths_are_named(tmp_path, model_path, out_dir, needle):
     with pytest.raises(InputError, match=needle):
         orchestrate.optimize(model_path, out_dir, shapes={"x": (2, 8)})
@@ -204,10 +213,13 @@ def test_load_and_verify_bundle_check_their_arguments(tmp_path, model_file):
         api.load(missing, interpret=1)
     with pytest.raises(InputError, match="out_dir: expected a path"):
         orchestrate.load(3.5)
-    for kwargs, needle in (({"trials": 0}, "trials=0: must be an integer >= 1"),
-                           ({"trials": "3"}, "trials='3'"), ({"rtol": NAN}, "rtol=nan"),
-                           ({"atol": -1}, "atol=-1"),
-                           ({"shapes": {"x": (2, -1)}}, r"shapes\['x'\]: dimension 1 is -1")):  # fmt: skip
+    for kwargs, needle in (
+        ({"trials": 0}, "trials=0: must be an integer >= 1"),
+        ({"trials": "3"}, "trials='3'"),
+        ({"rtol": NAN}, "rtol=nan"),
+        ({"atol": -1}, "atol=-1"),
+        ({"shapes": {"x": (2, -1)}}, r"shapes\['x'\]: dimension 1 is -1"),
+    ):
         with pytest.raises(InputError, match=needle):
             api.verify_bundle(missing, model_file, **kwargs)
     with pytest.raises(InputError, match="model_path: expected a path"):

@@ -24,8 +24,7 @@ from tests.util import node_model
 # -- graphs ---------------------------------------------------------------------------
 
 
-def attention_fn(scale=None, mask=None, kv_heads=None, split_heads=None, where=False,
-                 guard=None):  # fmt: skip
+def attention_fn(scale=None, mask=None, kv_heads=None, split_heads=None, where=False, guard=None):
     """softmax(Q @ K^T * scale + mask) @ V from 4-D (or, with ``split_heads``,
     3-D [B, L, H*D]) inputs; ``kv_heads``: K and V repeated as grouped-query;
     ``guard``: P = WHERE(ISNAN(P), guard, P) as transformers' SDPA exports
@@ -130,8 +129,12 @@ def _rand(shape, seed, dtype="float32"):
 
 
 def test_rule_on_onnx_attention_gqa_causal_with_float_mask():
-    feeds = {"q": _rand((2, 5, 16), 0), "k": _rand((2, 7, 8), 1), "v": _rand((2, 7, 8), 2),
-             "mask": _rand((5, 7), 3)}  # fmt: skip
+    feeds = {
+        "q": _rand((2, 5, 16), 0),
+        "k": _rand((2, 7, 8), 1),
+        "v": _rand((2, 7, 8), 2),
+        "mask": _rand((5, 7), 3),
+    }
     g = _onnx_attention(feeds, q_num_heads=4, kv_num_heads=2, is_causal=1)
     a = _kernel(g).roles
     # the float mask switches the decomposition's guard on: max(M, lowest), max(Z, 1)
@@ -143,8 +146,12 @@ def test_rule_on_onnx_attention_gqa_causal_with_float_mask():
 def test_onnx_attention_fully_masked_rows_are_zero_like_the_reference():
     mask = np.ones((3, 5), bool)
     mask[1] = False
-    feeds = {"q": _rand((1, 2, 3, 24), 0), "k": _rand((1, 2, 5, 24), 1),
-             "v": _rand((1, 2, 5, 4), 2), "mask": mask}  # fmt: skip
+    feeds = {
+        "q": _rand((1, 2, 3, 24), 0),
+        "k": _rand((1, 2, 5, 24), 1),
+        "v": _rand((1, 2, 5, 4), 2),
+        "mask": mask,
+    }
     g = _onnx_attention(feeds, softcap=2.5)
     _check(g, feeds)
 
@@ -412,8 +419,9 @@ def test_float16_grouped_query_nan_guard(small_blocks):
     """The SDPA decoder form in fp16: K and V expanded from 1 to 2 heads, an
     additive mask hiding every key of batch 1, the NaN guard giving 0 there."""
     fn = attention_fn(scale=0.25, mask=True, kv_heads=1, guard=0.0)
-    g = graphs.build(fn, [(2, 2, 19, 16), (2, 1, 21, 16), (2, 1, 21, 16), (2, 1, 1, 21)],
-                     dtype="float16")  # fmt: skip
+    g = graphs.build(
+        fn, [(2, 2, 19, 16), (2, 1, 21, 16), (2, 1, 21, 16), (2, 1, 1, 21)], dtype="float16"
+    )
     k = _kernel(g)
     assert k.roles.nan_guard and Op.EXPAND in {graph_op(g, n) for n, _ in k.roles.prologue}
     inputs = graphs.random_inputs(g)

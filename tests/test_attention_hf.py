@@ -21,8 +21,14 @@ t = pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 SEQ, VOCAB = 8, 256
-LM = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128,
-          vocab_size=VOCAB, max_position_embeddings=64)  # fmt: skip
+LM = dict(
+    hidden_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    intermediate_size=128,
+    vocab_size=VOCAB,
+    max_position_embeddings=64,
+)
 GQA = dict(LM, num_key_value_heads=2)
 CLIP = dict(LM, max_position_embeddings=SEQ)
 
@@ -61,8 +67,15 @@ def _optimized(tmp_path, name: str, dynamo: bool, padding: bool = False):
         args, names = [x, mask], ["x", "mask"]
     src = tmp_path / f"{name}.onnx"
     with torch.no_grad():
-        export(Hidden(MODELS[name]().eval()), args, src, dynamo=dynamo,
-               opset=18 if dynamo else 17, input_names=names, output_names=["y"])  # fmt: skip
+        export(
+            Hidden(MODELS[name]().eval()),
+            args,
+            src,
+            dynamo=dynamo,
+            opset=18 if dynamo else 17,
+            input_names=names,
+            output_names=["y"],
+        )
     result = orchestrate.optimize(src, tmp_path / "out", trials=1, rtol=1e-4, reproducible=True)
     assert result.report.ok and max(c.rel for c in result.report.checks) <= 1e-4
     graph = pipeline.fission_file(src)

@@ -114,9 +114,14 @@ def test_attention_matches_the_reference(case):
 
 
 def test_the_default_tier_covers_every_value_of_every_axis():
-    for axis, values in (("mask", MASKS), ("head_dim", (64, 128, 256)), ("seq", (17, 33, 40)),
-                         ("dtype", tuple(TOLERANCE)), ("gqa", ("expand", "broadcast")),
-                         ("scale", ("mul", "div", "split"))):  # fmt: skip
+    for axis, values in (
+        ("mask", MASKS),
+        ("head_dim", (64, 128, 256)),
+        ("seq", (17, 33, 40)),
+        ("dtype", tuple(TOLERANCE)),
+        ("gqa", ("expand", "broadcast")),
+        ("scale", ("mul", "div", "split")),
+    ):
         cases = [c for c in CASES if axis != "gqa" or c.kv_heads == 1]
         assert {getattr(c, axis) for c in cases} == set(values), axis
     # the risky pairs
@@ -126,12 +131,20 @@ def test_the_default_tier_covers_every_value_of_every_axis():
 
 
 SLOW = [
-    Case(mask, (17, 33, 40)[(i + i // 3) % 3], d, dtype, kv_heads=1 if gqa else 2,
-         gqa=gqa or "expand", batch=2 if mask.startswith("padding") else 1,
-         guard=mask == "padding_causal")
+    Case(
+        mask,
+        (17, 33, 40)[(i + i // 3) % 3],
+        d,
+        dtype,
+        kv_heads=1 if gqa else 2,
+        gqa=gqa or "expand",
+        batch=2 if mask.startswith("padding") else 1,
+        guard=mask == "padding_causal",
+    )
     for i, (mask, d, dtype, gqa) in enumerate(
-        itertools.product(MASKS, (64, 128, 256), tuple(TOLERANCE), (None, "expand", "broadcast")))
-]  # fmt: skip
+        itertools.product(MASKS, (64, 128, 256), tuple(TOLERANCE), (None, "expand", "broadcast"))
+    )
+]
 
 
 @pytest.mark.slow
@@ -162,12 +175,21 @@ def test_large_head_dims_compile_within_the_device_limits(tmp_path):
     if not has_nvidia_backend():
         pytest.skip("triton has no NVIDIA backend")
     bundles = []
-    for d, dtype, device in ((128, "fp16", "h200"), (256, "fp16", "h200"), (256, "fp32", "h200"),
-                             (256, "fp16", "l4")):  # fmt: skip
+    for d, dtype, device in (
+        (128, "fp16", "h200"),
+        (256, "fp16", "h200"),
+        (256, "fp32", "h200"),
+        (256, "fp16", "l4"),
+    ):
         path = tmp_path / f"causal-d{d}.onnx"
         onnx.save(model(Case("causal_min", 2048, d)), path)
-        result = orchestrate.optimize(path, tmp_path / f"{path.stem}-{dtype}-{device}.orch", device=device,
-                                      dtype=dtype, trials=0)  # fmt: skip
+        result = orchestrate.optimize(
+            path,
+            tmp_path / f"{path.stem}-{dtype}-{device}.orch",
+            device=device,
+            dtype=dtype,
+            trials=0,
+        )
         assert [k.template for k in result.plan.kernels].count(ATTENTION) == 1
         bundles.append((result.path, device))
     run = _compile_check(*(str(b) for b, _ in bundles), "--json")
@@ -186,8 +208,9 @@ def test_large_head_dims_compile_within_the_device_limits(tmp_path):
     for folder, device in bundles:
         mine = [r for r in rows if r["bundle"] == str(folder)]
         assert any(r["kernel"].startswith(ATTENTION) for r in mine), mine
-        assert all(r["device"] == device and r["arch"] == (90 if device == "h200" else 89)
-                   for r in mine)  # fmt: skip
+        assert all(
+            r["device"] == device and r["arch"] == (90 if device == "h200" else 89) for r in mine
+        )
         assert all(r["within_limits"] and r["spill_bytes"] <= SPILL_TOLERANCE for r in mine), [
             {k: r[k] for k in ("kernel", "shared_bytes", "registers", "spill_bytes", "violations")}
             for r in mine

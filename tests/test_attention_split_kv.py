@@ -96,10 +96,12 @@ def test_split_kv_with_onnx_attentions_floors(split_kv):
     float and floors the sum at 1: the combine keeps both."""
     split_kv(2)
     rng = np.random.default_rng(0)
-    feeds = {"q": rng.standard_normal((1, 2, 4, 16)).astype(np.float32),
-             "k": rng.standard_normal((1, 2, 70, 16)).astype(np.float32),
-             "v": rng.standard_normal((1, 2, 70, 16)).astype(np.float32),
-             "mask": rng.standard_normal((4, 70)).astype(np.float32)}  # fmt: skip
+    feeds = {
+        "q": rng.standard_normal((1, 2, 4, 16)).astype(np.float32),
+        "k": rng.standard_normal((1, 2, 70, 16)).astype(np.float32),
+        "v": rng.standard_normal((1, 2, 70, 16)).astype(np.float32),
+        "mask": rng.standard_normal((4, 70)).astype(np.float32),
+    }
     g = _onnx_attention(feeds)
     planned, first, second, _ = _run_twice(g, feeds)
     a = planned.specs[0].roles
@@ -124,8 +126,11 @@ def test_the_planner_splits_decoding_and_predicts_it_faster():
     """One query row over 4,096 keys, 8 heads, head dim 128, fp16, on an
     H200: 8 blocks of rows for 132 SMs.  The planner takes a split-KV
     configuration, and its predicted time beats the best without."""
-    g = graphs.build(attention_fn(scale=128**-0.5), [(1, 8, 1, 128), (1, 8, 4096, 128),
-                                                     (1, 8, 4096, 128)], dtype="float16")  # fmt: skip
+    g = graphs.build(
+        attention_fn(scale=128**-0.5),
+        [(1, 8, 1, 128), (1, 8, 4096, 128), (1, 8, 4096, 128)],
+        dtype="float16",
+    )
     p = plan(g, PlanOptions(device="h200", reproducible=True))
     (att,) = [s for s in p.specs if s.template == ATTENTION]
     assert split_k(att.config) > 1
@@ -138,8 +143,7 @@ def test_the_planner_splits_decoding_and_predicts_it_faster():
         config.attention = offered
     assert p.plan.summary.predicted_us < whole.plan.summary.predicted_us
     prefill = graphs.build(attention_fn(), [(1, 8, 2048, 128)] * 3, dtype="float16")
-    (att,) = [s for s in plan(prefill, PlanOptions(device="h200")).specs
-              if s.template == ATTENTION]  # fmt: skip
+    (att,) = [s for s in plan(prefill, PlanOptions(device="h200")).specs if s.template == ATTENTION]
     assert split_k(att.config) == 1
 
 
@@ -158,8 +162,9 @@ def test_a_split_kv_attention_compiles_for_hopper_within_its_limits(tmp_path):
     if not has_nvidia_backend():
         pytest.skip("triton has no NVIDIA backend")
     onnx.save(model(Case("none", 4096, 128, q_seq=1)), tmp_path / "decode.onnx")
-    result = orchestrate.optimize(tmp_path / "decode.onnx", tmp_path / "decode.orch",
-                                  device="h200", dtype="fp16", trials=0)  # fmt: skip
+    result = orchestrate.optimize(
+        tmp_path / "decode.onnx", tmp_path / "decode.orch", device="h200", dtype="fp16", trials=0
+    )
     (att,) = [s for s in result.plan.kernels if s.template == ATTENTION]
     assert split_k(att.config) > 1
     run = _compile_check(str(result.path), "--json")

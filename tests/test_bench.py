@@ -78,20 +78,31 @@ def result(**over) -> ModelResult:
             None,
             "no GPU",
             1.5,
-        ),  # fmt: skip
+        ),
         Measured("torch-eager", "torch eager", Stats.of([1.0]), None, "no GPU", 0.1),
         Measured(ORT_CUDA, ORT_CUDA, reason="no CUDA GPU on this machine"),
     ]
-    args = dict(name="mm", dtype="fp16", measured=measured,
-                floor=roofline_floor(graph, DEVICES["h200"]), kernels=1, verified=True)  # fmt: skip
+    args = dict(
+        name="mm",
+        dtype="fp16",
+        measured=measured,
+        floor=roofline_floor(graph, DEVICES["h200"]),
+        kernels=1,
+        verified=True,
+    )
     args.update(over)
     return ModelResult(**args)
 
 
 def test_the_results_document_keeps_its_schema():
     rec = report.model_record(result())
-    doc = report.document([rec], device="CPU (Triton interpreter)", clock="time.perf_counter",
-                          interpreter=True, date="2026-01-01")  # fmt: skip
+    doc = report.document(
+        [rec],
+        device="CPU (Triton interpreter)",
+        clock="time.perf_counter",
+        interpreter=True,
+        date="2026-01-01",
+    )
     assert report.check_document(json.loads(json.dumps(doc))) == []
     assert rec["latency_ms"] == {"orchestrate": 2.5, "torch-eager": 1.0, ORT_CUDA: None}
     assert rec["unavailable"] == {ORT_CUDA: "no CUDA GPU on this machine"}
@@ -153,9 +164,22 @@ def model_file(tmp_path_factory):
 
 
 def test_bench_an_onnx_model_writes_table_json_and_chart(model_file, tmp_path):
-    r = invoke("bench", model_file, "--runs", 2, "--warmup", 1, "--inputs", 2,
-               "--against", "eager,ort-cuda,ort-cpu", "--json", tmp_path / "r.json",
-               "--chart", tmp_path / "r.png")  # fmt: skip
+    r = invoke(
+        "bench",
+        model_file,
+        "--runs",
+        2,
+        "--warmup",
+        1,
+        "--inputs",
+        2,
+        "--against",
+        "eager,ort-cuda,ort-cpu",
+        "--json",
+        tmp_path / "r.json",
+        "--chart",
+        tmp_path / "r.png",
+    )
     assert r.exit_code == 0, r.output
     assert "orchestrate (Triton interpreter)" in r.output
     assert "onnxruntime-cuda" in r.output and "unavailable: no CUDA GPU" in r.output

@@ -25,8 +25,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def counts(name: str, **over) -> Counts:
-    base = Counts(name, nodes=500, weights_mb=200.0, kernels=99, functions=13, predicted_ms=0.25,
-                  export_s=8.0, optimize_s=9.0, load_s=0.6, verify_s=3.0, build_s=0.5)  # fmt: skip
+    base = Counts(
+        name,
+        nodes=500,
+        weights_mb=200.0,
+        kernels=99,
+        functions=13,
+        predicted_ms=0.25,
+        export_s=8.0,
+        optimize_s=9.0,
+        load_s=0.6,
+        verify_s=3.0,
+        build_s=0.5,
+    )
     return replace(base, **over)
 
 
@@ -58,13 +69,21 @@ def test_the_projection_prices_every_step_from_its_counts():
     # the slowest model sets the prepare step: llama's 59 s of export and planning
     prep = p.lines[0]
     unit = costs.COMPILE_FUNCTION.seconds
-    assert prep.seconds == pytest.approx(costs.PROCESS.seconds + 30 + 29 + 0.6 + 3 + 0.5 +
-                                         8 * unit / (15 // 4))  # fmt: skip
+    assert prep.seconds == pytest.approx(
+        costs.PROCESS.seconds + 30 + 29 + 0.6 + 3 + 0.5 + 8 * unit / (15 // 4)
+    )
     assert "llama, the slowest" in prep.basis
     # the bundle's step: start, load, cached functions, calls, the check, kernel records
     line = {x.what: x for x in p.lines}["bert orchestrate"]
-    want = (costs.PROCESS.seconds + 0.6 + 200 / costs.HOST_MB_PER_S.seconds
-            + 13 * costs.COMPILE_FUNCTION.seconds + 60 * 0.25e-3 + 3.0 + 13 * costs.RECORD_KERNEL.seconds)  # fmt: skip
+    want = (
+        costs.PROCESS.seconds
+        + 0.6
+        + 200 / costs.HOST_MB_PER_S.seconds
+        + 13 * costs.COMPILE_FUNCTION.seconds
+        + 60 * 0.25e-3
+        + 3.0
+        + 13 * costs.RECORD_KERNEL.seconds
+    )
     assert line.seconds == pytest.approx(want)
     assert all(x.cap >= x.seconds for x in p.lines)
     compile_line = line = {x.what: x for x in p.lines}["bert torch-compile"]
@@ -92,8 +111,14 @@ def test_a_scope_that_would_overrun_is_refused():
 def run_state(tmp_path: Path, names=("bert",)) -> Run:
     models = tuple(m for m in scope.FIXED if m.name in names)
     run = Run(tmp_path, True, models, 100.0)
-    floor = {"device": "h200", "bytes": 1, "dot_flops": 0, "other_flops": 0, "memory_ms": 0.01,
-             "compute_ms": 0.0}  # fmt: skip
+    floor = {
+        "device": "h200",
+        "bytes": 1,
+        "dot_flops": 0,
+        "other_flops": 0,
+        "memory_ms": 0.01,
+        "compute_ms": 0.0,
+    }
     for m in models:
         st = run.state[m.name]
         st.prepared = {"floor": floor, "counts": {"kernels": 3}}
@@ -104,8 +129,18 @@ def run_state(tmp_path: Path, names=("bert",)) -> Run:
 
 def measured(key: str, median: float) -> dict:
     stats = {"median": median, "p10": median, "p90": median, "runs": 5}
-    return {"measured": {"key": key, "label": key, "stats": stats, "peak_mem_mb": 12.0,
-                         "memory_note": None, "ready_s": 1.0, "note": "", "reason": None}}  # fmt: skip
+    return {
+        "measured": {
+            "key": key,
+            "label": key,
+            "stats": stats,
+            "peak_mem_mb": 12.0,
+            "memory_note": None,
+            "ready_s": 1.0,
+            "note": "",
+            "reason": None,
+        }
+    }
 
 
 def test_a_step_cut_off_at_its_cap_keeps_what_it_printed(tmp_path):
@@ -147,8 +182,10 @@ def fake_wheel(folder: Path, name: str) -> Path:
     with zipfile.ZipFile(path, "w") as z:
         z.writestr(f"{name}.py", "WHERE = __file__\n")
         z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
-        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                                    "Tag: py3-none-any\n")  # fmt: skip
+        z.writestr(
+            f"{info}/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
         z.writestr(f"{info}/RECORD", "")
     return path
 
@@ -182,17 +219,41 @@ def test_the_bundles_step_times_verifies_and_records_every_distinct_kernel(tmp_p
 
     work = tmp_path / "work"
     work.mkdir()
-    rc = prepare.main(["--model", "bert", "--size", "tiny", "--models", str(tmp_path / "models"),
-                       "--work", str(work), "--sets", "2"])  # fmt: skip
+    rc = prepare.main(
+        [
+            "--model",
+            "bert",
+            "--size",
+            "tiny",
+            "--models",
+            str(tmp_path / "models"),
+            "--work",
+            str(work),
+            "--sets",
+            "2",
+        ]
+    )
     assert rc == 0
     prepared = json.loads((work / "bert.prepared.json").read_text())
     c = Counts.from_json(prepared["counts"])
     assert c.kernels > 0 and 0 < c.functions <= c.kernels and c.weights_mb > 0
     assert c.compile_s is None  # no --arch: nothing compiled ahead
     records = tmp_path / "records.jsonl"
-    cmd = [sys.executable, "-m", "tools.bench_gpu.step", "--prepared",
-           str(work / "bert.prepared.json"), "--runtime", ORCHESTRATE, "--runs", "2",
-           "--warmup", "1", "--records", str(records)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "tools.bench_gpu.step",
+        "--prepared",
+        str(work / "bert.prepared.json"),
+        "--runtime",
+        ORCHESTRATE,
+        "--runs",
+        "2",
+        "--warmup",
+        "1",
+        "--records",
+        str(records),
+    ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     messages = [json.loads(x[len(TAG) :]) for x in done.stdout.splitlines() if x.startswith(TAG)]

@@ -56,8 +56,12 @@ def invoke(*args):
 def test_bundle_layout_and_manifest(built):
     _, out = built
     assert sorted(p.name for p in out.iterdir()) == [
-        "kernels.py", "manifest.json", "plan.json", "report.md", "weights.npz",
-    ]  # fmt: skip
+        "kernels.py",
+        "manifest.json",
+        "plan.json",
+        "report.md",
+        "weights.npz",
+    ]
     manifest = json.loads((out / "manifest.json").read_text())
     assert set(manifest["files"]) == {"plan.json", "kernels.py", "weights.npz", "report.md"}
     assert "PASSED" in (out / "report.md").read_text()

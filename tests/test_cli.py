@@ -110,9 +110,12 @@ def test_unsupported_ops_are_listed_together_with_counts(tmp_path):
         helper.make_node("Relu", ["x"], ["r"], name="relu"),
     ]
     g = helper.make_graph(
-        nodes, "m", [x], [onnx.ValueInfoProto(name="nz"), onnx.ValueInfoProto(name="r")],
+        nodes,
+        "m",
+        [x],
+        [onnx.ValueInfoProto(name="nz"), onnx.ValueInfoProto(name="r")],
         initializer=[k],
-    )  # fmt: skip
+    )
     m = onnx.shape_inference.infer_shapes(
         helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     )
@@ -176,8 +179,7 @@ def test_external_data_inside_the_folder_loads(tmp_path):
     m = _model(with_weight=True)
     folder = tmp_path / "model"
     folder.mkdir()
-    onnx.save(m, folder / "m.onnx", save_as_external_data=True, location="w.bin",
-              size_threshold=0)  # fmt: skip
+    onnx.save(m, folder / "m.onnx", save_as_external_data=True, location="w.bin", size_threshold=0)
     r = invoke("decompose", folder / "m.onnx", "-o", tmp_path / "o.onnx")
     assert r.exit_code == 0, r.output
 

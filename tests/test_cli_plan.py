@@ -32,8 +32,9 @@ def _model(gamma_input: bool = False) -> onnx.ModelProto:
         helper.make_node("Add", ["mm", "b"], ["h"]),
         helper.make_node("Gelu", ["h"], ["y"]),
     ]
-    g = helper.make_graph(nodes, "ln_mlp", inputs, [onnx.ValueInfoProto(name="y")],
-                          initializer=inits)  # fmt: skip
+    g = helper.make_graph(
+        nodes, "ln_mlp", inputs, [onnx.ValueInfoProto(name="y")], initializer=inits
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
     return onnx.shape_inference.infer_shapes(m)
 
@@ -123,6 +124,16 @@ def test_rules_lists_the_table():
     r = invoke("rules")
     assert r.exit_code == 0, r.output
     names = [line.split()[0] for line in r.output.splitlines() if " library " not in line]
-    assert names == ["view", "pointwise", "row_reduce", "matmul", "conv", "window",
-                     "norm_merged_matmul", "merged_matmul", "attention", "norm_matmul",
-                     "low_rank"]  # fmt: skip
+    assert names == [
+        "view",
+        "pointwise",
+        "row_reduce",
+        "matmul",
+        "conv",
+        "window",
+        "norm_merged_matmul",
+        "merged_matmul",
+        "attention",
+        "norm_matmul",
+        "low_rank",
+    ]

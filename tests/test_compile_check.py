@@ -92,9 +92,18 @@ Resource usage:
 
 
 def test_cuobjdump_resource_usage_is_read_per_function():
-    assert resource_usage(RELU_DUMP) == {"relu": {
-        "REG": 22, "STACK": 0, "SHARED": 0, "LOCAL": 0, "CONSTANT[0]": 568, "TEXTURE": 0,
-        "SURFACE": 0, "SAMPLER": 0}}  # fmt: skip
+    assert resource_usage(RELU_DUMP) == {
+        "relu": {
+            "REG": 22,
+            "STACK": 0,
+            "SHARED": 0,
+            "LOCAL": 0,
+            "CONSTANT[0]": 568,
+            "TEXTURE": 0,
+            "SURFACE": 0,
+            "SAMPLER": 0,
+        }
+    }
     assert resource_usage(SPILLING_DUMP)["big"]["STACK"] == 23752
     assert resource_usage("") == {}
 
@@ -111,14 +120,34 @@ H200 = DEVICES["h200"]
 
 
 def _compiled(**figures) -> Compiled:
-    return Compiled(**{"function": "k", "shared": 0, "num_warps": 4, "num_stages": 3,
-                       "registers": 32, "spill_bytes": 0, "stack_bytes": 0, **figures})  # fmt: skip
+    return Compiled(
+        **{
+            "function": "k",
+            "shared": 0,
+            "num_warps": 4,
+            "num_stages": 3,
+            "registers": 32,
+            "spill_bytes": 0,
+            "stack_bytes": 0,
+            **figures,
+        }
+    )
 
 
 def test_devices_name_their_target_and_limits():
     assert {d.name: d.arch for d in DEVICES.values()} == {
-        "h200": 90, "h100": 90, "h100-pcie": 90, "a100": 80, "a100-40gb": 80, "v100": 70,
-        "l4": 89, "l40s": 89, "rtx4090": 89, "a10": 86, "rtx3090": 86}  # fmt: skip
+        "h200": 90,
+        "h100": 90,
+        "h100-pcie": 90,
+        "a100": 80,
+        "a100-40gb": 80,
+        "v100": 70,
+        "l4": 89,
+        "l40s": 89,
+        "rtx4090": 89,
+        "a10": 86,
+        "rtx3090": 86,
+    }
     assert H200.smem_per_block_kb * 1024 == 232_448
     assert {(d.registers_per_thread, d.threads_per_block) for d in DEVICES.values()} == {
         (255, 1024)
@@ -130,23 +159,32 @@ def test_a_kernel_at_every_limit_is_within_them():
     assert limit_violations(_compiled(registers=128, num_warps=16), H200) == []  # 65,536
 
 
-@pytest.mark.parametrize("figures, reason", [
-    ({"shared": 232_449}, "shared memory 232,449 B > 232,448 B per block"),
-    ({"registers": 256, "num_warps": 1}, "256 registers > 255 per thread"),
-    ({"registers": 130, "num_warps": 16}, "130 registers x 512 threads = 66,560 > 65,536 per SM"),
-    ({"registers": 16, "num_warps": 64}, "2048 threads > 1024 per block"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "figures, reason",
+    [
+        ({"shared": 232_449}, "shared memory 232,449 B > 232,448 B per block"),
+        ({"registers": 256, "num_warps": 1}, "256 registers > 255 per thread"),
+        (
+            {"registers": 130, "num_warps": 16},
+            "130 registers x 512 threads = 66,560 > 65,536 per SM",
+        ),
+        ({"registers": 16, "num_warps": 64}, "2048 threads > 1024 per block"),
+    ],
+)
 def test_a_kernel_over_a_limit_gets_that_reason(figures, reason):
     assert limit_violations(_compiled(**figures), H200) == [reason]
 
 
 def test_unknown_registers_are_not_checked_and_spills_do_not_fail():
-    assert limit_violations(_compiled(registers=None, spill_bytes=None, stack_bytes=None),
-                            H200) == []  # fmt: skip
+    assert (
+        limit_violations(_compiled(registers=None, spill_bytes=None, stack_bytes=None), H200) == []
+    )
     spilling = _compiled(spill_bytes=11_368, stack_bytes=3_792)
     assert limit_violations(spilling, H200) == []
-    assert slowdowns(spilling) == ["spills 11,368 B of registers (stores + loads)",
-                                   "3,792 B of stack per thread"]  # fmt: skip
+    assert slowdowns(spilling) == [
+        "spills 11,368 B of registers (stores + loads)",
+        "3,792 B of stack per thread",
+    ]
     assert slowdowns(_compiled()) == []
 
 
@@ -170,8 +208,14 @@ sys.exit(compile_check.main(sys.argv[2:]))
 
 def _compile_check(*args: str, **patch) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, "-c", _MAIN, json.dumps(patch), *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", _MAIN, json.dumps(patch), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -181,14 +225,23 @@ def small_bundle(tmp_path_factory) -> Path:
         pytest.skip("triton has no NVIDIA backend")
     tmp = tmp_path_factory.mktemp("small")
     rng = np.random.default_rng(0)
-    weights = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
-               for n, s in (("w", (64, 32)), ("b", (32,)))]  # fmt: skip
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
-             helper.make_node("Relu", ["a"], ["r"]), helper.make_node("Softmax", ["r"], ["y"])]  # fmt: skip
-    graph = helper.make_graph(nodes, "small",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 32])],
-                              weights)  # fmt: skip
+    weights = [
+        numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+        for n, s in (("w", (64, 32)), ("b", (32,)))
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"]),
+        helper.make_node("Add", ["m", "b"], ["a"]),
+        helper.make_node("Relu", ["a"], ["r"]),
+        helper.make_node("Softmax", ["r"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "small",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 32])],
+        weights,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     onnx.save(model, tmp / "small.onnx")
@@ -227,8 +280,9 @@ def test_the_working_set_model_bounds_the_compiled_shared_memory(small_bundle, s
     allocates, so a kernel the planner accepts launches (tests/test_fit.py
     checks every template and configuration of the examples the same way)."""
     contents = bundle.read(small_bundle)
-    made = regenerate.regenerate(contents.plan, contents.constants,
-                                 contents.manifest["model"]["file"], str(small_bundle))  # fmt: skip
+    made = regenerate.regenerate(
+        contents.plan, contents.constants, contents.manifest["model"]["file"], str(small_bundle)
+    )
     compiled = {r["kernel"]: r["shared_bytes"] for r in small_report}
     functions = _functions(small_bundle)
     checked = 0
@@ -243,8 +297,12 @@ def test_the_working_set_model_bounds_the_compiled_shared_memory(small_bundle, s
 def test_a_kernel_over_the_device_limits_fails_the_command(small_bundle):
     """Limits patched down to what the kernels exceed: exit 1, one line each;
     --arch compiles for another target under the same device's limits."""
-    run = _compile_check(str(small_bundle), "--arch", "80",
-                         limits={"smem_per_block_kb": 0, "registers_per_thread": 8})  # fmt: skip
+    run = _compile_check(
+        str(small_bundle),
+        "--arch",
+        "80",
+        limits={"smem_per_block_kb": 0, "registers_per_thread": 8},
+    )
     assert run.returncode == 1, run.stdout + run.stderr[-4000:]
     assert "compile for sm_80" in run.stdout
     lines = [line for line in run.stderr.splitlines() if ": exceeds h100: " in line]
@@ -274,9 +332,12 @@ def bf16_bundles(tmp_path_factory) -> list[Path]:
 
     tmp = tmp_path_factory.mktemp("bf16")
     onnx.save(conv_model(), tmp / "conv.onnx")
-    return [orchestrate.optimize(src, tmp / f"{name}.orch", dtype="bf16", device="h200",
-                                 trials=0, time_limit=20).path
-            for name, src in (("tiny_bert", TINY_BERT), ("conv", tmp / "conv.onnx"))]  # fmt: skip
+    return [
+        orchestrate.optimize(
+            src, tmp / f"{name}.orch", dtype="bf16", device="h200", trials=0, time_limit=20
+        ).path
+        for name, src in (("tiny_bert", TINY_BERT), ("conv", tmp / "conv.onnx"))
+    ]
 
 
 def test_bf16_bundles_compile_for_hopper_within_its_limits(bf16_bundles):
@@ -308,13 +369,20 @@ def test_example_bundles_compile_for_hopper(tmp_path):
     bundles = []
     for name in ("bert", "resnet", "unet"):
         export_example(name, tmp_path / f"{name}.onnx", dynamo=False, opset=17, size="tiny")
-        bundles.append(orchestrate.optimize(tmp_path / f"{name}.onnx", tmp_path / f"{name}.orch",
-                                            trials=0).path)  # fmt: skip
+        bundles.append(
+            orchestrate.optimize(
+                tmp_path / f"{name}.onnx", tmp_path / f"{name}.orch", trials=0
+            ).path
+        )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run(
         [sys.executable, "-m", "orchestrate.check.compile_check", *map(str, bundles)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     assert run.stdout.count("compile for sm_90") == 3
 
@@ -330,20 +398,31 @@ def test_a_split_k_matmul_compiles_for_hopper_within_its_limits(tmp_path):
     if not has_nvidia_backend():
         pytest.skip("triton has no NVIDIA backend")
     rng = np.random.default_rng(0)
-    weights = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
-               for n, s in (("w", (3072, 768)), ("b", (768,)))]  # fmt: skip
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
-             helper.make_node("Add", ["a", "r"], ["y"])]  # fmt: skip
-    graph = helper.make_graph(nodes, "ffn_down",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [128, 3072]),
-                               helper.make_tensor_value_info("r", TensorProto.FLOAT, [128, 768])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [128, 768])],
-                              weights)  # fmt: skip
+    weights = [
+        numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+        for n, s in (("w", (3072, 768)), ("b", (768,)))
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"]),
+        helper.make_node("Add", ["m", "b"], ["a"]),
+        helper.make_node("Add", ["a", "r"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ffn_down",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [128, 3072]),
+            helper.make_tensor_value_info("r", TensorProto.FLOAT, [128, 768]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [128, 768])],
+        weights,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     onnx.save(model, tmp_path / "ffn.onnx")
-    folder = orchestrate.optimize(tmp_path / "ffn.onnx", tmp_path / "ffn.orch", dtype="fp16",
-                                  device="h200", trials=0).path  # fmt: skip
+    folder = orchestrate.optimize(
+        tmp_path / "ffn.onnx", tmp_path / "ffn.orch", dtype="fp16", device="h200", trials=0
+    ).path
     source = (folder / "kernels.py").read_text()
     assert "SPLIT_K = " in source and "tl.atomic_add(" in source
     run = _compile_check(str(folder), "--json")

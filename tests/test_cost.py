@@ -71,11 +71,14 @@ def test_wave_quantisation():
     assert c.compute_us == pytest.approx(dots / rate * 132 * 2 / 133)
 
 
-@pytest.mark.parametrize("dtype, tf32, rate", [
-    ("float16", False, H200.fp16_tflops * figures.TENSOR_CORE_EFFICIENCY),
-    ("float32", True, H200.tf32_tflops * figures.TENSOR_CORE_EFFICIENCY),
-    ("float32", False, H200.fp32_tflops),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "dtype, tf32, rate",
+    [
+        ("float16", False, H200.fp16_tflops * figures.TENSOR_CORE_EFFICIENCY),
+        ("float32", True, H200.tf32_tflops * figures.TENSOR_CORE_EFFICIENCY),
+        ("float32", False, H200.fp32_tflops),
+    ],
+)
 def test_tensor_core_and_cuda_core_rates(dtype, tf32, rate):
     g = _gemm(4096, 4096, 4096, dtype)
     s = _ranked(g, tf32=tf32)[0]

@@ -78,11 +78,22 @@ def conv_cases(draw):
     group, cin_g, cout_g = draw(st.sampled_from([(1, 3, 2), (2, 1, 3), (3, 1, 1), (2, 2, 1)]))
     batch = draw(st.sampled_from([1, 2]))
     return dict(
-        n=n, kernel=kernel, strides=strides, dil=dil, auto_pad=auto_pad, pads=pads,
-        sizes=sizes, group=group, cin_g=cin_g, cout_g=cout_g, batch=batch,
-        bias=draw(st.booleans()), const_w=draw(st.booleans()), dtype=draw(DTYPES),
+        n=n,
+        kernel=kernel,
+        strides=strides,
+        dil=dil,
+        auto_pad=auto_pad,
+        pads=pads,
+        sizes=sizes,
+        group=group,
+        cin_g=cin_g,
+        cout_g=cout_g,
+        batch=batch,
+        bias=draw(st.booleans()),
+        const_w=draw(st.booleans()),
+        dtype=draw(DTYPES),
         seed=draw(SEEDS),
-    )  # fmt: skip
+    )
 
 
 @SETTINGS
@@ -100,13 +111,15 @@ def test_conv(c):
     (consts if c["const_w"] else inputs)["w"] = w
     if c["bias"]:
         consts["B"] = rand([w.shape[0]], dtype, seed + 2)
-    model = node_model("Conv", inputs, constants=consts, input_order=list(inputs) + list(consts),
-                       **attrs)  # fmt: skip
+    model = node_model(
+        "Conv", inputs, constants=consts, input_order=list(inputs) + list(consts), **attrs
+    )
     expected = None
     if needs_explicit(attrs, c["sizes"], c["kernel"], lowest=-1):
         explicit = explicit_pads({**attrs, "_kernel": c["kernel"]}, c["sizes"])
-        model2 = node_model("Conv", inputs, constants=consts,
-                            input_order=list(inputs) + list(consts), **explicit)  # fmt: skip
+        model2 = node_model(
+            "Conv", inputs, constants=consts, input_order=list(inputs) + list(consts), **explicit
+        )
         expected = onnxrt.run(model2, inputs)
     rtol, atol = TOL[dtype]
     check_decomposition(model, inputs, rtol=rtol, atol=atol * 10, expected=expected)
@@ -123,8 +136,9 @@ def test_conv_bias_is_a_reshaped_add():
 def test_depthwise_conv():
     x = rand((2, 6, 7, 5), "float32", 3)
     w = rand((12, 1, 3, 3), "float32", 4)
-    model = node_model("Conv", {"x": x}, constants={"w": w}, group=6, strides=[2, 1],
-                       auto_pad="SAME_UPPER")  # fmt: skip
+    model = node_model(
+        "Conv", {"x": x}, constants={"w": w}, group=6, strides=[2, 1], auto_pad="SAME_UPPER"
+    )
     check_decomposition(model, {"x": x}, rtol=1e-4, atol=1e-5)
 
 
@@ -155,16 +169,29 @@ def conv_transpose_cases(draw):
     for k, d in zip(kernel, dil):  # pads must leave at least one output
         pads.append(draw(st.integers(0, ((k - 1) * d) // 2)))
     pads += [draw(st.integers(0, p)) for p in pads]
-    full = [(i - 1) * s + a + (k - 1) * d + 1 for i, s, a, k, d in
-            zip(sizes, strides, adj, kernel, dil)]  # fmt: skip
+    full = [
+        (i - 1) * s + a + (k - 1) * d + 1 for i, s, a, k, d in zip(sizes, strides, adj, kernel, dil)
+    ]
     out_shape = [draw(st.integers(max(1, f - 2), f)) for f in full]
     group, cin_g, cout_g = draw(st.sampled_from([(1, 2, 3), (2, 1, 2), (3, 1, 1)]))
     return dict(
-        n=n, kernel=kernel, strides=strides, dil=dil, adj=adj, sizes=sizes, form=form,
-        pads=pads, out_shape=out_shape, group=group, cin_g=cin_g, cout_g=cout_g,
-        bias=draw(st.booleans()), const_w=draw(st.booleans()), dtype=draw(DTYPES),
+        n=n,
+        kernel=kernel,
+        strides=strides,
+        dil=dil,
+        adj=adj,
+        sizes=sizes,
+        form=form,
+        pads=pads,
+        out_shape=out_shape,
+        group=group,
+        cin_g=cin_g,
+        cout_g=cout_g,
+        bias=draw(st.booleans()),
+        const_w=draw(st.booleans()),
+        dtype=draw(DTYPES),
         seed=draw(SEEDS),
-    )  # fmt: skip
+    )
 
 
 @SETTINGS
@@ -186,8 +213,9 @@ def test_conv_transpose(c):
     (consts if c["const_w"] else inputs)["w"] = w
     if c["bias"]:
         consts["B"] = rand([w.shape[1] * c["group"]], dtype, seed + 2)
-    model = node_model("ConvTranspose", inputs, constants=consts,
-                       input_order=list(inputs) + list(consts), **attrs)  # fmt: skip
+    model = node_model(
+        "ConvTranspose", inputs, constants=consts, input_order=list(inputs) + list(consts), **attrs
+    )
     rtol, atol = TOL[dtype]
     check_decomposition(model, inputs, rtol=rtol, atol=atol * 10)
 
@@ -195,8 +223,14 @@ def test_conv_transpose(c):
 def test_conv_transpose_is_a_conv_over_zero_inserted_input():
     x = rand((1, 2, 4, 3), "float32", 0)
     w = rand((2, 3, 3, 3), "float32", 1)
-    model = node_model("ConvTranspose", {"x": x}, constants={"w": w}, strides=[2, 3],
-                       pads=[1, 0, 1, 1], output_padding=[1, 2])  # fmt: skip
+    model = node_model(
+        "ConvTranspose",
+        {"x": x},
+        constants={"w": w},
+        strides=[2, 3],
+        pads=[1, 0, 1, 1],
+        output_padding=[1, 2],
+    )
     check_decomposition(model, {"x": x}, rtol=1e-4, atol=1e-5)
     ops = primitive_ops(model, {"x": x})
     # the flipped weight is folded into a constant; only the input is rearranged
@@ -276,8 +310,13 @@ def test_lp_pool(case):
 @pytest.mark.parametrize("count_include_pad", [0, 1])
 def test_average_pool_ceil_mode_corrects_the_divisor(count_include_pad):
     # the torch nn.AvgPool2d(3, 2, padding=1, ceil_mode=True) pattern
-    attrs = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1,
-                 count_include_pad=count_include_pad)  # fmt: skip
+    attrs = dict(
+        kernel_shape=[3, 3],
+        strides=[2, 2],
+        pads=[1, 1, 1, 1],
+        ceil_mode=1,
+        count_include_pad=count_include_pad,
+    )
     x = rand((1, 2, 6, 7), "float32", 5)
     model = node_model("AveragePool", {"x": x}, **attrs)
     check_decomposition(model, {"x": x}, rtol=1e-5, atol=1e-6)
@@ -287,8 +326,12 @@ def test_average_pool_ceil_mode_corrects_the_divisor(count_include_pad):
 def test_dilated_ceil_mode_pool_pads_beyond_the_kernel():
     # the ceil_mode window runs 2 past the end: more than the kernel of 2
     x = rand((1, 2, 5, 8), "float32", 6)
-    for op, extra in (("MaxPool", {}), ("AveragePool", {"count_include_pad": 1}),
-                      ("AveragePool", {}), ("LpPool", {"p": 2})):  # fmt: skip
+    for op, extra in (
+        ("MaxPool", {}),
+        ("AveragePool", {"count_include_pad": 1}),
+        ("AveragePool", {}),
+        ("LpPool", {"p": 2}),
+    ):
         attrs = dict(kernel_shape=[2, 2], strides=[3, 3], dilations=[3, 2], ceil_mode=1)
         check_pool(op, x.shape, {**attrs, **extra}, "float32", 6)
 
@@ -351,8 +394,15 @@ def test_torch_cnn_export():
     torch.manual_seed(0)
     x = torch.randn(2, 3, 21, 19)
     buf = io.BytesIO()
-    torch.onnx.export(Net().eval(), (x,), buf, opset_version=17, dynamo=False,
-                      input_names=["x"], output_names=["y"])  # fmt: skip
+    torch.onnx.export(
+        Net().eval(),
+        (x,),
+        buf,
+        opset_version=17,
+        dynamo=False,
+        input_names=["x"],
+        output_names=["y"],
+    )
     model = onnx.load_from_string(buf.getvalue())
     ops = {n.op_type for n in model.graph.node}
     assert {"Conv", "MaxPool", "AveragePool", "ConvTranspose", "GlobalAveragePool"} <= ops

@@ -118,8 +118,11 @@ def test_flatten(shape, data, opset):
 
 
 @FEW
-@given(st.lists(st.sampled_from([1, 1, 2, 3]), min_size=1, max_size=5), st.data(),
-       st.sampled_from([11, 13]))  # fmt: skip
+@given(
+    st.lists(st.sampled_from([1, 1, 2, 3]), min_size=1, max_size=5),
+    st.data(),
+    st.sampled_from([11, 13]),
+)
 def test_squeeze(shape, data, opset):
     ones = [i for i, d in enumerate(shape) if d == 1]
     some = st.lists(st.sampled_from(ones), min_size=1, unique=True) if ones else st.none()
@@ -140,8 +143,14 @@ def test_squeeze(shape, data, opset):
 @given(st.lists(dims, max_size=3).map(tuple), st.data(), st.sampled_from([11, 13]))
 def test_unsqueeze(shape, data, opset):
     rank = len(shape) + data.draw(st.integers(1, 3))
-    axes = data.draw(st.lists(st.integers(-rank, rank - 1), min_size=rank - len(shape),
-                              max_size=rank - len(shape), unique_by=lambda a: a % rank))  # fmt: skip
+    axes = data.draw(
+        st.lists(
+            st.integers(-rank, rank - 1),
+            min_size=rank - len(shape),
+            max_size=rank - len(shape),
+            unique_by=lambda a: a % rank,
+        )
+    )
     x = rand(shape)
     if opset >= 13:
         m = node_model("Unsqueeze", {"x": x}, constants={"axes": i64(axes)}, opset=opset)
@@ -181,8 +190,12 @@ def test_tile(shape, data):
 
 
 @FEW
-@given(st.sampled_from([1, 2, 3]), st.sampled_from([1, 2]), st.sampled_from([1, 3]),
-       st.sampled_from(["DCR", "CRD"]))  # fmt: skip
+@given(
+    st.sampled_from([1, 2, 3]),
+    st.sampled_from([1, 2]),
+    st.sampled_from([1, 3]),
+    st.sampled_from(["DCR", "CRD"]),
+)
 def test_depth_to_space_and_back(k, c, hw, mode):
     x = rand((2, c * k * k, hw, hw + 1))
     m = node_model("DepthToSpace", {"x": x}, blocksize=k, mode=mode)
@@ -197,11 +210,21 @@ def test_identity_and_dropout():
     for opset in (7, 10, 13):
         m = node_model("Dropout", {"x": x}, n_outputs=1 if opset < 12 else 2, opset=opset)
         check_decomposition(m, {"x": x})
-    m = node_model("Dropout", {"x": x}, n_outputs=2, input_order=["x", "r", "t"],
-                   constants={"r": np.array(0.3, np.float32), "t": np.array(False)})  # fmt: skip
+    m = node_model(
+        "Dropout",
+        {"x": x},
+        n_outputs=2,
+        input_order=["x", "r", "t"],
+        constants={"r": np.array(0.3, np.float32), "t": np.array(False)},
+    )
     check_decomposition(m, {"x": x})
-    m = node_model("Dropout", {"x": x}, n_outputs=2, input_order=["x", "r", "t"],
-                   constants={"r": np.array(0.3, np.float32), "t": np.array(True)})  # fmt: skip
+    m = node_model(
+        "Dropout",
+        {"x": x},
+        n_outputs=2,
+        input_order=["x", "r", "t"],
+        constants={"r": np.array(0.3, np.float32), "t": np.array(True)},
+    )
     with pytest.raises(UnsupportedError, match="training_mode"):
         fission(prepare(m))
 
@@ -210,18 +233,24 @@ def test_identity_and_dropout():
 
 
 @SOME
-@given(st.lists(st.sampled_from([1, 2, 3, 5, 7]), min_size=1, max_size=3).map(tuple),
-       st.data(), st.sampled_from([1, 10, 13]), st.sampled_from([np.int64, np.int32]))  # fmt: skip
+@given(
+    st.lists(st.sampled_from([1, 2, 3, 5, 7]), min_size=1, max_size=3).map(tuple),
+    st.data(),
+    st.sampled_from([1, 10, 13]),
+    st.sampled_from([np.int64, np.int32]),
+)
 def test_slice(shape, data, opset, index_dtype):
     r = len(shape)
-    axes = data.draw(st.lists(st.integers(-r, r - 1), min_size=1, max_size=r,
-                              unique_by=lambda a: a % r))  # fmt: skip
+    axes = data.draw(
+        st.lists(st.integers(-r, r - 1), min_size=1, max_size=r, unique_by=lambda a: a % r)
+    )
     big = [INT64_MAX, INT64_MIN] if index_dtype == np.int64 else [2**31 - 1, -(2**31)]
     bound = st.integers(-9, 9) | st.sampled_from(big)
     starts = data.draw(st.lists(bound, min_size=len(axes), max_size=len(axes)))
     ends = data.draw(st.lists(bound, min_size=len(axes), max_size=len(axes)))
-    steps = data.draw(st.lists(st.sampled_from([-3, -2, -1, 1, 2, 3]), min_size=len(axes),
-                               max_size=len(axes)))  # fmt: skip
+    steps = data.draw(
+        st.lists(st.sampled_from([-3, -2, -1, 1, 2, 3]), min_size=len(axes), max_size=len(axes))
+    )
     x = rand(shape)
     if opset == 1:
         steps = [1] * len(axes)
@@ -248,10 +277,12 @@ def test_slice_transformer_patterns():
     x = rand((2, 5, 8))
     # x[:, -1:], x[..., ::2], x[..., ::-1], x[:, INT64_MAX:] (empty)
     for starts, ends, axes, steps in [
-        ([-1], [INT64_MAX], [1], [1]), ([0], [INT64_MAX], [-1], [2]),
-        ([-1], [INT64_MIN], [2], [-1]), ([INT64_MAX], [INT64_MAX], [1], [1]),
+        ([-1], [INT64_MAX], [1], [1]),
+        ([0], [INT64_MAX], [-1], [2]),
+        ([-1], [INT64_MIN], [2], [-1]),
+        ([INT64_MAX], [INT64_MAX], [1], [1]),
         ([3], [1], [2], [1]),
-    ]:  # fmt: skip
+    ]:
         consts = {"s": i64(starts), "e": i64(ends), "a": i64(axes), "k": i64(steps)}
         m = node_model("Slice", {"x": x}, constants=consts)
         graph = check_decomposition(m, {"x": x})
@@ -273,8 +304,11 @@ def test_concat(shape, data, opset):
 
 
 @SOME
-@given(st.lists(st.sampled_from([1, 2, 3, 5, 6, 7]), min_size=1, max_size=3).map(tuple),
-       st.data(), st.sampled_from(["attr", "input", "num_outputs", "equal"]))  # fmt: skip
+@given(
+    st.lists(st.sampled_from([1, 2, 3, 5, 6, 7]), min_size=1, max_size=3).map(tuple),
+    st.data(),
+    st.sampled_from(["attr", "input", "num_outputs", "equal"]),
+)
 def test_split(shape, data, form):
     r = len(shape)
     axis = data.draw(st.integers(-r, r - 1))
@@ -287,8 +321,9 @@ def test_split(shape, data, form):
         if form == "attr":
             m = node_model("Split", {"x": x}, n_outputs=n, axis=axis, split=split, opset=11)
         else:
-            m = node_model("Split", {"x": x}, constants={"split": i64(split)}, n_outputs=n,
-                           axis=axis, opset=13)  # fmt: skip
+            m = node_model(
+                "Split", {"x": x}, constants={"split": i64(split)}, n_outputs=n, axis=axis, opset=13
+            )
     elif form == "num_outputs":
         n = data.draw(st.integers(1, d))
         if (-(-d // n)) * (n - 1) >= d:  # the last chunk would be empty or negative
@@ -301,16 +336,24 @@ def test_split(shape, data, form):
 
 
 @SOME
-@given(st.lists(st.sampled_from([1, 2, 3, 5]), min_size=1, max_size=3).map(tuple), st.data(),
-       st.sampled_from(["constant", "reflect", "edge", "wrap"]),
-       st.sampled_from([np.float32, np.int32]))  # fmt: skip
+@given(
+    st.lists(st.sampled_from([1, 2, 3, 5]), min_size=1, max_size=3).map(tuple),
+    st.data(),
+    st.sampled_from(["constant", "reflect", "edge", "wrap"]),
+    st.sampled_from([np.float32, np.int32]),
+)
 def test_pad(shape, data, mode, dtype):
     r = len(shape)
     opsets = [19] if mode == "wrap" else [11, 13, 18, 19] if dtype == np.int32 else [2, 11, 18]
     opset = data.draw(st.sampled_from(opsets))
     use_axes = opset >= 18 and data.draw(st.booleans())
-    axes = data.draw(st.lists(st.integers(-r, r - 1), min_size=1, max_size=r,
-                              unique_by=lambda a: a % r)) if use_axes else list(range(r))  # fmt: skip
+    axes = (
+        data.draw(
+            st.lists(st.integers(-r, r - 1), min_size=1, max_size=r, unique_by=lambda a: a % r)
+        )
+        if use_axes
+        else list(range(r))
+    )
     pads = []
     for _ in range(2):  # begins, then ends
         for a in axes:
@@ -332,8 +375,7 @@ def test_pad(shape, data, mode, dtype):
         if use_axes:
             consts["axes"] = i64(axes)
             order += [""] * (3 - len(order)) + ["axes"]
-        m = node_model("Pad", {"x": x}, constants=consts, input_order=order, mode=mode,
-                       opset=opset)  # fmt: skip
+        m = node_model("Pad", {"x": x}, constants=consts, input_order=order, mode=mode, opset=opset)
     check_decomposition(m, {"x": x})
 
 
@@ -354,8 +396,14 @@ def test_gather(shape, data, constant):
     axis = data.draw(st.integers(-r, r - 1))
     d = shape[axis]
     ishape = data.draw(st.lists(dims, max_size=2))
-    idx = np.array(data.draw(st.lists(st.integers(-d, d - 1), min_size=int(np.prod(ishape)),
-                                      max_size=int(np.prod(ishape)))), np.int64)  # fmt: skip
+    idx = np.array(
+        data.draw(
+            st.lists(
+                st.integers(-d, d - 1), min_size=int(np.prod(ishape)), max_size=int(np.prod(ishape))
+            )
+        ),
+        np.int64,
+    )
     idx = idx.reshape(ishape)
     x = rand(shape)
     if constant:
@@ -372,8 +420,10 @@ def test_gather_elements(shape, data, constant):
     r = len(shape)
     axis = data.draw(st.integers(-r, r - 1))
     d = shape[axis]
-    ishape = [data.draw(st.integers(1, n)) if k != axis % r else data.draw(st.integers(1, 4))
-              for k, n in enumerate(shape)]  # fmt: skip
+    ishape = [
+        data.draw(st.integers(1, n)) if k != axis % r else data.draw(st.integers(1, 4))
+        for k, n in enumerate(shape)
+    ]
     rng = np.random.default_rng(len(ishape))
     idx = rng.integers(-d, d, ishape).astype(data.draw(st.sampled_from([np.int32, np.int64])))
     x = rand(shape)
@@ -409,11 +459,17 @@ def test_onehot(shape, data):
     axis = data.draw(st.integers(-r - 1, r))
     idx = np.random.default_rng(depth).integers(-depth - 1, depth + 1, shape).astype(np.int64)
     values = np.array([data.draw(st.sampled_from([0, -2])), 5], np.float32)
-    m = node_model("OneHot", {"i": idx}, constants={"depth": i64(depth), "values": values},
-                   axis=axis)  # fmt: skip
+    m = node_model(
+        "OneHot", {"i": idx}, constants={"depth": i64(depth), "values": values}, axis=axis
+    )
     check_decomposition(m, {"i": idx})
-    m = node_model("OneHot", {"i": idx, "values": values}, constants={"depth": i64(depth)},
-                   input_order=["i", "depth", "values"], axis=axis)  # fmt: skip
+    m = node_model(
+        "OneHot",
+        {"i": idx, "values": values},
+        constants={"depth": i64(depth)},
+        input_order=["i", "depth", "values"],
+        axis=axis,
+    )
     check_decomposition(m, {"i": idx, "values": values})
 
 
@@ -430,9 +486,13 @@ def test_shape_and_size(shape, start, end):
 
 
 def test_constants():
-    for kw in ({"value_float": 1.5}, {"value_floats": [1.0, 2.5]}, {"value_int": 3},
-               {"value_ints": [1, -2]},
-               {"value": helper.make_tensor("v", 7, [2, 1], [4, 5])}):  # fmt: skip
+    for kw in (
+        {"value_float": 1.5},
+        {"value_floats": [1.0, 2.5]},
+        {"value_int": 3},
+        {"value_ints": [1, -2]},
+        {"value": helper.make_tensor("v", 7, [2, 1], [4, 5])},
+    ):
         check_unprepared(node_model("Constant", {}, **kw))
     for shape, value in (
         ([2, 3], None),
@@ -440,8 +500,12 @@ def test_constants():
         ([0, 2], None),
         ([3], helper.make_tensor("v", 9, [1], [True])),
     ):
-        m = node_model("ConstantOfShape", {}, constants={"s": i64(shape)},
-                       **({} if value is None else {"value": value}))  # fmt: skip
+        m = node_model(
+            "ConstantOfShape",
+            {},
+            constants={"s": i64(shape)},
+            **({} if value is None else {"value": value}),
+        )
         check_unprepared(m)
     for start, limit, delta, dtype in (
         (0, 5, 1, np.int64),
@@ -454,8 +518,12 @@ def test_constants():
 
 
 @FEW
-@given(st.sampled_from([1, 2, 3, 5]), st.sampled_from([1, 3, 4]), st.integers(-5, 5),
-       st.sampled_from([None, 1, 6, 7]))  # fmt: skip
+@given(
+    st.sampled_from([1, 2, 3, 5]),
+    st.sampled_from([1, 3, 4]),
+    st.integers(-5, 5),
+    st.sampled_from([None, 1, 6, 7]),
+)
 def test_eyelike(n, m, k, dtype):
     x = rand((n, m))
     kw = {} if dtype is None else {"dtype": dtype}
@@ -463,19 +531,28 @@ def test_eyelike(n, m, k, dtype):
 
 
 @FEW
-@given(st.lists(dims, min_size=2, max_size=4).map(tuple), st.integers(-6, 6), st.booleans(),
-       st.booleans())  # fmt: skip
+@given(
+    st.lists(dims, min_size=2, max_size=4).map(tuple),
+    st.integers(-6, 6),
+    st.booleans(),
+    st.booleans(),
+)
 def test_trilu(shape, k, upper, with_k):
     x = rand(shape, np.int64)
     consts = {"k": i64(k)} if with_k else {}
-    check_decomposition(node_model("Trilu", {"x": x}, constants=consts, upper=int(upper)),
-                        {"x": x})  # fmt: skip
+    check_decomposition(node_model("Trilu", {"x": x}, constants=consts, upper=int(upper)), {"x": x})
 
 
 # -- Resize ------------------------------------------------------------------------------
 
-CTMS = ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
-        "tf_crop_and_resize", "half_pixel_symmetric"]  # fmt: skip
+CTMS = [
+    "half_pixel",
+    "pytorch_half_pixel",
+    "align_corners",
+    "asymmetric",
+    "tf_crop_and_resize",
+    "half_pixel_symmetric",
+]
 NEAREST = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]
 SCALES = [0.5, 0.6, 1.0, 1.5, 2.0, 3.0, 0.75]
 
@@ -538,8 +615,9 @@ def test_resize(case, data):
     while not order[-1]:
         order.pop()
     x = rand(shape, data.draw(st.sampled_from([np.float32, np.float32, np.float16])))
-    m = node_model("Resize", {"x": x}, constants=consts, input_order=order, opset=opset,
-                   **attrs, **kw)  # fmt: skip
+    m = node_model(
+        "Resize", {"x": x}, constants=consts, input_order=order, opset=opset, **attrs, **kw
+    )
     tol = 1e-2 if x.dtype == np.float16 else 1e-5
     try:
         check_decomposition(m, {"x": x}, rtol=tol, atol=tol)
@@ -553,8 +631,9 @@ def test_upsample_and_resize_10(h, w, data):
     mode = data.draw(st.sampled_from(["nearest", "linear"]))
     op, opset = data.draw(st.sampled_from([("Upsample", 7), ("Upsample", 9), ("Resize", 10)]))
     lo = 0.5 if op == "Resize" else 1.0
-    scales = [1.0, 1.0] + [data.draw(st.sampled_from([s for s in SCALES if s >= lo]))
-                           for _ in range(2)]  # fmt: skip
+    scales = [1.0, 1.0] + [
+        data.draw(st.sampled_from([s for s in SCALES if s >= lo])) for _ in range(2)
+    ]
     x = rand((1, 2, h, w))
     if opset == 7:
         m = node_model(op, {"x": x}, scales=scales, mode=mode, opset=opset)
@@ -569,14 +648,14 @@ def test_resize_is_gathers_and_blends():
     c = {"roi": np.zeros(0, np.float32), "scales": np.array([1, 1, 2, 2], np.float32)}
     graph = check_decomposition(node_model("Resize", {"x": x}, constants=c), {"x": x})
     assert ops_of(graph) == [Op.GATHER, Op.GATHER]
-    graph = check_decomposition(node_model("Resize", {"x": x}, constants=c, mode="linear"),
-                                {"x": x})  # fmt: skip
+    graph = check_decomposition(
+        node_model("Resize", {"x": x}, constants=c, mode="linear"), {"x": x}
+    )
     assert sorted(o.value for o in ops_of(graph)) == sorted(
         ["gather"] * 4 + ["mul"] * 4 + ["add"] * 2
     )
     c["scales"] = np.array([1, 1, 1, 1], np.float32)
-    graph = check_decomposition(node_model("Resize", {"x": x}, constants=c, mode="cubic"),
-                                {"x": x})  # fmt: skip
+    graph = check_decomposition(node_model("Resize", {"x": x}, constants=c, mode="cubic"), {"x": x})
     assert ops_of(graph) == [Op.IDENTITY]
 
 
@@ -586,12 +665,22 @@ def test_resize_declines():
     m = node_model("Resize", {"x": x}, constants=c, mode="linear", antialias=1, opset=18)
     with pytest.raises(UnsupportedError, match="antialias"):
         fission(prepare(m))
-    m = node_model("Resize", {"x": x, "scales": c["scales"]}, constants={"roi": c["roi"]},
-                   input_order=["x", "roi", "scales"], mode="linear")  # fmt: skip
+    m = node_model(
+        "Resize",
+        {"x": x, "scales": c["scales"]},
+        constants={"roi": c["roi"]},
+        input_order=["x", "roi", "scales"],
+        mode="linear",
+    )
     with pytest.raises(UnsupportedError, match="must be a constant"):
         fission(prepare(m))
     c["scales"] = np.array([1, 1, 0.6, 0.6], np.float32)  # 4 * 0.6 = 2.4 -> length 2
-    m = node_model("Resize", {"x": x}, constants=c, mode="linear",
-                   coordinate_transformation_mode="align_corners")  # fmt: skip
+    m = node_model(
+        "Resize",
+        {"x": x},
+        constants=c,
+        mode="linear",
+        coordinate_transformation_mode="align_corners",
+    )
     with pytest.raises(UnsupportedError, match="disagree"):
         fission(prepare(m))

@@ -23,9 +23,12 @@ SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[Healt
 SEEDS = st.integers(0, 2**31 - 1)
 DIMS = st.sampled_from([1, 2, 3, 5, 7])
 TOL = {
-    "float16": (1e-2, 1e-2), "float32": (1e-4, 1e-5), "float64": (1e-10, 1e-12),
-    "int32": (0, 0), "int64": (0, 0),
-}  # fmt: skip
+    "float16": (1e-2, 1e-2),
+    "float32": (1e-4, 1e-5),
+    "float64": (1e-10, 1e-12),
+    "int32": (0, 0),
+    "int64": (0, 0),
+}
 SOFTMAX_OPS = {Op.RMAX, Op.SUB, Op.EXP, Op.SUM, Op.DIV}
 
 
@@ -96,11 +99,18 @@ def test_matmul_declines_8_bit_integers():
 
 @SETTINGS
 @given(
-    m=DIMS, k=DIMS, n=DIMS, trans_a=st.booleans(), trans_b=st.booleans(),
-    alpha=st.sampled_from([1.0, 0.5, -2.0]), beta=st.sampled_from([1.0, 0.0, 0.25]),
+    m=DIMS,
+    k=DIMS,
+    n=DIMS,
+    trans_a=st.booleans(),
+    trans_b=st.booleans(),
+    alpha=st.sampled_from([1.0, 0.5, -2.0]),
+    beta=st.sampled_from([1.0, 0.0, 0.25]),
     c_form=st.sampled_from(["none", "n", "1n", "m1", "mn", "scalar"]),
-    const=st.booleans(), dtype=st.sampled_from(["float32", "float64"]), seed=SEEDS,
-)  # fmt: skip
+    const=st.booleans(),
+    dtype=st.sampled_from(["float32", "float64"]),
+    seed=SEEDS,
+)
 def test_gemm(m, k, n, trans_a, trans_b, alpha, beta, c_form, const, dtype, seed):
     a = rand((k, m) if trans_a else (m, k), dtype, seed)
     b = rand((n, k) if trans_b else (k, n), dtype, seed + 1)
@@ -109,8 +119,16 @@ def test_gemm(m, k, n, trans_a, trans_b, alpha, beta, c_form, const, dtype, seed
     (consts if const else feeds)["b"] = b
     if c_shape is not None:
         (consts if const else feeds)["c"] = rand(c_shape, dtype, seed + 2)
-    model = node_model("Gemm", feeds, constants=consts, input_order=["a", "b", "c"][: 2 + bool(c_shape is not None)],
-                       alpha=alpha, beta=beta, transA=int(trans_a), transB=int(trans_b))  # fmt: skip
+    model = node_model(
+        "Gemm",
+        feeds,
+        constants=consts,
+        input_order=["a", "b", "c"][: 2 + bool(c_shape is not None)],
+        alpha=alpha,
+        beta=beta,
+        transA=int(trans_a),
+        transB=int(trans_b),
+    )
     rtol, atol = TOL[dtype]
     check_decomposition(model, feeds, rtol=rtol, atol=atol)
 
@@ -131,8 +149,9 @@ def test_torch_linear_export(shape):
     layer = torch.nn.Linear(5, 3).eval()
     x = torch.randn(*shape)
     buf = io.BytesIO()
-    torch.onnx.export(layer, (x,), buf, opset_version=14, dynamo=False,
-                      input_names=["x"], output_names=["y"])  # fmt: skip
+    torch.onnx.export(
+        layer, (x,), buf, opset_version=14, dynamo=False, input_names=["x"], output_names=["y"]
+    )
     model = onnx.load_from_string(buf.getvalue())
     expected_op = "Gemm" if len(shape) == 2 else "MatMul"
     assert expected_op in {n.op_type for n in model.graph.node}
@@ -142,11 +161,35 @@ def test_torch_linear_export(shape):
 # -- Einsum -----------------------------------------------------------------------------------
 
 EQUATIONS = [
-    "ij,jk->ik", "ij,jk", "bij,bjk->bik", "i,i", "i,i->", "i,j->ij", "ij->ji", "ij->", "ij->i",
-    "ii->i", "ii", "...ii->...i", "...ij,...jk->...ik", "...ij,jk->...ik", "bhqd,bhkd->bhqk",
-    "bhqk,bhkd->bhqd", "ij,ij->ij", "ij,ij->i", "abc,cd->abd", "ijk,jil->kl", "i,jk->ijk",
-    "ij,kj->ikj", "iij,jk->ik", "ijk", "Ab,bc->Ac", "bij,bjk", "iii->i", "iij,kjj->ik",
-]  # fmt: skip
+    "ij,jk->ik",
+    "ij,jk",
+    "bij,bjk->bik",
+    "i,i",
+    "i,i->",
+    "i,j->ij",
+    "ij->ji",
+    "ij->",
+    "ij->i",
+    "ii->i",
+    "ii",
+    "...ii->...i",
+    "...ij,...jk->...ik",
+    "...ij,jk->...ik",
+    "bhqd,bhkd->bhqk",
+    "bhqk,bhkd->bhqd",
+    "ij,ij->ij",
+    "ij,ij->i",
+    "abc,cd->abd",
+    "ijk,jil->kl",
+    "i,jk->ijk",
+    "ij,kj->ikj",
+    "iij,jk->ik",
+    "ijk",
+    "Ab,bc->Ac",
+    "bij,bjk",
+    "iii->i",
+    "iij,kjj->ik",
+]
 
 
 @SETTINGS
@@ -157,7 +200,7 @@ EQUATIONS = [
     unit=st.integers(0, 3),
     dtype=st.sampled_from(["float32", "float64", "int64"]),
     seed=SEEDS,
-)  # fmt: skip
+)
 def test_einsum(equation, sizes, ellipsis, unit, dtype, seed):
     terms = equation.split("->")[0].split(",")
     feeds = {}
@@ -204,15 +247,27 @@ def attention_cases(draw):
         st.sampled_from([(q_len, total), (batch, 1, q_len, total), (hq, q_len, total)])
     )
     return dict(
-        batch=batch, q_len=q_len, kv_len=kv_len, hq=hq, hkv=hkv, head=head, v_head=v_head,
-        past=past, mask=mask, mask_shape=mask_shape, three_d=draw(st.booleans()),
-        causal=draw(st.booleans()), scale=draw(st.sampled_from([None, 0.3])),
-        softcap=draw(st.sampled_from([0.0, 0.0, 2.5])), mode=draw(st.integers(0, 3)),
+        batch=batch,
+        q_len=q_len,
+        kv_len=kv_len,
+        hq=hq,
+        hkv=hkv,
+        head=head,
+        v_head=v_head,
+        past=past,
+        mask=mask,
+        mask_shape=mask_shape,
+        three_d=draw(st.booleans()),
+        causal=draw(st.booleans()),
+        scale=draw(st.sampled_from([None, 0.3])),
+        softcap=draw(st.sampled_from([0.0, 0.0, 2.5])),
+        mode=draw(st.integers(0, 3)),
         # onnxruntime wants present_key / present_value whenever past_key is given
         n_outputs=draw(st.sampled_from([3, 4] if past else [1, 4])),
         opset=draw(st.sampled_from([23, 24])),
-        dtype=draw(st.sampled_from(["float32", "float32", "float16"])), seed=draw(SEEDS),
-    )  # fmt: skip
+        dtype=draw(st.sampled_from(["float32", "float32", "float16"])),
+        seed=draw(SEEDS),
+    )
 
 
 @SETTINGS
@@ -249,8 +304,9 @@ def test_attention(c):
     n_outputs = c["n_outputs"]
     while order[-1] == "":
         order.pop()
-    model = node_model("Attention", feeds, input_order=order, n_outputs=n_outputs,
-                       opset=c["opset"], **attrs)  # fmt: skip
+    model = node_model(
+        "Attention", feeds, input_order=order, n_outputs=n_outputs, opset=c["opset"], **attrs
+    )
     expected = None
     if n_outputs == 4 and c["mode"] == 2 and (c["causal"] or c["mask"] == "bool"):
         # onnxruntime writes masked scores as the lowest float; the spec says -inf
@@ -269,11 +325,18 @@ def test_attention(c):
 @pytest.mark.parametrize("lens", [(7, 4), (3, 6)])
 def test_attention_nonpad_kv_seqlen(causal, lens):
     feeds = {
-        "q": rand((2, 4, 5, 8), "float32", 0), "k": rand((2, 2, 7, 8), "float32", 1),
-        "v": rand((2, 2, 7, 3), "float32", 2), "lens": np.array(lens, np.int64),
-    }  # fmt: skip
-    model = node_model("Attention", feeds, input_order=["q", "k", "v", "", "", "", "lens"],
-                       is_causal=causal, opset=24)  # fmt: skip
+        "q": rand((2, 4, 5, 8), "float32", 0),
+        "k": rand((2, 2, 7, 8), "float32", 1),
+        "v": rand((2, 2, 7, 3), "float32", 2),
+        "lens": np.array(lens, np.int64),
+    }
+    model = node_model(
+        "Attention",
+        feeds,
+        input_order=["q", "k", "v", "", "", "", "lens"],
+        is_causal=causal,
+        opset=24,
+    )
     check_decomposition(model, feeds, rtol=1e-4, atol=1e-5)
 
 
@@ -281,8 +344,11 @@ def test_attention_nonpad_kv_seqlen(causal, lens):
 @pytest.mark.parametrize("cache", ["none", "past", "nonpad"])
 def test_attention_sliding_window(window, cache):
     # opset 25: onnxruntime has no kernel yet, so the ONNX reference decides
-    feeds = {"q": rand((2, 2, 5, 4), "float32", 0), "k": rand((2, 2, 6, 4), "float32", 1),
-             "v": rand((2, 2, 6, 3), "float32", 2)}  # fmt: skip
+    feeds = {
+        "q": rand((2, 2, 5, 4), "float32", 0),
+        "k": rand((2, 2, 6, 4), "float32", 1),
+        "v": rand((2, 2, 6, 3), "float32", 2),
+    }
     order = ["q", "k", "v"]
     if cache == "past":
         feeds.update(pk=rand((2, 2, 2, 4), "float32", 3), pv=rand((2, 2, 2, 3), "float32", 4))
@@ -290,16 +356,26 @@ def test_attention_sliding_window(window, cache):
     elif cache == "nonpad":
         feeds["lens"] = np.array([3, 6], np.int64)
         order += ["", "", "", "lens"]
-    model = node_model("Attention", feeds, input_order=order, opset=25,
-                       left_window_size=window[0], right_window_size=window[1])  # fmt: skip
+    model = node_model(
+        "Attention",
+        feeds,
+        input_order=order,
+        opset=25,
+        left_window_size=window[0],
+        right_window_size=window[1],
+    )
     expected = onnx_reference(model, feeds)
     # the composed graph stays inside the primitives onnxruntime runs
     check_decomposition(model, feeds, rtol=1e-4, atol=1e-5, expected=expected)
 
 
 def test_attention_fully_masked_rows_are_zero():
-    feeds = {"q": rand((1, 2, 3, 4), "float32", 0), "k": rand((1, 2, 5, 4), "float32", 1),
-             "v": rand((1, 2, 5, 4), "float32", 2), "mask": np.zeros((3, 5), bool)}  # fmt: skip
+    feeds = {
+        "q": rand((1, 2, 3, 4), "float32", 0),
+        "k": rand((1, 2, 5, 4), "float32", 1),
+        "v": rand((1, 2, 5, 4), "float32", 2),
+        "mask": np.zeros((3, 5), bool),
+    }
     feeds["mask"][1] = True
     model = node_model("Attention", feeds, opset=23)
     graph = check_decomposition(model, feeds)
@@ -309,8 +385,11 @@ def test_attention_fully_masked_rows_are_zero():
 
 
 def test_attention_is_only_primitives():
-    feeds = {"q": rand((2, 3, 16), "float32", 0), "k": rand((2, 5, 8), "float32", 1),
-             "v": rand((2, 5, 8), "float32", 2)}  # fmt: skip
+    feeds = {
+        "q": rand((2, 3, 16), "float32", 0),
+        "k": rand((2, 5, 8), "float32", 1),
+        "v": rand((2, 5, 8), "float32", 2),
+    }
     model = node_model("Attention", feeds, opset=23, q_num_heads=4, kv_num_heads=2, is_causal=1)
     check_decomposition(model, feeds)
     ops = primitive_ops(model, feeds)
@@ -321,8 +400,11 @@ def test_attention_is_only_primitives():
 
 
 def test_attention_declines_bad_heads():
-    feeds = {"q": rand((1, 3, 8), "float32", 0), "k": rand((1, 5, 8), "float32", 1),
-             "v": rand((1, 5, 8), "float32", 2)}  # fmt: skip
+    feeds = {
+        "q": rand((1, 3, 8), "float32", 0),
+        "k": rand((1, 5, 8), "float32", 1),
+        "v": rand((1, 5, 8), "float32", 2),
+    }
     model = node_model("Attention", feeds, opset=23, q_num_heads=2, kv_num_heads=2)
     del model.graph.node[0].attribute[:]  # 3-D without head counts
     with pytest.raises(UnsupportedError, match="heads"):
@@ -339,8 +421,9 @@ def test_torch_sdpa_export():
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 5, 8) for _ in range(3))
-    model = torch.onnx.export(Sdpa().eval(), (q, k, v), dynamo=True, opset_version=23,
-                              verbose=False).model_proto  # fmt: skip
+    model = torch.onnx.export(
+        Sdpa().eval(), (q, k, v), dynamo=True, opset_version=23, verbose=False
+    ).model_proto
     assert "Attention" in {n.op_type for n in model.graph.node}
     names = [i.name for i in model.graph.input]
     check_decomposition(model, dict(zip(names, (q.numpy(), k.numpy(), v.numpy()))))

@@ -42,9 +42,14 @@ def split(inputs: dict, as_constants: bool):
 def check(op, inputs, *, constants=False, n_outputs=1, opset=20, tol=None, **attrs):
     feeds, consts = split(inputs, constants)
     model = node_model(
-        op, feeds, constants=consts, input_order=list(inputs), n_outputs=n_outputs,
-        opset=opset, **attrs,
-    )  # fmt: skip
+        op,
+        feeds,
+        constants=consts,
+        input_order=list(inputs),
+        n_outputs=n_outputs,
+        opset=opset,
+        **attrs,
+    )
     rtol, atol = tol or TOL[inputs["x"].dtype.name]
     return check_decomposition(model, feeds, rtol=rtol, atol=atol)
 
@@ -69,9 +74,12 @@ def trailing_norm_cases(draw):
 
 @SETTINGS
 @given(
-    case=trailing_norm_cases(), with_bias=st.booleans(), all_outputs=st.booleans(),
-    constants=st.booleans(), epsilon=st.sampled_from([1e-5, 1e-2]),
-)  # fmt: skip
+    case=trailing_norm_cases(),
+    with_bias=st.booleans(),
+    all_outputs=st.booleans(),
+    constants=st.booleans(),
+    epsilon=st.sampled_from([1e-5, 1e-2]),
+)
 def test_layer_normalization(case, with_bias, all_outputs, constants, epsilon):
     shape, axis, dtype, seed = case
     rng = np.random.default_rng(seed)
@@ -79,9 +87,14 @@ def test_layer_normalization(case, with_bias, all_outputs, constants, epsilon):
     if with_bias:
         inputs["bias"] = rand(rng, shape[axis:], dtype)
     graph = check(
-        "LayerNormalization", inputs, constants=constants, n_outputs=3 if all_outputs else 1,
-        opset=17, axis=axis, epsilon=epsilon,
-    )  # fmt: skip
+        "LayerNormalization",
+        inputs,
+        constants=constants,
+        n_outputs=3 if all_outputs else 1,
+        opset=17,
+        axis=axis,
+        epsilon=epsilon,
+    )
     # mean and variance: two sums over the same normalised axes
     axes = tuple(range(axis % len(shape), len(shape)))
     sums = [n for n in graph.nodes if n.op.value == "sum"]
@@ -123,8 +136,9 @@ def test_rms_normalization_output_takes_the_scale_type():
     x64 = x.astype(np.float64)
     want = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-5) * s
     model = node_model("RMSNormalization", {"x": x, "s": s}, opset=23)
-    check_decomposition(model, {"x": x, "s": s}, rtol=5e-3, atol=5e-3,
-                        expected={"y0": want.astype(np.float32)})  # fmt: skip
+    check_decomposition(
+        model, {"x": x, "s": s}, rtol=5e-3, atol=5e-3, expected={"y0": want.astype(np.float32)}
+    )
 
 
 @pytest.mark.parametrize("op", ["LayerNormalization", "RMSNormalization"])
@@ -151,18 +165,25 @@ def test_a_bfloat16_stash_type_keeps_float32_statistics(op):
 
 @SETTINGS
 @given(
-    n=DIM, c=DIM, spatial=st.lists(DIM, max_size=2), seed=SEEDS,
-    opset=st.sampled_from([9, 14, 15]), dtype=st.sampled_from(["float32", "float16"]),
-    constants=st.booleans(), epsilon=st.sampled_from([1e-5, 1e-2]),
-)  # fmt: skip
+    n=DIM,
+    c=DIM,
+    spatial=st.lists(DIM, max_size=2),
+    seed=SEEDS,
+    opset=st.sampled_from([9, 14, 15]),
+    dtype=st.sampled_from(["float32", "float16"]),
+    constants=st.booleans(),
+    epsilon=st.sampled_from([1e-5, 1e-2]),
+)
 def test_batch_normalization(n, c, spatial, seed, opset, dtype, constants, epsilon):
     rng = np.random.default_rng(seed)
     pdtype = "float32" if opset == 15 else dtype  # opset 15 lets parameters differ
     inputs = {
-        "x": rand(rng, (n, c, *spatial), dtype), "scale": rand(rng, (c,), pdtype),
-        "bias": rand(rng, (c,), pdtype), "mean": rand(rng, (c,), pdtype),
+        "x": rand(rng, (n, c, *spatial), dtype),
+        "scale": rand(rng, (c,), pdtype),
+        "bias": rand(rng, (c,), pdtype),
+        "mean": rand(rng, (c,), pdtype),
         "var": rand(rng, (c,), pdtype, lo=0.1),
-    }  # fmt: skip
+    }
     graph = check("BatchNormalization", inputs, constants=constants, opset=opset, epsilon=epsilon)
     if constants:  # scale / sqrt(var + eps) and the shift are folded into two constants
         ops = [n.op.value for n in graph.nodes]
@@ -182,9 +203,12 @@ def test_batch_normalization_opset6_is_test():
     v = rand(rng, (3,), lo=0.1)
     want = (x - m[:, None]) / np.sqrt(v[:, None] + 1e-5) * s[:, None] + b[:, None]
     model = node_model(
-        "BatchNormalization", {"x": x}, constants={"s": s, "b": b, "m": m, "v": v}, opset=6,
+        "BatchNormalization",
+        {"x": x},
+        constants={"s": s, "b": b, "m": m, "v": v},
+        opset=6,
         is_test=1,
-    )  # fmt: skip
+    )
     check_decomposition(model, {"x": x}, expected={"y0": want}, rtol=1e-5, atol=1e-5)
 
 
@@ -210,16 +234,21 @@ def test_batch_normalization_training_outputs_are_declined():
 
 @SETTINGS
 @given(
-    n=DIM, c=DIM, spatial=st.lists(DIM, min_size=1, max_size=2), seed=SEEDS,
-    dtype=st.sampled_from(["float32", "float16"]), constants=st.booleans(),
+    n=DIM,
+    c=DIM,
+    spatial=st.lists(DIM, min_size=1, max_size=2),
+    seed=SEEDS,
+    dtype=st.sampled_from(["float32", "float16"]),
+    constants=st.booleans(),
     epsilon=st.sampled_from([1e-5, 1e-2]),
-)  # fmt: skip
+)
 def test_instance_normalization(n, c, spatial, seed, dtype, constants, epsilon):
     rng = np.random.default_rng(seed)
     inputs = {
-        "x": rand(rng, (n, c, *spatial), dtype), "scale": rand(rng, (c,), dtype),
+        "x": rand(rng, (n, c, *spatial), dtype),
+        "scale": rand(rng, (c,), dtype),
         "bias": rand(rng, (c,), dtype),
-    }  # fmt: skip
+    }
     tol = (3e-4, 3e-4) if dtype == "float32" else None  # onnxruntime's own float32 error
     check("InstanceNormalization", inputs, constants=constants, opset=6, epsilon=epsilon, tol=tol)
 
@@ -237,18 +266,25 @@ def group_norm_formula(x, scale, bias, groups, per_channel, epsilon):
 
 @SETTINGS
 @given(
-    n=DIM, groups=st.sampled_from([1, 2, 3]), per_group=st.sampled_from([1, 2, 3]),
-    spatial=st.lists(DIM, max_size=2), seed=SEEDS, opset=st.sampled_from([18, 21]),
-    dtype=FLOAT, constants=st.booleans(), epsilon=st.sampled_from([1e-5, 1e-2]),
-)  # fmt: skip
+    n=DIM,
+    groups=st.sampled_from([1, 2, 3]),
+    per_group=st.sampled_from([1, 2, 3]),
+    spatial=st.lists(DIM, max_size=2),
+    seed=SEEDS,
+    opset=st.sampled_from([18, 21]),
+    dtype=FLOAT,
+    constants=st.booleans(),
+    epsilon=st.sampled_from([1e-5, 1e-2]),
+)
 def test_group_normalization(n, groups, per_group, spatial, seed, opset, dtype, constants, epsilon):
     rng = np.random.default_rng(seed)
     c = groups * per_group
     p = c if opset >= 21 else groups  # opset 18: per group, 21: per channel
     inputs = {
-        "x": rand(rng, (n, c, *spatial), dtype), "scale": rand(rng, (p,), dtype),
+        "x": rand(rng, (n, c, *spatial), dtype),
+        "scale": rand(rng, (p,), dtype),
         "bias": rand(rng, (p,), dtype),
-    }  # fmt: skip
+    }
     attrs = dict(opset=opset, num_groups=groups, epsilon=epsilon)
     if epsilon < 1e-3 or dtype == "float64":
         # onnxruntime runs the function body: variance as E[x^2] - E[x]^2 in
@@ -281,10 +317,17 @@ def lrn_formula(x, size, alpha, beta, bias):
 
 @SETTINGS
 @given(
-    n=DIM, c=DIM, h=DIM, w=DIM, size=st.integers(1, 8), seed=SEEDS,
-    alpha=st.sampled_from([1e-4, 0.5]), beta=st.sampled_from([0.75, 1.5]),
-    bias=st.sampled_from([1.0, 2.5]), dtype=st.sampled_from(["float32", "float16"]),
-)  # fmt: skip
+    n=DIM,
+    c=DIM,
+    h=DIM,
+    w=DIM,
+    size=st.integers(1, 8),
+    seed=SEEDS,
+    alpha=st.sampled_from([1e-4, 0.5]),
+    beta=st.sampled_from([0.75, 1.5]),
+    bias=st.sampled_from([1.0, 2.5]),
+    dtype=st.sampled_from(["float32", "float16"]),
+)
 def test_lrn(n, c, h, w, size, seed, alpha, beta, bias, dtype):
     x = rand(np.random.default_rng(seed), (n, c, h, w), dtype)
     attrs = dict(size=size, alpha=alpha, beta=beta, bias=bias)
@@ -310,13 +353,15 @@ def mvn_formula(x, axes):
 @given(shape=st.lists(DIM, min_size=4, max_size=4), seed=SEEDS, data_=st.data(), dtype=FLOAT)
 def test_mean_variance_normalization(shape, seed, data_, dtype):
     x = rand(np.random.default_rng(seed), shape, dtype)
-    axes = data_.draw(st.none() | st.lists(st.integers(-4, 3), min_size=1, max_size=4,
-                                           unique_by=lambda a: a % 4))  # fmt: skip
+    axes = data_.draw(
+        st.none() | st.lists(st.integers(-4, 3), min_size=1, max_size=4, unique_by=lambda a: a % 4)
+    )
     attrs = {} if axes is None else {"axes": axes}
     want = mvn_formula(x, [a % 4 for a in axes or (0, 2, 3)])
     if dtype == "float32":  # onnxruntime's function body runs float32 only
-        got = onnxrt.run(node_model("MeanVarianceNormalization", {"x": x}, opset=13, **attrs),
-                         {"x": x})["y0"]  # fmt: skip
+        got = onnxrt.run(
+            node_model("MeanVarianceNormalization", {"x": x}, opset=13, **attrs), {"x": x}
+        )["y0"]
         # its variance E[x^2] - E[x]^2 can come out negative (NaN); keep the formula there
         want = np.where(np.isfinite(got), got, want)
     tol = (1e-4, 1e-3) if dtype == "float32" else None
@@ -325,9 +370,13 @@ def test_mean_variance_normalization(shape, seed, data_, dtype):
 
 @SETTINGS
 @given(
-    shape=st.lists(DIM, min_size=1, max_size=3), seed=SEEDS, data_=st.data(),
-    p=st.sampled_from([1, 2]), dtype=FLOAT, opset=st.sampled_from([13, 22]),
-)  # fmt: skip
+    shape=st.lists(DIM, min_size=1, max_size=3),
+    seed=SEEDS,
+    data_=st.data(),
+    p=st.sampled_from([1, 2]),
+    dtype=FLOAT,
+    opset=st.sampled_from([13, 22]),
+)
 def test_lp_normalization(shape, seed, data_, p, dtype, opset):
     axis = data_.draw(st.integers(-len(shape), len(shape) - 1))
     x = rand(np.random.default_rng(seed), shape, dtype)

@@ -22,16 +22,28 @@ SEEDS = st.integers(0, 2**31 - 1)
 TOL = {"float16": (4e-3, 4e-3), "float32": (1e-5, 1e-5), "float64": (1e-10, 1e-12)}
 
 REDUCE_OPS = [
-    "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
-    "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare",
-]  # fmt: skip
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceSumSquare",
+]
 # integer dtypes onnxruntime runs for each op (the others are float only)
 INT_DTYPES = {
-    "ReduceSum": ["int32", "int64"], "ReduceMean": ["int32", "int64"],
-    "ReduceMax": ["int32", "int64", "int8", "uint8"], "ReduceMin": ["int32", "int64", "uint8"],
-    "ReduceProd": ["int32", "int64"], "ReduceL1": ["int32", "int64"],
-    "ReduceL2": ["int32", "int64"], "ReduceSumSquare": ["int32", "int64"],
-}  # fmt: skip
+    "ReduceSum": ["int32", "int64"],
+    "ReduceMean": ["int32", "int64"],
+    "ReduceMax": ["int32", "int64", "int8", "uint8"],
+    "ReduceMin": ["int32", "int64", "uint8"],
+    "ReduceProd": ["int32", "int64"],
+    "ReduceL1": ["int32", "int64"],
+    "ReduceL2": ["int32", "int64"],
+    "ReduceSumSquare": ["int32", "int64"],
+}
 
 
 def data(shape, dtype, seed, op=""):
@@ -159,10 +171,13 @@ def test_reduce_log_sum_exp_declines_integers():
 @pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
 @SETTINGS
 @given(
-    shape=SHAPES, seed=SEEDS, data_=st.data(),
+    shape=SHAPES,
+    seed=SEEDS,
+    data_=st.data(),
     dtype=st.sampled_from(["float32", "float16", "float64", "int32", "int64", "uint8", "int8"]),
-    keepdims=st.sampled_from([0, 1]), last=st.sampled_from([0, 1]),
-)  # fmt: skip
+    keepdims=st.sampled_from([0, 1]),
+    last=st.sampled_from([0, 1]),
+)
 def test_arg_matches_onnxruntime(op, shape, seed, data_, dtype, keepdims, last):
     axis = data_.draw(st.integers(-len(shape), len(shape) - 1))
     # few distinct values: ties decide between first and last index
@@ -182,10 +197,14 @@ def test_arg_opset11_default_axis():
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax", "Hardmax"])
 @SETTINGS
 @given(
-    shape=SHAPES, seed=SEEDS, data_=st.data(), opset=st.sampled_from([11, 13, 20]),
+    shape=SHAPES,
+    seed=SEEDS,
+    data_=st.data(),
+    opset=st.sampled_from([11, 13, 20]),
     dtype=st.sampled_from(["float32", "float32", "float16", "float64"]),
-    scale=st.sampled_from([1.0, 1e3]), default_axis=st.booleans(),
-)  # fmt: skip
+    scale=st.sampled_from([1.0, 1e3]),
+    default_axis=st.booleans(),
+)
 def test_softmax_family_matches_onnxruntime(
     op, shape, seed, data_, opset, dtype, scale, default_axis
 ):
@@ -255,6 +274,11 @@ def test_softmax_agrees_with_onnxruntime_on_float16_exactly_enough():
 def test_cumsum(dtype, axis, exclusive, reverse):
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((3, 5, 4)) * 5).astype(dtype)
-    m = node_model("CumSum", {"x": x}, constants={"axis": np.array(axis, np.int64)},
-                   exclusive=exclusive, reverse=reverse)  # fmt: skip
+    m = node_model(
+        "CumSum",
+        {"x": x},
+        constants={"axis": np.array(axis, np.int64)},
+        exclusive=exclusive,
+        reverse=reverse,
+    )
     check_decomposition(m, {"x": x})

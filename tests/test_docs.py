@@ -31,14 +31,22 @@ def test_every_command_and_device_is_documented():
 def test_documented_options_exist():
     runner = CliRunner()
     for command, options in {
-        "plan": ["--device", "--memory-budget", "--time-limit", "--no-recompute", "--tf32",
-                 "--max-kernel-nodes", "--reproducible", "--shape"],
+        "plan": [
+            "--device",
+            "--memory-budget",
+            "--time-limit",
+            "--no-recompute",
+            "--tf32",
+            "--max-kernel-nodes",
+            "--reproducible",
+            "--shape",
+        ],
         "optimize": ["--trials", "--rtol", "--atol", "--dtype"],
         "inspect": ["--dtype"],
         "explain": ["--picture", "--roofline", "--rejected", "--limit"],
         "run": ["--input", "--output-dir"],
         "verify": ["--model", "--trials"],
-    }.items():  # fmt: skip
+    }.items():
         out = runner.invoke(cli.main, [command, "--help"]).output
         for opt in options:
             assert opt in out, (command, opt)

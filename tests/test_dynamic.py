@@ -83,8 +83,9 @@ def _softmax_model() -> onnx.ModelProto:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq"])
     node = helper.make_node("Softmax", ["x"], ["y"], name="sm", axis=-1)
-    m = helper.make_model(helper.make_graph([node], "sm", [x], [y]),
-                          opset_imports=[helper.make_opsetid("", 17)])  # fmt: skip
+    m = helper.make_model(
+        helper.make_graph([node], "sm", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]
+    )
     m.ir_version = 8
     return m
 
@@ -169,8 +170,12 @@ def test_kernels_take_the_dimensions_as_runtime_arguments(built):
         ("seq", "dim1", 2, 9, 5),
     ]
     tree = ast.parse((out / "kernels.py").read_text())
-    jitted = [f for f in tree.body if isinstance(f, ast.FunctionDef)
-              and any(isinstance(d, ast.Attribute) and d.attr == "jit" for d in f.decorator_list)]  # fmt: skip
+    jitted = [
+        f
+        for f in tree.body
+        if isinstance(f, ast.FunctionDef)
+        and any(isinstance(d, ast.Attribute) and d.attr == "jit" for d in f.decorator_list)
+    ]
     assert jitted
     using = set()
     for f in jitted:
@@ -180,8 +185,9 @@ def test_kernels_take_the_dimensions_as_runtime_arguments(built):
                 # a runtime argument: one compiled kernel for the range
                 assert a.annotation is None, ast.unparse(a.annotation)
     assert using == {"dim0", "dim1"}
-    launchers = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name.startswith(
-        "launch_")]  # fmt: skip
+    launchers = [
+        f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name.startswith("launch_")
+    ]
     assert launchers
     for f in launchers:
         assert [a.arg for a in f.args.kwonlyargs][:2] == ["dim0", "dim1"]
@@ -197,12 +203,19 @@ def test_the_lifted_kernels_compile_for_hopper_with_runtime_dimensions(built):
     root = Path(__file__).resolve().parents[1]
     run = subprocess.run(
         [sys.executable, "-m", "orchestrate.check.compile_check", "--json", str(built[1])],
-        cwd=root, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     rows = json.loads(run.stdout)
-    jitted = [n.name for n in ast.parse((built[1] / "kernels.py").read_text()).body
-              if isinstance(n, ast.FunctionDef) and not n.name.startswith(("launch_", "_"))]  # fmt: skip
+    jitted = [
+        n.name
+        for n in ast.parse((built[1] / "kernels.py").read_text()).body
+        if isinstance(n, ast.FunctionDef) and not n.name.startswith(("launch_", "_"))
+    ]
     assert sorted(r["kernel"] for r in rows) == sorted(jitted)
     assert all(r["within_limits"] for r in rows)
 
@@ -239,8 +252,14 @@ def test_run_cli_refuses_a_shape_outside_the_range(built, tmp_path):
     feeds = _feeds(2, 12)
     for k, v in feeds.items():
         np.save(tmp_path / f"{k}.npy", v)
-    r = invoke("run", built[1], "--input", f"x={tmp_path / 'x.npy'}",
-               "--input", f"mask={tmp_path / 'mask.npy'}")  # fmt: skip
+    r = invoke(
+        "run",
+        built[1],
+        "--input",
+        f"x={tmp_path / 'x.npy'}",
+        "--input",
+        f"mask={tmp_path / 'mask.npy'}",
+    )
     assert_user_error(r, "input '", "axis 1 is seq=12", "range 2..9")
 
 
@@ -406,8 +425,14 @@ def test_verification_failure_leaves_nothing(model_file, tmp_path, monkeypatch):
     tolerance is set below float32 rounding, so verification fails)."""
     out = tmp_path / "b.orch"
     with pytest.raises(api.VerificationError):
-        orchestrate.optimize(model_file, out, dims={"batch": "1..4", "seq": "2..9@5"},
-                             trials=0, rtol=1e-30, atol=1e-30)  # fmt: skip
+        orchestrate.optimize(
+            model_file,
+            out,
+            dims={"batch": "1..4", "seq": "2..9@5"},
+            trials=0,
+            rtol=1e-30,
+            atol=1e-30,
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -426,8 +451,7 @@ def test_plan_writes_the_dims_beside_and_explain_shows_the_range(model_file, tmp
     assert "planned and priced at OPT (batch=4, seq=5)" in r.output
 
 
-def test_a_static_plan_written_over_a_dynamic_one_is_not_explained_as_a_range(
-        model_file, tmp_path):  # fmt: skip
+def test_a_static_plan_written_over_a_dynamic_one_is_not_explained_as_a_range(model_file, tmp_path):
     plan = tmp_path / "P.json"
     r = invoke("plan", model_file, "-o", plan, "--dim", "batch=1..4", "--dim", "seq=2..9@5")
     assert r.exit_code == 0, r.output
@@ -458,8 +482,9 @@ def test_a_softmax_over_seq_is_widened_to_cover_max(tmp_path):
     for b, s in [(5, 40), (3, 33), (4, 2)]:
         x = np.random.default_rng(s).standard_normal((b, s)).astype(np.float32)
         e = np.exp(x - x.max(axis=-1, keepdims=True))
-        np.testing.assert_allclose(bundle.run({"x": x})["y"], e / e.sum(axis=-1, keepdims=True),
-                                   rtol=1e-5, atol=1e-6)  # fmt: skip
+        np.testing.assert_allclose(
+            bundle.run({"x": x})["y"], e / e.sum(axis=-1, keepdims=True), rtol=1e-5, atol=1e-6
+        )
     # dims.json edited to claim MAX seq=100 (its hash updated): the pinned
     # BLOCK_COLS cannot hold such a row, and running there is refused, not wrong
     data = json.loads((out / "dims.json").read_text())
@@ -512,12 +537,15 @@ def _mean_pool_model() -> onnx.ModelProto:
         helper.make_node("Div", ["total", "sf"], ["y"]),
     ]
     g = helper.make_graph(
-        nodes, "mean_pool",
+        nodes,
+        "mean_pool",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 8])],
-        [numpy_helper.from_array(np.array(1, np.int64), "one"),
-         numpy_helper.from_array(np.array([1], np.int64), "axes")],
-    )  # fmt: skip
+        [
+            numpy_helper.from_array(np.array(1, np.int64), "one"),
+            numpy_helper.from_array(np.array([1], np.int64), "axes"),
+        ],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     return m
@@ -540,8 +568,9 @@ def test_a_dimension_folded_into_a_constant_is_computed_per_shape(tmp_path):
     sess = ort.InferenceSession(str(src))
     for b, s in [(1, 2), (3, 17), (2, 20)]:
         x = np.random.default_rng(s).standard_normal((b, s, 8)).astype(np.float32)
-        np.testing.assert_allclose(bundle.run({"x": x})["y"], sess.run(None, {"x": x})[0],
-                                   rtol=1e-5, atol=1e-6)  # fmt: skip
+        np.testing.assert_allclose(
+            bundle.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6
+        )
 
 
 def _batch_constant_model() -> onnx.ModelProto:
@@ -554,11 +583,12 @@ def _batch_constant_model() -> onnx.ModelProto:
     ]
     row = np.arange(6, dtype=np.float32).reshape(1, 6)
     g = helper.make_graph(
-        nodes, "batch_constant",
+        nodes,
+        "batch_constant",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 6])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 6])],
         [numpy_helper.from_array(row, "row")],
-    )  # fmt: skip
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     return m
@@ -606,10 +636,11 @@ def test_a_hostile_dimension_name_stays_out_of_code_and_off_a_second_line(tmp_pa
     and the messages naming it stay one line."""
     bad = 'ba"t\nch\u2028"""); import os #'
     g = helper.make_graph(
-        [helper.make_node("Softmax", ["x"], ["y"], axis=-1)], "hostile",
+        [helper.make_node("Softmax", ["x"], ["y"], axis=-1)],
+        "hostile",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [bad, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [bad, 8])],
-    )  # fmt: skip
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     src = tmp_path / "h.onnx"
@@ -619,8 +650,10 @@ def test_a_hostile_dimension_name_stays_out_of_code_and_off_a_second_line(tmp_pa
     source = (tmp_path / "h.orch" / "kernels.py").read_text()
     assert source.isascii()
     tree = ast.parse(source)
-    assert not any(isinstance(n, (ast.Import, ast.ImportFrom)) and
-                   any(a.name == "os" for a in n.names) for n in ast.walk(tree))  # fmt: skip
+    assert not any(
+        isinstance(n, (ast.Import, ast.ImportFrom)) and any(a.name == "os" for a in n.names)
+        for n in ast.walk(tree)
+    )
     assert bad not in source and "\u2028" not in source
     with pytest.raises(InputError) as e:
         orchestrate.load(tmp_path / "h.orch").run({"x": np.ones((6, 8), np.float32)})

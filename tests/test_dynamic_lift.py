@@ -181,7 +181,7 @@ def _family() -> Family:
                 "axis": -1,
                 "mode": "x",
             }
-        },  # fmt: skip
+        },
         sliced={"pos": (s, sixteen)},
     )
 

@@ -36,8 +36,9 @@ def out_shape(x, w, strides, pads, dilations):
     return (x[0], w[0]) + spatial
 
 
-def conv_graph(x, w, *, strides=None, pads=None, dilations=None, group=1, epilogue="none",
-               dtype="float32"):  # fmt: skip
+def conv_graph(
+    x, w, *, strides=None, pads=None, dilations=None, group=1, epilogue="none", dtype="float32"
+):
     """conv(x, w) followed by an epilogue: none, bias+relu+residual (two outputs)
     or a folded batch norm (constant scale and shift per channel)."""
     n = len(x) - 2
@@ -75,8 +76,7 @@ def check(g, rtol=1e-5, atol=1e-5, seed=0):
 @pytest.mark.parametrize("ksize", [1, 3, 5])
 @pytest.mark.parametrize("group", [1, 2, 6])  # 6: depthwise
 def test_2d_kernel_sizes_and_groups(ksize, group):
-    g = conv_graph((2, 6, 9, 8), (6, 6 // group, ksize, ksize), pads=(ksize // 2,) * 4,
-                   group=group)  # fmt: skip
+    g = conv_graph((2, 6, 9, 8), (6, 6 // group, ksize, ksize), pads=(ksize // 2,) * 4, group=group)
     check(g)
 
 
@@ -86,8 +86,15 @@ def test_depthwise_channel_multiplier():
 
 
 def test_strides_asymmetric_pads_dilation_epilogue():
-    g = conv_graph((2, 4, 11, 10), (6, 2, 3, 3), strides=(2, 1), pads=(1, 0, 2, 1),
-                   dilations=(1, 2), group=2, epilogue="bias_relu_residual")  # fmt: skip
+    g = conv_graph(
+        (2, 4, 11, 10),
+        (6, 2, 3, 3),
+        strides=(2, 1),
+        pads=(1, 0, 2, 1),
+        dilations=(1, 2),
+        group=2,
+        epilogue="bias_relu_residual",
+    )
     src = check(g)
     assert src.count("tl.store(") == 2
 
@@ -108,13 +115,29 @@ def test_many_tiles_and_k_steps(small_tiles):
     ],
 )
 def test_1d(x, w, strides, pads, dilations, group):
-    check(conv_graph(x, w, strides=strides, pads=pads, dilations=dilations, group=group,
-                     epilogue="bias_relu_residual"))  # fmt: skip
+    check(
+        conv_graph(
+            x,
+            w,
+            strides=strides,
+            pads=pads,
+            dilations=dilations,
+            group=group,
+            epilogue="bias_relu_residual",
+        )
+    )
 
 
 def test_3d():
-    check(conv_graph((1, 2, 5, 6, 4), (3, 2, 3, 2, 3), strides=(1, 2, 1),
-                     pads=(1, 0, 1, 1, 1, 0), dilations=(2, 1, 1)))  # fmt: skip
+    check(
+        conv_graph(
+            (1, 2, 5, 6, 4),
+            (3, 2, 3, 2, 3),
+            strides=(1, 2, 1),
+            pads=(1, 0, 1, 1, 1, 0),
+            dilations=(2, 1, 1),
+        )
+    )
 
 
 def test_axis_of_only_padding():
@@ -135,14 +158,25 @@ def test_axis_of_only_padding():
 )
 def test_random_geometry(size, ksize, stride, pad0, pad1, dilation, batch, seed):
     assume(size + pad0 + pad1 >= (ksize - 1) * dilation + 1)
-    g = conv_graph((batch, 3, size, size + 1), (4, 3, ksize, ksize), strides=(stride, 1),
-                   pads=(pad0, pad1, pad1, pad0), dilations=(dilation, 1))  # fmt: skip
+    g = conv_graph(
+        (batch, 3, size, size + 1),
+        (4, 3, ksize, ksize),
+        strides=(stride, 1),
+        pads=(pad0, pad1, pad1, pad0),
+        dilations=(dilation, 1),
+    )
     check(g, seed=seed)
 
 
 def test_fp16():
-    g = conv_graph((2, 4, 8, 8), (8, 2, 3, 3), pads=(1, 1, 1, 1), group=2,
-                   epilogue="bias_relu_residual", dtype="float16")  # fmt: skip
+    g = conv_graph(
+        (2, 4, 8, 8),
+        (8, 2, 3, 3),
+        pads=(1, 1, 1, 1),
+        group=2,
+        epilogue="bias_relu_residual",
+        dtype="float16",
+    )
     check(g, rtol=5e-3, atol=5e-3)
 
 

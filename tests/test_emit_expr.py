@@ -132,10 +132,16 @@ def test_mul_distributes_a_constant_over_a_sum():
 def test_floordiv_splits_off_multiples_when_the_rest_is_in_range():
     check((i * 6 + j) // 6, i, "i")
     check((j + i * 6 + 12) // 6, Add((i, Const(2))), "i + 2")
-    check((x * 6 + j + 3) // 6, FloorDiv(Add((Mul(x, Const(6)), j, Const(3))), Const(6)),
-          "(x * 6 + j + 3) // 6")  # fmt: skip
-    check((x * 6 + offs) // 6, FloorDiv(Add((Mul(x, Const(6)), offs)), Const(6)),
-          "(x * 6 + offs) // 6")  # fmt: skip
+    check(
+        (x * 6 + j + 3) // 6,
+        FloorDiv(Add((Mul(x, Const(6)), j, Const(3))), Const(6)),
+        "(x * 6 + j + 3) // 6",
+    )
+    check(
+        (x * 6 + offs) // 6,
+        FloorDiv(Add((Mul(x, Const(6)), offs)), Const(6)),
+        "(x * 6 + offs) // 6",
+    )
 
 
 def test_floordiv_of_products_and_quotients():
@@ -175,9 +181,11 @@ def test_reshape_round_trip():
     check(offs // 6 * 6 + offs % 6, offs, "offs")
     check(offs % 6 + offs // 6 * 6 + y, Add((offs, y)), "offs + y")
     check((offs // 6) * 12 + (offs % 6) * 2, Mul(offs, Const(2)), "offs * 2")
-    check(offs // 6 * 5 + offs % 6, Add((Mul(FloorDiv(offs, Const(6)), Const(5)),
-                                          Mod(offs, Const(6)))),
-          "offs // 6 * 5 + offs % 6")  # fmt: skip
+    check(
+        offs // 6 * 5 + offs % 6,
+        Add((Mul(FloorDiv(offs, Const(6)), Const(5)), Mod(offs, Const(6)))),
+        "offs // 6 * 5 + offs % 6",
+    )
 
 
 def test_reshape_of_a_reshape_merges_step_by_step():
@@ -222,8 +230,9 @@ def test_and_drops_true_dedups_and_flattens():
     m = lt(a, b)
     check(m & ge(c, 0), And((m, Cmp(">=", c, Const(0)))), "(a < b) & (c >= 0)")
     check(and_(m, None, lt(i, 4), m), m, "a < b")
-    check((m & lt(c, 1)) & (lt(x, 2) & m), And((m, lt(c, 1), lt(x, 2))),
-          "(a < b) & (c < 1) & (x < 2)")  # fmt: skip
+    check(
+        (m & lt(c, 1)) & (lt(x, 2) & m), And((m, lt(c, 1), lt(x, 2))), "(a < b) & (c < 1) & (x < 2)"
+    )
     assert and_(m, lt(i, 0)) == FALSE
     assert and_(None, None) is None and and_() is None and and_(lt(i, 4)) is None
     assert TRUE & m == m
@@ -246,8 +255,11 @@ def test_where_with_a_decided_condition_picks_a_branch():
     check(where(lt(i, 4), a, b), a, "a")
     check(where(lt(i, 0), a, b), b, "b")
     check(where(lt(x, 0), a, a), a, "a")
-    check(where(lt(x, 0), -x, x), Where(Cmp("<", x, Const(0)), Mul(x, Const(-1)), x),
-          "tl.where(x < 0, -x, x)")  # fmt: skip
+    check(
+        where(lt(x, 0), -x, x),
+        Where(Cmp("<", x, Const(0)), Mul(x, Const(-1)), x),
+        "tl.where(x < 0, -x, x)",
+    )
 
 
 # rendering

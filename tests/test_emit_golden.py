@@ -57,21 +57,44 @@ class Case:
 
 
 CASES = [
-    Case("pointwise_chain", "pointwise",
-         lambda b, x, y: b.mul(b.sigmoid(b.add(b.mul(x, y), 0.5)), x), [(4, 6), (6,)],
-         "a pointwise chain, sigmoid(x * y + 0.5) * x with a broadcast y"),
-    Case("softmax", "row_reduce", graphs.softmax, [(4, 10)],
-         "softmax over the last axis (a row-reduce: max, exp, sum, divide)"),
-    Case("layernorm", "row_reduce", graphs.layernorm, [(4, 10), (10,), (10,)],
-         "layer normalisation with scale and shift (a row-reduce: mean, variance)"),
-    Case("matmul_bias_gelu", "matmul",
-         lambda b, x, w, c: _gelu(b, b.add(b.matmul(x, w), c)), [(8, 16), (16, 12), (12,)],
-         "matmul with a bias and erf GELU epilogue"),
-    Case("maxpool", "window",
-         lambda b, x: b.pool(b.relu(x), "max", kernel=(3, 3), strides=(2, 2),
-                             pads=(1, 1, 1, 1), dilations=(1, 1)),
-         [(1, 3, 9, 8)], "ReLU then a 3x3 stride-2 max pool with padding"),
-]  # fmt: skip
+    Case(
+        "pointwise_chain",
+        "pointwise",
+        lambda b, x, y: b.mul(b.sigmoid(b.add(b.mul(x, y), 0.5)), x),
+        [(4, 6), (6,)],
+        "a pointwise chain, sigmoid(x * y + 0.5) * x with a broadcast y",
+    ),
+    Case(
+        "softmax",
+        "row_reduce",
+        graphs.softmax,
+        [(4, 10)],
+        "softmax over the last axis (a row-reduce: max, exp, sum, divide)",
+    ),
+    Case(
+        "layernorm",
+        "row_reduce",
+        graphs.layernorm,
+        [(4, 10), (10,), (10,)],
+        "layer normalisation with scale and shift (a row-reduce: mean, variance)",
+    ),
+    Case(
+        "matmul_bias_gelu",
+        "matmul",
+        lambda b, x, w, c: _gelu(b, b.add(b.matmul(x, w), c)),
+        [(8, 16), (16, 12), (12,)],
+        "matmul with a bias and erf GELU epilogue",
+    ),
+    Case(
+        "maxpool",
+        "window",
+        lambda b, x: b.pool(
+            b.relu(x), "max", kernel=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1), dilations=(1, 1)
+        ),
+        [(1, 3, 9, 8)],
+        "ReLU then a 3x3 stride-2 max pool with padding",
+    ),
+]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -82,8 +105,10 @@ def test_generated_source_matches_golden_copy(case: Case):
     want = case.path().read_text()
     if src != want:
         diff = _diff(want, src, case.path())
-        pytest.fail(f"generated source differs from {case.path().name} (if intended, run "
-                    f"`{UPDATE}` and review the diff):\n{diff}")  # fmt: skip
+        pytest.fail(
+            f"generated source differs from {case.path().name} (if intended, run "
+            f"`{UPDATE}` and review the diff):\n{diff}"
+        )
 
 
 def test_every_golden_copy_has_a_case():
@@ -95,8 +120,13 @@ def test_every_golden_copy_has_a_case():
 def _diff(want: str, got: str, path: Path) -> str:
     import difflib
 
-    lines = difflib.unified_diff(want.splitlines(keepends=True), got.splitlines(keepends=True),
-                                 f"{path.name} (golden)", f"{path.name} (generated)", n=2)  # fmt: skip
+    lines = difflib.unified_diff(
+        want.splitlines(keepends=True),
+        got.splitlines(keepends=True),
+        f"{path.name} (golden)",
+        f"{path.name} (generated)",
+        n=2,
+    )
     return "".join(list(lines)[:200])
 
 
@@ -130,7 +160,9 @@ def check() -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m tests.test_emit_golden",
-                                     description="Check or regenerate tests/golden/*.py.")  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.test_emit_golden",
+        description="Check or regenerate tests/golden/*.py.",
+    )
     parser.add_argument("--update", action="store_true", help="rewrite the golden copies")
     sys.exit(update() if parser.parse_args().update else check())

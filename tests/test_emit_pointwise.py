@@ -62,10 +62,16 @@ def test_gather_with_negative_indices():
     table = Value("table", ir.TensorType((10, 6), "float32"))
     ids = Value("ids", ir.TensorType((2, 3), "int64"))
     out = b.mul(b.gather(table, ids, 0), 3.0)
-    g = ir.Graph(tuple(b.nodes), (ir.Input("table", table.type), ir.Input("ids", ids.type)),
-                 (out.name,), b.constants)  # fmt: skip
-    inputs = {"table": np.random.default_rng(0).standard_normal((10, 6)).astype(np.float32),
-              "ids": np.array([[0, -1, 3], [9, -10, 2]], np.int64)}  # fmt: skip
+    g = ir.Graph(
+        tuple(b.nodes),
+        (ir.Input("table", table.type), ir.Input("ids", ids.type)),
+        (out.name,),
+        b.constants,
+    )
+    inputs = {
+        "table": np.random.default_rng(0).standard_normal((10, 6)).astype(np.float32),
+        "ids": np.array([[0, -1, 3], [9, -10, 2]], np.int64),
+    }
     assert_matches_reference(g, one_kernel(g), inputs)
 
 
@@ -90,19 +96,24 @@ def test_dtypes(dtype):
 
     g = graphs.build(fn, [(4, 5), (5,)], dtype=dtype)
     rng = np.random.default_rng(1)
-    ins = {k: (rng.standard_normal(v.type.shape) * 4).astype(dtype) for k, v in
-           ((i.name, i) for i in g.inputs)}  # fmt: skip
+    ins = {
+        k: (rng.standard_normal(v.type.shape) * 4).astype(dtype)
+        for k, v in ((i.name, i) for i in g.inputs)
+    }
     assert_matches_reference(g, one_kernel(g), ins, rtol=2e-3, atol=2e-3)
 
 
-@pytest.mark.parametrize("value, source, to", [
-    (0.1, "float32", "float16"),  # rounds: the literal is fp16's 0.0999755859375
-    (0.1, "float32", "bfloat16"),  # rounds: bf16's 0.10009765625
-    (-2.7, "float32", "int32"),  # truncates toward zero
-    (3, "int64", "float32"),  # an integer literal: `3.to(...)` is a syntax error
-    (float("nan"), "float32", "float16"),  # float("nan") is no number literal either
-    (0.5, "float32", "bool"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "value, source, to",
+    [
+        (0.1, "float32", "float16"),  # rounds: the literal is fp16's 0.0999755859375
+        (0.1, "float32", "bfloat16"),  # rounds: bf16's 0.10009765625
+        (-2.7, "float32", "int32"),  # truncates toward zero
+        (3, "int64", "float32"),  # an integer literal: `3.to(...)` is a syntax error
+        (float("nan"), "float32", "float16"),  # float("nan") is no number literal either
+        (0.5, "float32", "bool"),
+    ],
+)
 def test_a_cast_of_a_scalar_constant_is_a_literal(value, source, to):
     """A one-element constant is inlined as a literal, which has no ``.to()``:
     its CAST is done at generation, as numpy casts it (the kernel used to
@@ -110,8 +121,14 @@ def test_a_cast_of_a_scalar_constant_is_a_literal(value, source, to):
     c = ir.Node(ir.Op.CAST, "c", ("k",), ir.TensorType((), to), ir.Attrs(to=to))
     op = ir.Op.AND if to == "bool" else ir.Op.ADD
     y = ir.Node(op, "y", ("x", "c"), ir.TensorType((4,), to))
-    g = type_rules.validate(ir.Graph((c, y), (ir.Input("x", ir.TensorType((4,), to)),), ("y",),
-                                     {"k": np.array(value, dtype=source)}))  # fmt: skip
+    g = type_rules.validate(
+        ir.Graph(
+            (c, y),
+            (ir.Input("x", ir.TensorType((4,), to)),),
+            ("y",),
+            {"k": np.array(value, dtype=source)},
+        )
+    )
     x = np.array([0, 1, 0, 1]).astype(to)
     got, src = run_plan(g, one_kernel(g), {"x": x})
     # one rounding either way (the kernel's fp32 sum stored, numpy's sum in the

@@ -244,9 +244,11 @@ def test_embedding_layernorm():
     )
     g = type_rules.validate(ir.Graph(tuple(b.nodes), inputs, (out.name,), b.constants))
     rng = np.random.default_rng(0)
-    feeds = {"table": rng.standard_normal((10, 12)).astype(np.float32),
-             "ids": np.array([[0, -1, 3], [9, -10, 2]], np.int64),
-             "gamma": rng.standard_normal(12).astype(np.float32)}  # fmt: skip
+    feeds = {
+        "table": rng.standard_normal((10, 12)).astype(np.float32),
+        "ids": np.array([[0, -1, 3], [9, -10, 2]], np.int64),
+        "gamma": rng.standard_normal(12).astype(np.float32),
+    }
     assert_matches_reference(g, one_kernel(g), feeds)
 
 
@@ -305,13 +307,23 @@ def test_arg_reductions_with_ties(monkeypatch, op, last, loop):
         [
             [1, 3, 3, 0, 2, -1, 3, 0, -1, 2],  # ties of the max over blocks
             [-1, -1, 5, -1, 5, -1, 0, 0, 0, -1],
-            [-np.inf, -np.inf, -np.inf, -np.inf, -np.inf, -np.inf, -np.inf, -np.inf, -np.inf,
-             -np.inf],
+            [
+                -np.inf,
+                -np.inf,
+                -np.inf,
+                -np.inf,
+                -np.inf,
+                -np.inf,
+                -np.inf,
+                -np.inf,
+                -np.inf,
+                -np.inf,
+            ],
             [np.inf, np.inf, np.inf, np.inf, np.inf, np.inf, np.inf, np.inf, np.inf, np.inf],
             [0, np.nan, 1, np.nan, 2, 7, 7, 0, 0, 9],  # NaN wins
         ],
         np.float32,
-    )  # fmt: skip
+    )
 
     def fn(b, x):
         return arg(b, x, op, 1, keepdims=False, last=last), arg(b, x, op, 1, last=last)
@@ -327,8 +339,12 @@ def test_argmax_first_axis_int32(monkeypatch, loop):
     x = np.array([[3, 1, 2], [3, 5, 2], [0, 5, 9], [3, 5, 9], [-7, 0, 9]], np.int32)
 
     def fn(b, x):
-        return (arg(b, x, Op.ARGMAX, 0), arg(b, x, Op.ARGMIN, 0, last=True),
-                b.reduce_max(x, [0]), b.sum(x, [0], keepdims=False))  # fmt: skip
+        return (
+            arg(b, x, Op.ARGMAX, 0),
+            arg(b, x, Op.ARGMIN, 0, last=True),
+            b.reduce_max(x, [0]),
+            b.sum(x, [0], keepdims=False),
+        )
 
     check(fn, [x.shape], dtype="int32", inputs={"x0": x})
 
@@ -344,8 +360,13 @@ def test_nan_and_inf_propagate(monkeypatch, loop):
     )
 
     def fn(b, x):
-        return (b.reduce_max(x, [1]), b.reduce_min(x, [1]), b.sum(x, [1]), b.prod(x, [1]),
-                graphs.softmax(b, x))  # fmt: skip
+        return (
+            b.reduce_max(x, [1]),
+            b.reduce_min(x, [1]),
+            b.sum(x, [1]),
+            b.prod(x, [1]),
+            graphs.softmax(b, x),
+        )
 
     check(fn, [x.shape], inputs={"x0": x})
 
@@ -431,8 +452,14 @@ def test_kernels_compile_for_sm90():
         pytest.skip("triton has no NVIDIA backend")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[1]
-    run = subprocess.run([sys.executable, "-c", _COMPILE], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", _COMPILE],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if run.returncode and "ptxas" in run.stderr and "not found" in run.stderr:
         pytest.skip("no ptxas to compile with")
     assert run.returncode == 0, run.stderr[-4000:]

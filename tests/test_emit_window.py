@@ -24,8 +24,14 @@ pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 
 def pool(b, x, kind, kernel, strides=None, pads=None, dilations=None):
     n = len(kernel)
-    return b.pool(x, kind, kernel=kernel, strides=strides or (1,) * n,
-                  pads=pads or (0,) * (2 * n), dilations=dilations or (1,) * n)  # fmt: skip
+    return b.pool(
+        x,
+        kind,
+        kernel=kernel,
+        strides=strides or (1,) * n,
+        pads=pads or (0,) * (2 * n),
+        dilations=dilations or (1,) * n,
+    )
 
 
 def check(g, inputs=None, rtol=1e-5, atol=1e-6) -> str:
@@ -43,8 +49,10 @@ def geometry(draw, spatial):
     strides = draw(st.lists(st.sampled_from([1, 2, 3]), min_size=spatial, max_size=spatial))
     dil = draw(st.lists(st.sampled_from([1, 2]), min_size=spatial, max_size=spatial))
     pads = [draw(st.integers(0, k - 1)) for k in kernel * 2]  # asymmetric in general
-    sizes = [draw(st.integers(max(1, (k - 1) * d + 1 - p - q), 11))
-             for k, d, p, q in zip(kernel, dil, pads[:spatial], pads[spatial:])]  # fmt: skip
+    sizes = [
+        draw(st.integers(max(1, (k - 1) * d + 1 - p - q), 11))
+        for k, d, p, q in zip(kernel, dil, pads[:spatial], pads[spatial:])
+    ]
     channels = draw(st.sampled_from([1, 3, 5]))
     return (draw(st.sampled_from([1, 2])), channels, *sizes), kernel, strides, pads, dil
 
@@ -97,8 +105,10 @@ def test_large_window_loops_at_runtime(kind, monkeypatch):
     assert "in range(9)" in src and "static_range" not in src
     # and any window through the runtime path
     monkeypatch.setattr(window_module, "UNROLL_LIMIT", 0)
-    g = graphs.build(lambda b, x: pool(b, x, kind, (3, 1, 2), (1, 2, 1), (1, 0, 0, 1, 0, 1),
-                                       (2, 1, 1)), [(2, 3, 6, 5, 4)])  # fmt: skip
+    g = graphs.build(
+        lambda b, x: pool(b, x, kind, (3, 1, 2), (1, 2, 1), (1, 0, 0, 1, 0, 1), (2, 1, 1)),
+        [(2, 3, 6, 5, 4)],
+    )
     assert "in range(3)" in check(g)
 
 
@@ -170,8 +180,9 @@ def test_correction_tensor_and_sqrt_epilogue():
     check(graphs.build(fn, [(2, 3, 6, 7)]))
 
 
-@pytest.mark.parametrize("shape", [(4, 1, 1), (1, 1, 3, 1), (1, 1, 1, 4), (2, 1, 1, 1),
-                                   (2, 4, 3, 4), (1,), ()])  # fmt: skip
+@pytest.mark.parametrize(
+    "shape", [(4, 1, 1), (1, 1, 3, 1), (1, 1, 1, 4), (2, 1, 1, 1), (2, 4, 3, 4), (1,), ()]
+)
 def test_epilogue_broadcasts_in_every_position(shape):
     def fn(b, x, y):
         return b.add(b.tanh(pool(b, x, "max", (2, 3), (2, 2), (0, 1, 1, 1))), y)
@@ -262,7 +273,7 @@ def test_the_rule_refuses_pools_of_four_spatial_dims():
                 ceil_mode=1,
                 count_include_pad=0,
             ),
-        ),  # fmt: skip
+        ),
         ("AveragePool", dict(kernel_shape=[2, 3], strides=[1, 2], pads=[1, 0, 0, 2])),
         ("LpPool", dict(kernel_shape=[2, 2], strides=[2, 1], pads=[1, 1, 0, 1], p=2)),
         ("LpPool", dict(kernel_shape=[3], strides=[2], p=3)),
@@ -303,16 +314,18 @@ def test_onnx_pool_feeds_the_next_layer():
         helper.make_node("Relu", ["x"], ["r"]),
         helper.make_node(
             "MaxPool", ["r"], ["m"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]
-        ),  # fmt: skip
+        ),
         helper.make_node("AveragePool", ["m"], ["y"], kernel_shape=[2, 2], ceil_mode=1),
     ]
     model = helper.make_model(
         helper.make_graph(
-            nodes, "pools", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
+            nodes,
+            "pools",
+            [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
             [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
         ),
         opset_imports=[helper.make_opsetid("", 20)],
-    )  # fmt: skip
+    )
     model.ir_version = 9
     g = fission(prepare(model, {"x": x.shape}))
     p = plan(g, PlanOptions(reproducible=True))

@@ -26,8 +26,9 @@ def test_optimize_and_verify(tmp_path, name, dynamo, opset, dynamic):
     src = tmp_path / f"{name}.onnx"
     _, inputs = export_example(name, src, dynamo=dynamo, opset=opset, size="tiny", dynamic=dynamic)
     shapes = {i.name: tuple(i.shape) for i in inputs} if dynamic else None
-    result = orchestrate.optimize(src, tmp_path / f"{name}.orch", shapes=shapes, trials=2,
-                                  rtol=1e-4, reproducible=True)  # fmt: skip
+    result = orchestrate.optimize(
+        src, tmp_path / f"{name}.orch", shapes=shapes, trials=2, rtol=1e-4, reproducible=True
+    )
     assert result.report.ok
     assert max(c.rel for c in result.report.checks) <= 1e-4
     s, b = result.plan.summary, result.plan.baselines

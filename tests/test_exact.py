@@ -64,8 +64,11 @@ def test_fragment_names_what_it_leaves_out():
     g = graphs.build(lambda b, x: graphs.softmax(b, b.exp(x)), [(4, 8)])
     frag = analyse(g)
     why = {g.producer[n].op: r for n, r in frag.outside.items()}
-    assert why == {Op.RMAX: "reduce_max", Op.EXP: "a second exp on a path",
-                   Op.DIV: "division by a computed value"}  # fmt: skip
+    assert why == {
+        Op.RMAX: "reduce_max",
+        Op.EXP: "a second exp on a path",
+        Op.DIV: "division by a computed value",
+    }
 
 
 # -- plans ---------------------------------------------------------------------------
@@ -109,8 +112,10 @@ def _lora(b, x):
         return b.constant(rng.standard_normal(shape).astype("float32"))
 
     for k, n, r in ((8, 12, 8), (12, 8, 4)):
-        x = b.add(b.add(b.matmul(x, const(k, n)), const(n)),
-                  b.mul(b.matmul(b.matmul(x, const(k, r)), const(r, n)), 0.5))  # fmt: skip
+        x = b.add(
+            b.add(b.matmul(x, const(k, n)), const(n)),
+            b.mul(b.matmul(b.matmul(x, const(k, r)), const(r, n)), 0.5),
+        )
     return x
 
 
@@ -223,8 +228,9 @@ def _transpose_perm(g, ks, n):
         for j in range(i + 1, len(perm)):
             p = list(perm)
             p[i], p[j] = p[j], p[i]
-            if (tuple(src[k] for k in p) == n.shape
-                    and not np.array_equal(probe.transpose(p), probe.transpose(perm))):  # fmt: skip
+            if tuple(src[k] for k in p) == n.shape and not np.array_equal(
+                probe.transpose(p), probe.transpose(perm)
+            ):
                 return _with(g, replace(n, attrs=ir.Attrs(n.attrs, perm=tuple(p)))), ks
     return None
 
@@ -323,8 +329,10 @@ def _swap_ranges(g, ks, n):
         return None
     i, k, segs, j = found
     a, b = segs[j], segs[j + 1]
-    segs[j], segs[j + 1] = replace(a, start=b.start, stop=b.stop), replace(b, start=a.start,
-                                                                           stop=a.stop)  # fmt: skip
+    segs[j], segs[j + 1] = (
+        replace(a, start=b.start, stop=b.stop),
+        replace(b, start=a.start, stop=a.stop),
+    )
     return g, _resegmented(ks, i, k, segs)
 
 
@@ -358,8 +366,14 @@ def _drop_sibling(g, ks, n):
     i, k, segs, j = found
     gone = {segs[j].anchor, *segs[j].epilogue}
     del segs[j]
-    return g, _resegmented(ks, i, k, segs, nodes=tuple(x for x in k.nodes if x not in gone),
-                           outputs=tuple(x for x in k.outputs if x not in gone))  # fmt: skip
+    return g, _resegmented(
+        ks,
+        i,
+        k,
+        segs,
+        nodes=tuple(x for x in k.nodes if x not in gone),
+        outputs=tuple(x for x in k.outputs if x not in gone),
+    )
 
 
 def _wrong_bias_segment(g, ks, n):
@@ -383,15 +397,19 @@ def _low_rank(ks, n, dropped=(), **fields):
     changed, and the nodes ``dropped`` no longer run."""
     for i, k in enumerate(ks):
         if k.low_rank is not None and k.low_rank.anchor == n.name:
-            k2 = replace(k, low_rank=replace(k.low_rank, **fields),
-                         nodes=tuple(t for t in k.nodes if t not in dropped))  # fmt: skip
+            k2 = replace(
+                k,
+                low_rank=replace(k.low_rank, **fields),
+                nodes=tuple(t for t in k.nodes if t not in dropped),
+            )
             return ks[:i] + (k2,) + ks[i + 1 :]
     return None
 
 
 def _roles(ks, n):
-    return next((k.low_rank for k in ks if k.low_rank is not None and k.low_rank.anchor == n.name),
-                None)  # fmt: skip
+    return next(
+        (k.low_rank for k in ks if k.low_rank is not None and k.low_rank.anchor == n.name), None
+    )
 
 
 def _b_without_a(g, ks, n):
@@ -421,18 +439,37 @@ def _drop_alpha(g, ks, n):
     return g, _low_rank(ks, n, dropped=roles.scaling, scaling=())
 
 
-MUTATIONS = [_swap_op, _swap_operands, _drop_scale, _transpose_perm, _slice_offset,
-             _reduce_axis, _wrong_constant, _drop_exp, _other_tensor, _drop_kernel,
-             _swap_ranges, _shift_range, _reorder_segments, _drop_sibling,
-             _wrong_bias_segment, _b_without_a, _wrong_rank_slice, _drop_low_rank,
-             _drop_alpha]  # fmt: skip
+MUTATIONS = [
+    _swap_op,
+    _swap_operands,
+    _drop_scale,
+    _transpose_perm,
+    _slice_offset,
+    _reduce_axis,
+    _wrong_constant,
+    _drop_exp,
+    _other_tensor,
+    _drop_kernel,
+    _swap_ranges,
+    _shift_range,
+    _reorder_segments,
+    _drop_sibling,
+    _wrong_bias_segment,
+    _b_without_a,
+    _wrong_rank_slice,
+    _drop_low_rank,
+    _drop_alpha,
+]
 
 
 def mutants(name, plan_graph, kernels, per_kind: int):
     """Up to ``per_kind`` mutants of each kind, spread over the graph."""
     for mutate in MUTATIONS:
-        made = [(n.name, m) for n in plan_graph.nodes
-                if (m := mutate(plan_graph, kernels, n)) is not None]  # fmt: skip
+        made = [
+            (n.name, m)
+            for n in plan_graph.nodes
+            if (m := mutate(plan_graph, kernels, n)) is not None
+        ]
         stride = max(1, len(made) // per_kind)
         for node, m in made[::stride][:per_kind]:
             yield f"{name}:{mutate.__name__[1:]}@{node}", m
@@ -450,8 +487,10 @@ def test_every_mutant_is_caught(plans):
             else:
                 caught += 1
     total = caught + len(escaped)
-    print(f"{caught}/{total} mutants caught in {time.perf_counter() - start:.1f}s "
-          f"({len(kinds)} kinds)")  # fmt: skip
+    print(
+        f"{caught}/{total} mutants caught in {time.perf_counter() - start:.1f}s "
+        f"({len(kinds)} kinds)"
+    )
     assert not escaped, escaped
     assert total >= 50 and len(kinds) == len(MUTATIONS), (total, kinds)
 
@@ -468,6 +507,7 @@ def test_cli_verify_exact(tmp_path):
     assert "false-pass bound" in r.output and "/layers.0/Softmax: reduce_max" in r.output
     bound = float(r.output.rsplit("false-pass bound ", 1)[1].rstrip(")\n"))
     assert 0 < bound < 1e-9
-    r = CliRunner().invoke(cli.main, ["verify", str(out), "--model", str(tmp_path / "no.onnx"),
-                                      "--exact"])  # fmt: skip
+    r = CliRunner().invoke(
+        cli.main, ["verify", str(out), "--model", str(tmp_path / "no.onnx"), "--exact"]
+    )
     assert r.exit_code == 2 and r.output.count("\n") == 1, r.output

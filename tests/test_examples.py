@@ -178,33 +178,96 @@ SIGNATURE_OPS = {
     ("gpt2", True, 18): {"Gather", "LayerNormalization", "Pow", "Tanh", "Where", "Split"},
     ("gpt2", False, 15): {"Range", "Pow", "Tanh", "Where", "Split", "ReduceMean", "Sqrt"},
     ("vit", False, 16): {"Conv", "Concat", "Erf", "ReduceMean", "Sqrt", "Softmax", "Gemm"},
-    ("llama", True, 18): {"Pow", "ReduceMean", "Sqrt", "Reciprocal", "Neg", "Slice", "Concat",
-                          "Expand", "Sigmoid", "Trilu", "Where", "Range"},
-    ("llama", False, 17): {"Pow", "ReduceMean", "Sqrt", "Div", "Neg", "Slice", "Concat",
-                           "Expand", "Sigmoid", "Trilu", "Where"},
+    ("llama", True, 18): {
+        "Pow",
+        "ReduceMean",
+        "Sqrt",
+        "Reciprocal",
+        "Neg",
+        "Slice",
+        "Concat",
+        "Expand",
+        "Sigmoid",
+        "Trilu",
+        "Where",
+        "Range",
+    },
+    ("llama", False, 17): {
+        "Pow",
+        "ReduceMean",
+        "Sqrt",
+        "Div",
+        "Neg",
+        "Slice",
+        "Concat",
+        "Expand",
+        "Sigmoid",
+        "Trilu",
+        "Where",
+    },
     ("mistral", False, 14): {"LessOrEqual", "Less", "And", "Not", "Where", "Range"},
     ("t5", False, 17): {"Abs", "Log", "Less", "Min", "Where", "Relu", "ReduceMean", "Pow"},
     ("t5", True, 18): {"Relu", "ReduceMean", "Pow", "Reciprocal", "Sqrt", "Softmax"},
     ("torch_encoder", True, 18): {"LayerNormalization", "Softmax", "Relu", "Gemm"},
-    ("resnet", False, 14): {"Conv", "Relu", "Add", "MaxPool", "GlobalAveragePool", "Flatten",
-                            "Gemm"},
+    ("resnet", False, 14): {
+        "Conv",
+        "Relu",
+        "Add",
+        "MaxPool",
+        "GlobalAveragePool",
+        "Flatten",
+        "Gemm",
+    },
     ("resnet", True, 18): {"Conv", "Relu", "Add", "MaxPool", "ReduceMean", "Gemm"},
-    ("mobilenet", False, 15): {"Conv", "HardSwish", "HardSigmoid", "Clip", "Mul",
-                               "GlobalAveragePool"},
-    ("unet", False, 17): {"Conv", "InstanceNormalization", "LeakyRelu", "AveragePool",
-                          "Resize", "Concat"},
-    ("inception", False, 14): {"LRN", "Sum", "Pad", "Sigmoid", "MaxPool", "Concat",
-                               "Softmax"},
+    ("mobilenet", False, 15): {
+        "Conv",
+        "HardSwish",
+        "HardSigmoid",
+        "Clip",
+        "Mul",
+        "GlobalAveragePool",
+    },
+    ("unet", False, 17): {
+        "Conv",
+        "InstanceNormalization",
+        "LeakyRelu",
+        "AveragePool",
+        "Resize",
+        "Concat",
+    },
+    ("inception", False, 14): {"LRN", "Sum", "Pad", "Sigmoid", "MaxPool", "Concat", "Softmax"},
     ("inception", True, 18): {"Pad", "AveragePool", "Pow", "Sigmoid", "MaxPool", "Softmax"},
     ("resnet50", False, 17): {"Conv", "Relu", "Add", "MaxPool", "GlobalAveragePool", "Gemm"},
-    ("convnext", False, 17): {"Conv", "Transpose", "LayerNormalization", "MatMul", "Erf", "Mul",
-                              "ReduceMean", "Gemm"},
-    ("segformer", False, 17): {"Conv", "LayerNormalization", "MatMul", "Softmax", "Erf",
-                               "Resize", "Concat", "Relu"},
-    ("style_transfer", False, 17): {"Pad", "Conv", "InstanceNormalization", "Relu", "Add",
-                                    "Resize"},
+    ("convnext", False, 17): {
+        "Conv",
+        "Transpose",
+        "LayerNormalization",
+        "MatMul",
+        "Erf",
+        "Mul",
+        "ReduceMean",
+        "Gemm",
+    },
+    ("segformer", False, 17): {
+        "Conv",
+        "LayerNormalization",
+        "MatMul",
+        "Softmax",
+        "Erf",
+        "Resize",
+        "Concat",
+        "Relu",
+    },
+    ("style_transfer", False, 17): {
+        "Pad",
+        "Conv",
+        "InstanceNormalization",
+        "Relu",
+        "Add",
+        "Resize",
+    },
     ("yolo", False, 17): {"Conv", "Sigmoid", "Mul", "Resize", "Concat", "MaxPool", "Add"},
-}  # fmt: skip
+}
 
 
 def _case_of(key) -> Case:
@@ -376,9 +439,16 @@ def test_planner_llama_has_about_1500_nodes(tmp_path):
     config = EXAMPLES["llama"].config("base")
     assert config.layers == 24
     model, _ = export_example(
-        "llama", tmp_path / "m.onnx", dynamo=True, opset=18, size="base",
-        hidden=64, intermediate=128, vocab=1000, max_positions=256,
-    )  # fmt: skip
+        "llama",
+        tmp_path / "m.onnx",
+        dynamo=True,
+        opset=18,
+        size="base",
+        hidden=64,
+        intermediate=128,
+        vocab=1000,
+        max_positions=256,
+    )
     assert 1300 <= len(model.graph.node) <= 1700
 
 
@@ -397,7 +467,8 @@ def test_torch_local_response_norm(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.LocalResponseNorm(5)).eval()
     image = torch.randn(1, 3, 12, 12)
-    exported = export(model, [image], tmp_path / "m.onnx", dynamo=False, opset=17,
-                      input_names=["image"])  # fmt: skip
+    exported = export(
+        model, [image], tmp_path / "m.onnx", dynamo=False, opset=17, input_names=["image"]
+    )
     assert "If" in {n.op_type for n in exported.graph.node}
     check_decomposition(exported, {"image": image.numpy()})

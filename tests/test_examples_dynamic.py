@@ -41,12 +41,29 @@ def test_relative_error_is_max_difference_over_max_magnitude():
 
 @pytest.mark.slow
 def test_bert_torchscript_on_a_small_range(tmp_path, capsys):
-    rc = main(["--only", "bert", "--exporters", "torchscript", "--range", "1..4x2..9",
-               "--random", "1", "--trials", "0", "--out", str(tmp_path)])  # fmt: skip
+    rc = main(
+        [
+            "--only",
+            "bert",
+            "--exporters",
+            "torchscript",
+            "--range",
+            "1..4x2..9",
+            "--random",
+            "1",
+            "--trials",
+            "0",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
-    row = next(line for line in (tmp_path / "dynamic.md").read_text().splitlines()
-               if line.startswith("| bert |"))  # fmt: skip
+    row = next(
+        line
+        for line in (tmp_path / "dynamic.md").read_text().splitlines()
+        if line.startswith("| bert |")
+    )
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1:3] == ["torchscript", "1..4x2..9"] and cells[9] == "ok"
     assert cells[7].startswith("1x2, 4x9, ")  # MIN, MAX, one random shape

@@ -165,8 +165,9 @@ def _only_a_manifest(out: Path) -> None:
         (_only_a_manifest, False, "does not list the bundle's files"),
     ],
 )
-def test_a_folder_that_is_not_an_unchanged_bundle_is_left_alone(built, tmp_path, make, copy,
-                                                                  needle):  # fmt: skip
+def test_a_folder_that_is_not_an_unchanged_bundle_is_left_alone(
+    built, tmp_path, make, copy, needle
+):
     model, out = _copy(built, tmp_path)
     if not copy:
         shutil.rmtree(out)
@@ -272,11 +273,17 @@ def test_decompose_refuses_to_overwrite_the_models_external_data(tmp_path):
 
     x = helper.make_tensor_value_info("x", elem("float32"), [2, 8])
     w = numpy_helper.from_array(np.ones((8, 8), np.float32), "w")
-    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "m", [x],
-                          [onnx.ValueInfoProto(name="y")], initializer=[w])  # fmt: skip
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "m",
+        [x],
+        [onnx.ValueInfoProto(name="y")],
+        initializer=[w],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    onnx.save(m, tmp_path / "m.onnx", save_as_external_data=True, location="w.bin",
-              size_threshold=0)  # fmt: skip
+    onnx.save(
+        m, tmp_path / "m.onnx", save_as_external_data=True, location="w.bin", size_threshold=0
+    )
     data = (tmp_path / "w.bin").read_bytes()
     r = invoke("decompose", tmp_path / "m.onnx", "-o", tmp_path / "w.bin")
     assert_user_error(r, "w.bin", "external data of the input model")
@@ -301,16 +308,28 @@ def test_a_signal_during_optimize_leaves_nothing(tmp_path, signum):
     onnx.save(_model(), model)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from orchestrate import cli; cli.main()", "optimize", str(model), "-o",
-         str(tmp_path / "out"), "--trials", "100"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "from orchestrate import cli; cli.main()",
+            "optimize",
+            str(model),
+            "-o",
+            str(tmp_path / "out"),
+            "--trials",
+            "100",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     staged = None
     while staged is None and proc.poll() is None and time.monotonic() < deadline:
         # the staging folder, once its first complete write is there (verifying starts)
-        staged = next((p for p in tmp_path.glob(".out.*") if (p / "manifest.json").exists()),
-                      None)  # fmt: skip
+        staged = next((p for p in tmp_path.glob(".out.*") if (p / "manifest.json").exists()), None)
         time.sleep(0.01)
     assert staged is not None, proc.communicate()
     proc.send_signal(signum)
@@ -350,10 +369,22 @@ def test_a_signal_that_some_code_swallows_still_ends_the_command(tmp_path):
     onnx.save(_model(), model)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-c", _STUBBORN, str(mark), "optimize", str(model), "-o",
-         str(tmp_path / "out")],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            _STUBBORN,
+            str(mark),
+            "optimize",
+            str(model),
+            "-o",
+            str(tmp_path / "out"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -472,8 +503,9 @@ def test_two_outputs_with_one_file_name_are_both_named(tmp_path):
     r = invoke("optimize", tmp_path / "m.onnx", "-o", tmp_path / "b", "--trials", "0")
     assert r.exit_code == 0, r.output
     np.save(tmp_path / "x.npy", np.ones((2, 8), np.float32))
-    r = invoke("run", tmp_path / "b", "--input", f"x={tmp_path / 'x.npy'}", "--output-dir",
-               tmp_path / "o")  # fmt: skip
+    r = invoke(
+        "run", tmp_path / "b", "--input", f"x={tmp_path / 'x.npy'}", "--output-dir", tmp_path / "o"
+    )
     assert_user_error(r, "'out:0'", "'out_0'", "out_0.npy")
     assert not (tmp_path / "o").exists()
     assert hidden(tmp_path) == []
@@ -579,13 +611,20 @@ def _invoke_obeying_modes(cases, probe: Path) -> list[tuple[int, str]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     check = subprocess.run(
         [sys.executable, "-c", f"import os; print(os.access({str(probe)!r}, os.W_OK))"],
-        capture_output=True, text=True, preexec_fn=_drop_file_capabilities,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        preexec_fn=_drop_file_capabilities,
+    )
     if check.stdout.strip() != "False":
         pytest.skip("root here cannot give up its file-permission override")
-    p = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cases)], env=env,
-                       capture_output=True, text=True, preexec_fn=_drop_file_capabilities,
-                       timeout=300)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(cases)],
+        env=env,
+        capture_output=True,
+        text=True,
+        preexec_fn=_drop_file_capabilities,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     return [tuple(json.loads(line)) for line in p.stdout.splitlines()]
 
@@ -647,8 +686,16 @@ def test_a_device_file_is_never_replaced(tmp_path):
 
 def test_the_same_input_given_twice_is_refused(two_outputs, tmp_path):
     bundle, xfile, _ = two_outputs
-    r = invoke("run", bundle, "--input", f"x={xfile}", "--input", f"x={xfile}",
-               "--output-dir", tmp_path / "o")  # fmt: skip
+    r = invoke(
+        "run",
+        bundle,
+        "--input",
+        f"x={xfile}",
+        "--input",
+        f"x={xfile}",
+        "--output-dir",
+        tmp_path / "o",
+    )
     assert_user_error(r, "--input x", "given twice")
     assert not (tmp_path / "o").exists()
 
@@ -660,8 +707,9 @@ def test_a_big_endian_input_gives_the_same_outputs(two_outputs, tmp_path):
     bundle, _, x = two_outputs
     np.save(tmp_path / "big.npy", x.astype(">f4"))
     assert np.load(tmp_path / "big.npy").dtype.str == ">f4"
-    r = invoke("run", bundle, "--input", f"x={tmp_path / 'big.npy'}", "--output-dir",
-               tmp_path / "o")  # fmt: skip
+    r = invoke(
+        "run", bundle, "--input", f"x={tmp_path / 'big.npy'}", "--output-dir", tmp_path / "o"
+    )
     assert r.exit_code == 0, r.output
     want = onnxrt.run(_model(), {"x": x})
     for name in ("y", "z"):

@@ -56,20 +56,32 @@ def _graphs(tmp_path: Path):
         yield name, pipeline.fission_file(src)
     yield "resnet_float16", lower_precision(pipeline.fission_file(tmp_path / "resnet.onnx"), "fp16")
     # a UNet stem (K = 27 in one step) and a ResNet stage-4 conv (K = 4,608)
-    yield "conv_stem_float32", graphs.build(_conv_bias, [(1, 3, 256, 256), (64, 3, 3, 3),
-                                                          (64, 1, 1)])  # fmt: skip
-    yield "conv_deep_float16", graphs.build(_conv_bias, [(1, 512, 7, 7), (512, 512, 3, 3),
-                                                          (512, 1, 1)], dtype="float16")  # fmt: skip
+    yield (
+        "conv_stem_float32",
+        graphs.build(_conv_bias, [(1, 3, 256, 256), (64, 3, 3, 3), (64, 1, 1)]),
+    )
+    yield (
+        "conv_deep_float16",
+        graphs.build(_conv_bias, [(1, 512, 7, 7), (512, 512, 3, 3), (512, 1, 1)], dtype="float16"),
+    )
     for dtype in ("float32", "float16"):
-        yield f"mlp_{dtype}", graphs.build(graphs.mlp, [(128, 768), (768, 3072), (3072,),
-                                                        (3072, 768)], dtype=dtype)  # fmt: skip
-        yield f"attention_{dtype}", graphs.build(attention_fn(scale=0.125), [(1, 4, 128, 64)] * 3,
-                                                 dtype=dtype)  # fmt: skip
+        yield (
+            f"mlp_{dtype}",
+            graphs.build(graphs.mlp, [(128, 768), (768, 3072), (3072,), (3072, 768)], dtype=dtype),
+        )
+        yield (
+            f"attention_{dtype}",
+            graphs.build(attention_fn(scale=0.125), [(1, 4, 128, 64)] * 3, dtype=dtype),
+        )
         for d in (128, 256):  # Llama-class and Gemma-class heads, keys in several steps
-            yield f"attention_d{d}_{dtype}", graphs.build(
-                attention_fn(scale=d**-0.5), [(1, 2, 512, d)] * 3, dtype=dtype)  # fmt: skip
-        yield f"layernorm_{dtype}", graphs.build(graphs.layernorm, [(128, 768), (768,), (768,)],
-                                                 dtype=dtype)  # fmt: skip
+            yield (
+                f"attention_d{d}_{dtype}",
+                graphs.build(attention_fn(scale=d**-0.5), [(1, 2, 512, d)] * 3, dtype=dtype),
+            )
+        yield (
+            f"layernorm_{dtype}",
+            graphs.build(graphs.layernorm, [(128, 768), (768,), (768,)], dtype=dtype),
+        )
 
 
 def _kernels(tmp_path: Path):
@@ -90,12 +102,23 @@ def _kernels(tmp_path: Path):
 @pytest.mark.skipif(not has_nvidia_backend(), reason="triton has no NVIDIA backend")
 def test_the_shared_memory_model_brackets_the_compiled_kernels(tmp_path):
     kernels = _kernels(tmp_path)
-    jobs = [(g, spec, writes, f"{spec.template}_{i}", label)
-            for i, (label, g, spec, writes) in enumerate(kernels)]  # fmt: skip
+    jobs = [
+        (g, spec, writes, f"{spec.template}_{i}", label)
+        for i, (label, g, spec, writes) in enumerate(kernels)
+    ]
     compiled = compile_sm90(tmp_path, jobs, SCRATCH_DTYPES, timeout=900)
     templates = {spec.template for _, _, spec, _ in kernels}
-    assert templates == {"pointwise", "row_reduce", "matmul", "conv", "window", ATTENTION,
-                         MERGED_MATMUL, NORM_MATMUL, NORM_MERGED_MATMUL}  # fmt: skip
+    assert templates == {
+        "pointwise",
+        "row_reduce",
+        "matmul",
+        "conv",
+        "window",
+        ATTENTION,
+        MERGED_MATMUL,
+        NORM_MATMUL,
+        NORM_MERGED_MATMUL,
+    }
     bad, spilled = [], []
     for (label, g, spec, _), (shared, spill) in zip(kernels, compiled):
         if spill is not None and spill > SPILL_TOLERANCE:

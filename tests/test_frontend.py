@@ -71,10 +71,14 @@ def test_parse_shape():
 
 def test_random_ops_are_never_folded():
     g = helper.make_graph(
-        [helper.make_node("RandomNormal", [], ["r"], shape=[2], dtype=1),
-         helper.make_node("Relu", ["r"], ["y"])],
-        "rand", [], [onnx.ValueInfoProto(name="y")],
-    )  # fmt: skip
+        [
+            helper.make_node("RandomNormal", [], ["r"], shape=[2], dtype=1),
+            helper.make_node("Relu", ["r"], ["y"]),
+        ],
+        "rand",
+        [],
+        [onnx.ValueInfoProto(name="y")],
+    )
     m = onnx.shape_inference.infer_shapes(
         helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     )
@@ -85,11 +89,20 @@ def test_large_constant_results_stay_nodes():
     """Folding a ConstantOfShape of 4M elements would bloat the model: it stays."""
     shape = numpy_helper.from_array(np.array([2048, 2048], np.int64), "shape")
     g = helper.make_graph(
-        [helper.make_node("ConstantOfShape", ["shape"], ["big"],
-                          value=numpy_helper.from_array(np.array([1.0], np.float32))),
-         helper.make_node("Relu", ["big"], ["y"])],
-        "big", [], [onnx.ValueInfoProto(name="y")], initializer=[shape],
-    )  # fmt: skip
+        [
+            helper.make_node(
+                "ConstantOfShape",
+                ["shape"],
+                ["big"],
+                value=numpy_helper.from_array(np.array([1.0], np.float32)),
+            ),
+            helper.make_node("Relu", ["big"], ["y"]),
+        ],
+        "big",
+        [],
+        [onnx.ValueInfoProto(name="y")],
+        initializer=[shape],
+    )
     m = onnx.shape_inference.infer_shapes(
         helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     )

@@ -165,7 +165,7 @@ name_pieces = st.one_of(
         st.sampled_from(fu.LINE_TERMINATORS),
         st.just(PAYLOAD),
         st.sampled_from(fu.LINE_TERMINATORS + ("#",)),
-    ).map("".join),  # fmt: skip
+    ).map("".join),
 )
 fuzz_names = st.lists(name_pieces, min_size=1, max_size=5).map("".join).filter(bool)
 
@@ -258,7 +258,7 @@ dims = st.one_of(
 shape_texts = st.one_of(
     st.lists(
         st.one_of(st.integers(-2, 6), st.sampled_from([2**40, 2**63, 2**64 + 1])), max_size=4
-    ).map(lambda ds: "x".join(map(str, ds))),  # fmt: skip
+    ).map(lambda ds: "x".join(map(str, ds))),
     st.text(alphabet="0123456789x,-+ _e.", max_size=8),
     st.sampled_from(["1x8", "0x8", "2x0", "nan", "inf", "1e3", "٣x8", "0x10", "2x8x"]),
 )
@@ -342,20 +342,36 @@ def _attr_model(op: str, attr: str, value, opset: int) -> onnx.ModelProto:
     if op == "Split" and attr != "num_outputs":
         node.attribute.append(helper.make_attribute("num_outputs", 2))
     g = helper.make_graph(
-        [node], "attr", [x], [onnx.ValueInfoProto(name=f"y{k}") for k in range(n_out)],
+        [node],
+        "attr",
+        [x],
+        [onnx.ValueInfoProto(name=f"y{k}") for k in range(n_out)],
         initializer=inits,
-    )  # fmt: skip
+    )
     return fu.finish(g, opset=opset)
 
 
 ATTRS = [
-    ("Softmax", "axis", 17), ("LogSoftmax", "axis", 17), ("Concat", "axis", 17),
-    ("Gather", "axis", 17), ("Flatten", "axis", 17), ("Transpose", "perm", 17),
-    ("ReduceMax", "axes", 17), ("ReduceSum", "keepdims", 17), ("Cast", "to", 17),
-    ("LeakyRelu", "alpha", 17), ("Gelu", "approximate", 20), ("Split", "axis", 18),
-    ("Split", "num_outputs", 18), ("ArgMax", "axis", 17), ("CumSum", "reverse", 17),
-    ("Elu", "alpha", 17), ("HardSigmoid", "beta", 17), ("Hardmax", "axis", 17), ("ReduceMean", "keepdims", 17),
-]  # fmt: skip
+    ("Softmax", "axis", 17),
+    ("LogSoftmax", "axis", 17),
+    ("Concat", "axis", 17),
+    ("Gather", "axis", 17),
+    ("Flatten", "axis", 17),
+    ("Transpose", "perm", 17),
+    ("ReduceMax", "axes", 17),
+    ("ReduceSum", "keepdims", 17),
+    ("Cast", "to", 17),
+    ("LeakyRelu", "alpha", 17),
+    ("Gelu", "approximate", 20),
+    ("Split", "axis", 18),
+    ("Split", "num_outputs", 18),
+    ("ArgMax", "axis", 17),
+    ("CumSum", "reverse", 17),
+    ("Elu", "alpha", 17),
+    ("HardSigmoid", "beta", 17),
+    ("Hardmax", "axis", 17),
+    ("ReduceMean", "keepdims", 17),
+]
 attr_values = st.one_of(
     st.integers(-5, 5),
     st.sampled_from([2**31, -(2**31) - 1, 2**62, 16, 1, 0]),
@@ -412,8 +428,15 @@ def good(root):
     folder.mkdir()
     model = fu.gather_model()
     onnx.save(model, folder / "model.onnx")
-    out = invoke("optimize", folder / "model.onnx", "-o", folder / "b.orch", "--reproducible",
-                 "--trials", "1")  # fmt: skip
+    out = invoke(
+        "optimize",
+        folder / "model.onnx",
+        "-o",
+        folder / "b.orch",
+        "--reproducible",
+        "--trials",
+        "1",
+    )
     assert out.code == 0, str(out)
     feeds = fu.gather_inputs()
     for k, v in feeds.items():
@@ -425,10 +448,16 @@ def good(root):
 
 
 json_values = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.integers(-3, 20),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
-    st.lists(st.integers(-2, 12), max_size=4), st.just({"a": 1}), st.just([[]]),
-)  # fmt: skip
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.integers(-3, 20),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.lists(st.integers(-2, 12), max_size=4),
+    st.just({"a": 1}),
+    st.just([[]]),
+)
 
 
 def edit_json(data, text: str, strings: list[str], marker: Path) -> tuple[str, bool]:
@@ -439,12 +468,18 @@ def edit_json(data, text: str, strings: list[str], marker: Path) -> tuple[str, b
         label="json edit",
     )
     if kind == "reformat":  # the same document, written differently
-        return json.dumps(doc, indent=data.draw(st.sampled_from([None, 0, 2, "\t"])),
-                          sort_keys=data.draw(st.booleans())), True  # fmt: skip
+        return json.dumps(
+            doc,
+            indent=data.draw(st.sampled_from([None, 0, 2, "\t"])),
+            sort_keys=data.draw(st.booleans()),
+        ), True
     raw = text.encode()
     if kind == "flip":
-        flips = data.draw(st.lists(st.tuples(st.integers(0, len(raw)), st.integers(1, 255)),
-                                   min_size=1, max_size=3))  # fmt: skip
+        flips = data.draw(
+            st.lists(
+                st.tuples(st.integers(0, len(raw)), st.integers(1, 255)), min_size=1, max_size=3
+            )
+        )
         return fu.flip(raw, flips).decode("utf-8", "surrogateescape"), False
     if kind == "append":
         return text + data.draw(st.sampled_from(["x", "{}", "\n[1]", "\x00", "\n" * 3])), False
@@ -479,20 +514,40 @@ def edit_json(data, text: str, strings: list[str], marker: Path) -> tuple[str, b
 
 
 def json_strings(doc) -> list[str]:
-    return sorted({fu.json_get(doc, p) for p in fu.json_paths(doc)
-                   if isinstance(fu.json_get(doc, p), str)})  # fmt: skip
+    return sorted(
+        {fu.json_get(doc, p) for p in fu.json_paths(doc) if isinstance(fu.json_get(doc, p), str)}
+    )
 
 
 def edit_weights(data, path: Path) -> bool:
     """A hypothesis-chosen edit of weights.npz; returns whether it is neutral."""
-    kind = data.draw(st.sampled_from([
-        "flip", "truncate", "dtype", "shape", "drop", "rename", "add", "object", "fortran",
-        "big-endian", "nan", "scalar", "not-npz",
-    ]), label="weights edit")  # fmt: skip
+    kind = data.draw(
+        st.sampled_from(
+            [
+                "flip",
+                "truncate",
+                "dtype",
+                "shape",
+                "drop",
+                "rename",
+                "add",
+                "object",
+                "fortran",
+                "big-endian",
+                "nan",
+                "scalar",
+                "not-npz",
+            ]
+        ),
+        label="weights edit",
+    )
     raw = path.read_bytes()
     if kind == "flip":
-        flips = data.draw(st.lists(st.tuples(st.integers(0, len(raw)), st.integers(1, 255)),
-                                   min_size=1, max_size=3))  # fmt: skip
+        flips = data.draw(
+            st.lists(
+                st.tuples(st.integers(0, len(raw)), st.integers(1, 255)), min_size=1, max_size=3
+            )
+        )
         path.write_bytes(fu.flip(raw, flips))
         return False
     if kind == "truncate":
@@ -507,13 +562,24 @@ def edit_weights(data, path: Path) -> bool:
     a = arrays[key]
     neutral = False
     if kind == "dtype":
-        arrays[key] = a.astype(data.draw(st.sampled_from(
-            ["float64", "float16", "int64", "int32", "bool", "complex64", "U3"])))  # fmt: skip
+        arrays[key] = a.astype(
+            data.draw(
+                st.sampled_from(["float64", "float16", "int64", "int32", "bool", "complex64", "U3"])
+            )
+        )
     elif kind == "shape":
-        arrays[key] = data.draw(st.sampled_from([
-            a.reshape(-1), a.reshape(-1)[:1], np.concatenate([a.reshape(-1)] * 3),
-            a.reshape(1, *a.shape), np.zeros((0,), a.dtype), np.zeros((1000, 1000), a.dtype),
-        ]))  # fmt: skip
+        arrays[key] = data.draw(
+            st.sampled_from(
+                [
+                    a.reshape(-1),
+                    a.reshape(-1)[:1],
+                    np.concatenate([a.reshape(-1)] * 3),
+                    a.reshape(1, *a.shape),
+                    np.zeros((0,), a.dtype),
+                    np.zeros((1000, 1000), a.dtype),
+                ]
+            )
+        )
     elif kind == "drop":
         del arrays[key]
     elif kind == "rename":
@@ -540,9 +606,12 @@ def edit_weights(data, path: Path) -> bool:
 def edit_kernels(data, path: Path, marker: Path) -> bool:
     src = path.read_text()
     code = fu.payload(marker)
-    kind = data.draw(st.sampled_from(
-        ["append", "prepend", "insert", "flip", "truncate", "empty", "KERNELS", "not-utf8"]
-    ), label="kernels edit")  # fmt: skip
+    kind = data.draw(
+        st.sampled_from(
+            ["append", "prepend", "insert", "flip", "truncate", "empty", "KERNELS", "not-utf8"]
+        ),
+        label="kernels edit",
+    )
     if kind == "append":
         src += "\n" + code + "\n"
     elif kind == "prepend":
@@ -553,8 +622,11 @@ def edit_kernels(data, path: Path, marker: Path) -> bool:
         indent = data.draw(st.sampled_from(["", "    "]))
         src = "\n".join(lines[:k] + [indent + code] + lines[k:])
     elif kind == "flip":
-        flips = data.draw(st.lists(st.tuples(st.integers(0, len(src)), st.integers(1, 255)),
-                                   min_size=1, max_size=3))  # fmt: skip
+        flips = data.draw(
+            st.lists(
+                st.tuples(st.integers(0, len(src)), st.integers(1, 255)), min_size=1, max_size=3
+            )
+        )
         path.write_bytes(fu.flip(src.encode(), flips))
         return False
     elif kind == "truncate":
@@ -635,8 +707,16 @@ def check_edited_bundle(data, root, good, victim):
         onnx.save(good.model, ws / "model.onnx")
         before = fu.snapshot(ws)
 
-        ran = invoke("run", bundle, "--input", f"x={ws / 'x.npy'}",
-                     "--input", f"ids={ws / 'ids.npy'}", "--output-dir", ws / "outs")  # fmt: skip
+        ran = invoke(
+            "run",
+            bundle,
+            "--input",
+            f"x={ws / 'x.npy'}",
+            "--input",
+            f"ids={ws / 'ids.npy'}",
+            "--output-dir",
+            ws / "outs",
+        )
         check_outcome(ran)
         assert not marker.exists(), f"code from the bundle ran\n{ran}"
         verified = invoke("verify", bundle, "--model", ws / "model.onnx")
@@ -682,8 +762,19 @@ def test_edited_bundle(root, good, victim, data):
 
 # -- command lines: option values ----------------------------------------------------
 
-DEVICES = ["h200", "h100", "h100-pcie", "a100", "a100-40gb", "v100", "l4", "l40s", "a10",
-           "rtx4090", "rtx3090"]  # fmt: skip
+DEVICES = [
+    "h200",
+    "h100",
+    "h100-pcie",
+    "a100",
+    "a100-40gb",
+    "v100",
+    "l4",
+    "l40s",
+    "a10",
+    "rtx4090",
+    "rtx3090",
+]
 plan_options = st.fixed_dictionaries(
     {},
     optional={
@@ -730,8 +821,18 @@ def invalid_plan_option(opts: dict) -> str | None:
     return None
 
 
-OUTPUT_FILES = ["new.json", "model", "folder", "no/such/dir.json", "existing.json",
-                "link-to-model", "", "dot/", ".hidden.json", "new\nline.json"]  # fmt: skip
+OUTPUT_FILES = [
+    "new.json",
+    "model",
+    "folder",
+    "no/such/dir.json",
+    "existing.json",
+    "link-to-model",
+    "",
+    "dot/",
+    ".hidden.json",
+    "new\nline.json",
+]
 
 
 def output_file_target(ws: Path, src: Path, kind: str) -> Path:
@@ -785,9 +886,18 @@ def test_plan_options(root, opts, target, reproducible):
 @given(
     command=st.sampled_from(["decompose", "explain"]),
     target=st.sampled_from(OUTPUT_FILES + ["plan"]),
-    extra=st.sampled_from([[], ["--shape", "x=2x8"], ["--shape", "x=9x9"], ["--rejected"],
-                           ["--limit", "0"], ["--limit", "-1"], ["--limit", "x"]]),
-)  # fmt: skip
+    extra=st.sampled_from(
+        [
+            [],
+            ["--shape", "x=2x8"],
+            ["--shape", "x=9x9"],
+            ["--rejected"],
+            ["--limit", "0"],
+            ["--limit", "-1"],
+            ["--limit", "x"],
+        ]
+    ),
+)
 def test_output_file_commands(root, good, command, target, extra):
     """`decompose -o` and `explain --picture` at new, existing, linked and
     model paths: the file written, or one line; the model, the plan and
@@ -843,7 +953,7 @@ def invalid_tolerance(opts: dict) -> str | None:
             "--atol": tolerances,
             "--trials": st.sampled_from(["1", "3", "0", "-1", "1001", "2.5"]),
         },
-    )  # fmt: skip
+    )
 )
 def test_verify_options(root, good, opts):
     """`verify` with random --rtol, --atol, --trials: OK, a mismatch (exit 1),
@@ -869,7 +979,7 @@ def test_verify_options(root, good, opts):
             "--atol": tolerances,
             "--trials": st.sampled_from(["1", "0", "-3", "101"]),
         },
-    )  # fmt: skip
+    )
 )
 def test_optimize_tolerances(root, opts):
     """`optimize` with random --rtol, --atol, --trials: a bundle that computes
@@ -899,10 +1009,16 @@ def make_input_files(ws: Path, feeds: dict) -> dict[str, Path]:
     """Input files of every kind `run --input` may be handed."""
     x, ids = feeds["x"], feeds["ids"]
     files = {
-        "x.npy": x, "ids.npy": ids, "x64.npy": x.astype(np.float64),
-        "xbig.npy": x.astype(">f4"), "xf.npy": np.asfortranarray(x), "xT.npy": x.T.copy(),
-        "x0d.npy": np.float32(1.0), "ids32.npy": ids.astype(np.int32), "idsf.npy": ids * 1.0,
-    }  # fmt: skip
+        "x.npy": x,
+        "ids.npy": ids,
+        "x64.npy": x.astype(np.float64),
+        "xbig.npy": x.astype(">f4"),
+        "xf.npy": np.asfortranarray(x),
+        "xT.npy": x.T.copy(),
+        "x0d.npy": np.float32(1.0),
+        "ids32.npy": ids.astype(np.int32),
+        "idsf.npy": ids * 1.0,
+    }
     for name, arr in files.items():
         np.save(ws / name, arr)
     np.savez(ws / "arch.npz", x=x)
@@ -914,9 +1030,24 @@ def make_input_files(ws: Path, feeds: dict) -> dict[str, Path]:
     return {p.name: p for p in ws.iterdir()} | {"nope.npy": ws / "nope.npy"}
 
 
-INPUT_FILES = ["x.npy", "ids.npy", "x64.npy", "xbig.npy", "xf.npy", "xT.npy", "x0d.npy",
-               "ids32.npy", "idsf.npy", "arch.npz", "text.npy", "empty.npy", "obj.npy",
-               "trunc.npy", "dir.npy", "nope.npy"]  # fmt: skip
+INPUT_FILES = [
+    "x.npy",
+    "ids.npy",
+    "x64.npy",
+    "xbig.npy",
+    "xf.npy",
+    "xT.npy",
+    "x0d.npy",
+    "ids32.npy",
+    "idsf.npy",
+    "arch.npz",
+    "text.npy",
+    "empty.npy",
+    "obj.npy",
+    "trunc.npy",
+    "dir.npy",
+    "nope.npy",
+]
 # arrays that hold the same values, in the dtype and shape the bundle declares
 SAME_VALUES = {"x": {"x.npy", "xbig.npy", "xf.npy"}, "ids": {"ids.npy"}}
 input_specs = st.lists(
@@ -924,7 +1055,7 @@ input_specs = st.lists(
         st.tuples(st.sampled_from(["x", "ids"]), st.sampled_from(INPUT_FILES)),
         st.tuples(
             st.sampled_from(["x", "ids", "X", "", "y", "x=1", " x"]), st.sampled_from(INPUT_FILES)
-        ),  # fmt: skip
+        ),
         st.sampled_from(["x", "=x.npy", "x=", "ids=="]).map(lambda s: (None, s)),
     ),
     max_size=4,
@@ -997,10 +1128,23 @@ def test_run_inputs_and_output_dir(root, good, specs, out_kind):
 
 # -- command lines: optimize -o ------------------------------------------------------
 
-DESTINATIONS = ["new.orch", "earlier-bundle", "bundle-with-notes", "foreign-with-manifest",
-                "empty-folder", "model-folder", "bundle-holding-model", "model-file",
-                "regular-file", "link-to-foreign", "link-to-bundle", "missing-parent",
-                "cwd", "weird\nname.orch", "trailing/"]  # fmt: skip
+DESTINATIONS = [
+    "new.orch",
+    "earlier-bundle",
+    "bundle-with-notes",
+    "foreign-with-manifest",
+    "empty-folder",
+    "model-folder",
+    "bundle-holding-model",
+    "model-file",
+    "regular-file",
+    "link-to-foreign",
+    "link-to-bundle",
+    "missing-parent",
+    "cwd",
+    "weird\nname.orch",
+    "trailing/",
+]
 
 
 def destination(ws: Path, good, kind: str) -> tuple[Path, Path, Path]:
@@ -1086,8 +1230,11 @@ def test_optimize_destinations(root, good, kind):
         allowed = {rel, os.path.relpath(cwd / out_path, ws)}
         stray = fu.outside(fu.changes(before, after), allowed)
         assert not stray, f"touched outside the output: {stray}\n{out}"
-        lost = [k for k in before if k.startswith(rel + os.sep) and k not in after
-                and Path(k).name not in fu.BUNDLE_FILES]  # fmt: skip
+        lost = [
+            k
+            for k in before
+            if k.startswith(rel + os.sep) and k not in after and Path(k).name not in fu.BUNDLE_FILES
+        ]
         assert not lost, f"optimize deleted the user's files {lost}\n{out}"
         check_bundle_against_onnxruntime(target, good.model, good.feeds, out)
 
@@ -1113,8 +1260,14 @@ def invoke_batch(commands: list[list], cwd: Path, timeout: float = 300) -> list[
     the test run); a crash shows as exit -SIGNAL of the command it hit."""
     argv = [[os.fspath(a) for a in c] for c in commands]
     env = dict(os.environ, TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "1"))
-    p = subprocess.run([sys.executable, "-c", _BATCH, json.dumps(argv), os.fspath(REPO)],
-                       cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, "-c", _BATCH, json.dumps(argv), os.fspath(REPO)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     outs = []
     for args, line in zip(argv, p.stdout.splitlines()):
         code, stdout, stderr, exc = json.loads(line)
@@ -1132,8 +1285,16 @@ index_values = st.one_of(
 
 @examples(ci=0, fuzz=40)
 @given(cases=st.lists(st.lists(index_values, min_size=4, max_size=4), min_size=1, max_size=6))
-@example(cases=[[0, 9, -1, -10], [10, 0, 0, 0], [0, -11, 0, 0], [-5000, 0, 0, 0],
-                [10**12, 0, 0, 0], [0, 0, 0, -(2**63)]])  # fmt: skip
+@example(
+    cases=[
+        [0, 9, -1, -10],
+        [10, 0, 0, 0],
+        [0, -11, 0, 0],
+        [-5000, 0, 0, 0],
+        [10**12, 0, 0, 0],
+        [0, 0, 0, -(2**63)],
+    ]
+)
 def test_run_gather_indices(root, good, cases):
     """`run` with ids in and out of [-10, 10) (the table has 10 rows): the
     onnxruntime answer, or one line naming the input; never a wrong answer,
@@ -1143,9 +1304,18 @@ def test_run_gather_indices(root, good, cases):
         commands = []
         for k, ids in enumerate(cases):
             np.save(ws / f"ids{k}.npy", np.array(ids, np.int64))
-            commands.append(["run", good.bundle, "--input", f"x={ws / 'x.npy'}",
-                             "--input", f"ids={ws / f'ids{k}.npy'}", "--output-dir",
-                             ws / f"outs{k}"])  # fmt: skip
+            commands.append(
+                [
+                    "run",
+                    good.bundle,
+                    "--input",
+                    f"x={ws / 'x.npy'}",
+                    "--input",
+                    f"ids={ws / f'ids{k}.npy'}",
+                    "--output-dir",
+                    ws / f"outs{k}",
+                ]
+            )
         outs = invoke_batch(commands, cwd=ws)
         for k, (ids, out) in enumerate(zip(cases, outs)):
             check_outcome(out)
@@ -1285,8 +1455,12 @@ def test_initializer_data_that_does_not_fit(tmp_path, edit):
 @pytest.mark.parametrize("command", ["inspect", "optimize"])
 def test_negative_dimension(tmp_path, command):
     x = helper.make_tensor_value_info("x", fu.F32, [2, -3])
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "neg", [x],
-                          [helper.make_tensor_value_info("y", fu.F32, None)])  # fmt: skip
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "neg",
+        [x],
+        [helper.make_tensor_value_info("y", fu.F32, None)],
+    )
     onnx.save(fu.finish(g), tmp_path / "m.onnx")
     args = ["-o", tmp_path / "o.orch"] if command == "optimize" else []
     _user_error(invoke(command, tmp_path / "m.onnx", *args), "m.onnx", "'x'")

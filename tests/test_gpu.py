@@ -148,8 +148,9 @@ def check_kernels_read_the_callers_tensors(device: str) -> None:
 
 
 def _run_compiled(graph, plan, inputs):
-    program = Program(plan, graph, load_kernels(emit(graph, plan), False),
-                      interpret=False, cuda_graph=False)  # fmt: skip
+    program = Program(
+        plan, graph, load_kernels(emit(graph, plan), False), interpret=False, cuda_graph=False
+    )
     return program.run(inputs)
 
 

@@ -84,8 +84,9 @@ def planned_pair(tmp_path, name: str, dtype: str = "fp16", **options):
 def run_at_gpu_blocks(g, pinned, seed: int = 0) -> None:
     """The pinned plan run with the GPU's blocks, every output within fp16's
     tolerance of the float64 reference."""
-    program = Program(pinned, g, load_kernels(emit(g, pinned), True), interpret=True,
-                      gpu_blocks=True)  # fmt: skip
+    program = Program(
+        pinned, g, load_kernels(emit(g, pinned), True), interpret=True, gpu_blocks=True
+    )
     assert program.interpret and not program.interpreter_blocks
     feeds = verify.random_inputs(g, seed)
     got = program.run(feeds)
@@ -127,13 +128,18 @@ def test_split_k_forced_at_the_gpus_tiles(tmp_path, splits):
     m, k, n = 40, 3072, 96
     w = numpy_helper.from_array((rng.standard_normal((k, n)) / k**0.5).astype(np.float32), "w")
     b = numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b")
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
-             helper.make_node("Add", ["h", "b"], ["a"]),
-             helper.make_node("Relu", ["a"], ["y"])]  # fmt: skip
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Add", ["h", "b"], ["a"]),
+        helper.make_node("Relu", ["a"], ["y"]),
+    ]
     graph = helper.make_graph(
-        nodes, "ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], [w, b],
-    )  # fmt: skip
+        nodes,
+        "ffn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+        [w, b],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(model, tmp_path / "ffn.onnx")
     g = lowered(tmp_path / "ffn.onnx", "fp16")
@@ -145,8 +151,9 @@ def test_split_k_forced_at_the_gpus_tiles(tmp_path, splits):
     pinned = regenerate.planned(replace(plan, kernels=kernels), g, "ffn", check_hash=False)
     (spec,) = [s for s in pinned.specs if s.template == "matmul"]
     assert split_k(spec.config) == splits
-    program = Program(pinned, g, load_kernels(emit(g, pinned), True), interpret=True,
-                      gpu_blocks=True)  # fmt: skip
+    program = Program(
+        pinned, g, load_kernels(emit(g, pinned), True), interpret=True, gpu_blocks=True
+    )
     feeds = verify.random_inputs(g, 1)
     want = reference.run(g, feeds, float64=True)
     for _ in range(2):  # the counters are left zero for the next launch
@@ -161,19 +168,27 @@ def test_bf16_row_reductions_and_pointwise_run_at_the_gpus_blocks(tmp_path):
     """BERT-base's layer at bf16 with library GEMMs (torch multiplies bf16
     on a CPU; the interpreter's tl.dot cannot) and no attention rule: its
     layer norms, softmax and GELU kernels at the full-size plan's blocks."""
-    big, g, pinned = planned_pair(tmp_path, "bert", "bf16", gemm_backends=("library",),
-                                  rewrites=False)  # fmt: skip
+    big, g, pinned = planned_pair(
+        tmp_path, "bert", "bf16", gemm_backends=("library",), rewrites=False
+    )
     kernels = generated(pinned.specs)
     assert {s.template for s in kernels} >= {"row_reduce"}
     assert any(s.config.interpret for s in kernels)
-    program = Program(pinned, g, load_kernels(emit(g, pinned), True), interpret=True,
-                      gpu_blocks=True)  # fmt: skip
+    program = Program(
+        pinned, g, load_kernels(emit(g, pinned), True), interpret=True, gpu_blocks=True
+    )
     feeds = verify.random_inputs(g, 0)
     got = program.run(feeds)
     want = reference.run(g, feeds, float64=True)
     for name in g.outputs:
-        check = verify.compare(name, np.asarray(got[name]).astype(np.float64), want[name], 0,
-                               precision.RTOL["bf16"], None)  # fmt: skip
+        check = verify.compare(
+            name,
+            np.asarray(got[name]).astype(np.float64),
+            want[name],
+            0,
+            precision.RTOL["bf16"],
+            None,
+        )
         assert check.ok, f"{name}: {check.detail}"
 
 
@@ -184,8 +199,10 @@ def test_the_bf16_plan_compiles_for_hopper_within_its_limits(tmp_path):
     big, g, pinned = planned_pair(tmp_path, "bert", "bf16")
     distinct = {s.hash: s for s in generated(pinned.specs)}.values()
     assert {s.template for s in distinct} & {"matmul", "merged_matmul", "attention"}
-    jobs = [(g, s, s.outputs, f"{s.template}_{i}", "bf16 at the GPU's blocks")
-            for i, s in enumerate(distinct)]  # fmt: skip
+    jobs = [
+        (g, s, s.outputs, f"{s.template}_{i}", "bf16 at the GPU's blocks")
+        for i, s in enumerate(distinct)
+    ]
     limit = get_device(DEVICE).smem_per_block_kb * 1024
     for shared, _ in compile_sm90(tmp_path, jobs, SCRATCH_DTYPES):
         assert shared <= limit

@@ -50,11 +50,13 @@ def hostile(tag: str, i: int) -> str:
 def _model() -> onnx.ModelProto:
     """out = tanh(x * w) + b, a second output LayerNorm(x), and two sibling
     projections x @ wq and x @ wk + bk (a merged matmul, or library calls)."""
-    x, w, b, m, t, y, ln = (hostile(tag, i) for i, tag in
-                            enumerate(["x", "w", "b", "m", "t", "y", "ln"]))  # fmt: skip
+    x, w, b, m, t, y, ln = (
+        hostile(tag, i) for i, tag in enumerate(["x", "w", "b", "m", "t", "y", "ln"])
+    )
     scale, bias = hostile("scale", 7), hostile("bias", 8)
-    wq, wk, bk, q, kp, k = (hostile(tag, 19 + i) for i, tag in
-                            enumerate(["wq", "wk", "bk", "q", "kp", "k"]))  # fmt: skip
+    wq, wk, bk, q, kp, k = (
+        hostile(tag, 19 + i) for i, tag in enumerate(["wq", "wk", "bk", "q", "kp", "k"])
+    )
     rng = np.random.default_rng(1)
     inits = [
         numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), wq),
@@ -69,25 +71,38 @@ def _model() -> onnx.ModelProto:
         helper.make_node("Mul", [x, w], [m], name=hostile("mul", 9), doc_string=hostile("doc", 10)),
         helper.make_node("Tanh", [m], [t], name=hostile("tanh", 11)),
         helper.make_node("Add", [t, b], [y], name=hostile("add", 12)),
-        helper.make_node("LayerNormalization", [x, scale, bias], [ln], name=hostile("norm", 13),
-                         axis=-1, epsilon=1e-5),
+        helper.make_node(
+            "LayerNormalization",
+            [x, scale, bias],
+            [ln],
+            name=hostile("norm", 13),
+            axis=-1,
+            epsilon=1e-5,
+        ),
         helper.make_node("MatMul", [x, wq], [q], name=hostile("mmq", 25)),
         helper.make_node("MatMul", [x, wk], [kp], name=hostile("mmk", 26)),
         helper.make_node("Add", [kp, bk], [k], name=hostile("addk", 27)),
-    ]  # fmt: skip
+    ]
     graph = helper.make_graph(
-        nodes, hostile("graph", 14),
+        nodes,
+        hostile("graph", 14),
         [helper.make_tensor_value_info(x, elem("float32"), [4, 16])],
-        [helper.make_tensor_value_info(y, elem("float32"), [4, 16]),
-         helper.make_tensor_value_info(ln, elem("float32"), [4, 16]),
-         helper.make_tensor_value_info(q, elem("float32"), [4, 8]),
-         helper.make_tensor_value_info(k, elem("float32"), [4, 8])],
+        [
+            helper.make_tensor_value_info(y, elem("float32"), [4, 16]),
+            helper.make_tensor_value_info(ln, elem("float32"), [4, 16]),
+            helper.make_tensor_value_info(q, elem("float32"), [4, 8]),
+            helper.make_tensor_value_info(k, elem("float32"), [4, 8]),
+        ],
         initializer=inits,
         value_info=[helper.make_tensor_value_info(m, elem("float32"), [4, 16])],
         doc_string=hostile("graphdoc", 15),
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8,
-                              doc_string=hostile("modeldoc", 16))  # fmt: skip
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+        doc_string=hostile("modeldoc", 16),
+    )
     helper.set_model_props(model, {hostile("key", 17): hostile("value", 18)})
     onnx.checker.check_model(model)
     return model
@@ -103,8 +118,9 @@ def bundle(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("hostile")
     src = root / "m\nimport os\n#.onnx"  # the file name is text from outside too
     onnx.save(_model(), src)
-    result = orchestrate.optimize(src, root / "out.orch", trials=1, reproducible=True,
-                                  gemm_backends=BACKENDS[request.param])  # fmt: skip
+    result = orchestrate.optimize(
+        src, root / "out.orch", trials=1, reproducible=True, gemm_backends=BACKENDS[request.param]
+    )
     templates = {k.template for k in result.plan.kernels}
     assert TEMPLATES[request.param] in templates, templates
     return src, result.path

@@ -90,8 +90,9 @@ def test_ilp_equals_brute_force(seed, recompute):
     slots = sum(len(k.optional) for k in kernels) + len(kernels)
     if slots > 22:
         pytest.skip(f"{slots} choices: too many to brute-force")
-    sol = program.solve(kernels, costs, write_us, nbytes, available, list(g.outputs),
-                        recompute=recompute)  # fmt: skip
+    sol = program.solve(
+        kernels, costs, write_us, nbytes, available, list(g.outputs), recompute=recompute
+    )
     assert sol.status == "optimal"
     want = _brute_force(g, kernels, costs, write_us, nbytes, available, recompute=recompute)
     assert sol.objective_us == pytest.approx(want, rel=1e-9, abs=1e-9)
@@ -110,11 +111,27 @@ def test_ilp_equals_brute_force_under_a_memory_budget(seed):
         want = _brute_force(g, kernels, costs, write_us, nbytes, available, budget=budget)
         if math.isinf(want):
             with pytest.raises(InputError, match="memory-budget"):
-                program.solve(kernels, costs, write_us, nbytes, available, list(g.outputs),
-                              budget=budget, budget_exempt=set(g.outputs))  # fmt: skip
+                program.solve(
+                    kernels,
+                    costs,
+                    write_us,
+                    nbytes,
+                    available,
+                    list(g.outputs),
+                    budget=budget,
+                    budget_exempt=set(g.outputs),
+                )
             continue
-        sol = program.solve(kernels, costs, write_us, nbytes, available, list(g.outputs),
-                            budget=budget, budget_exempt=set(g.outputs))  # fmt: skip
+        sol = program.solve(
+            kernels,
+            costs,
+            write_us,
+            nbytes,
+            available,
+            list(g.outputs),
+            budget=budget,
+            budget_exempt=set(g.outputs),
+        )
         assert sol.objective_us == pytest.approx(want, rel=1e-9, abs=1e-9)
 
 
@@ -146,8 +163,12 @@ def test_softmax_becomes_one_row_reduce_kernel():
     (k,) = _kernels(p)
     assert k.template == "row_reduce"
     assert sorted(x.op for x in p.primitives if x.name in k.primitives) == [
-        "div", "exp", "reduce_max", "sub", "sum",
-    ]  # fmt: skip
+        "div",
+        "exp",
+        "reduce_max",
+        "sub",
+        "sum",
+    ]
     assert p.solver.status == "optimal"
 
 
@@ -166,8 +187,14 @@ def test_mlp_bias_and_gelu_fuse_into_the_matmul_epilogue():
     assert first.template == "matmul"
     # matmul, + bias, then gelu: h*0.5, h*(1/sqrt 2), erf, +1, product
     assert sorted(ops[n] for n in first.primitives) == [
-        "add", "add", "erf", "matmul", "mul", "mul", "mul",
-    ]  # fmt: skip
+        "add",
+        "add",
+        "erf",
+        "matmul",
+        "mul",
+        "mul",
+        "mul",
+    ]
     assert second.template == "matmul" and len(second.primitives) == 1
 
 
@@ -203,9 +230,14 @@ def test_memory_budget_trades_time_for_bytes():
 def test_a_budget_the_fastest_plan_meets_changes_nothing():
     """The fastest plan is optimal under any budget it meets; just below, the
     budgeted program must trade time for bytes (or say what would fit)."""
-    g = graphs.build(lambda b, x, w: graphs.mlp(b, graphs.layernorm(b, x, w, w), *(
-        [b.constant(np.full(s, 0.01, np.float32)) for s in ((96, 384), (384,), (384, 96))]
-    )), [(64, 96), (96,)])  # fmt: skip
+    g = graphs.build(
+        lambda b, x, w: graphs.mlp(
+            b,
+            graphs.layernorm(b, x, w, w),
+            *([b.constant(np.full(s, 0.01, np.float32)) for s in ((96, 384), (384,), (384, 96))]),
+        ),
+        [(64, 96), (96,)],
+    )
     free = plan(g, PlanOptions(device="h100", reproducible=True))
     need = free.summary.materialized_bytes
     assert need > 0
@@ -280,7 +312,8 @@ def test_cost_model_by_hand():
     assert k.flops == 19 * elements
     # 1,024 blocks of 4 rows keep the whole device busy: the achievable bandwidth
     assert k.predicted_us == pytest.approx(
-        2 * elements * 4 / (3350e3 * ACHIEVABLE_BANDWIDTH) + LAUNCH_US, rel=1e-4)  # fmt: skip
+        2 * elements * 4 / (3350e3 * ACHIEVABLE_BANDWIDTH) + LAUNCH_US, rel=1e-4
+    )
     assert k.bound == "memory"
 
     g = graphs.build(lambda b, x, w: b.matmul(x, w), [(2048, 2048), (2048, 2048)])
@@ -299,8 +332,9 @@ def test_cycle_between_multi_output_kernels_is_cut():
     checker must catch it and the cut must remove it."""
 
     def kernel(nodes, inputs, outputs):
-        return KernelSpec("pointwise", nodes, inputs, outputs, (), (1,), Elementwise(),
-                          LaunchConfig())  # fmt: skip
+        return KernelSpec(
+            "pointwise", nodes, inputs, outputs, (), (1,), Elementwise(), LaunchConfig()
+        )
 
     a = kernel(("x", "y"), ("i", "v"), ("x", "y"))
     b = kernel(("u", "v"), ("x",), ("u", "v"))
@@ -322,8 +356,9 @@ def test_cycle_between_multi_output_kernels_is_cut():
     # one writer), so the way out is b, c1, c3 (4.0 us)
     assert chosen == [1, 2, 4]
     assert sol.objective_us == pytest.approx(4.0)
-    order, stuck = schedule([kernels[c.kernel] for c in sol.choices],
-                            [c.writes for c in sol.choices], {"i"})  # fmt: skip
+    order, stuck = schedule(
+        [kernels[c.kernel] for c in sol.choices], [c.writes for c in sol.choices], {"i"}
+    )
     assert not stuck
 
 
@@ -356,8 +391,9 @@ def test_two_kernels_never_write_one_tensor():
     program takes one of them, though both together are cheapest on paper."""
 
     def kernel(nodes, inputs, outputs):
-        return KernelSpec("pointwise", nodes, inputs, outputs, (), (1,), Elementwise(),
-                          LaunchConfig())  # fmt: skip
+        return KernelSpec(
+            "pointwise", nodes, inputs, outputs, (), (1,), Elementwise(), LaunchConfig()
+        )
 
     from orchestrate.cost.roofline import Cost
 

@@ -35,9 +35,12 @@ W = np.arange(N * 3, dtype=np.float32).reshape(N, 3)
 
 def _model(nodes, inputs, inits, opset: int = 17) -> onnx.ModelProto:
     g = helper.make_graph(
-        nodes, "m", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        nodes,
+        "m",
+        inputs,
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()],
-    )  # fmt: skip
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = 8
     return onnx.shape_inference.infer_shapes(m)
@@ -49,22 +52,25 @@ def _ids(shape=(2, 3), dtype=TensorProto.INT64):
 
 def embedding() -> onnx.ModelProto:
     """y = W[ids]: the index is a graph input (checked on the host)."""
-    return _model([helper.make_node("Gather", ["w", "ids"], ["y"], name="emb")], [_ids()],
-                  {"w": W})  # fmt: skip
+    return _model([helper.make_node("Gather", ["w", "ids"], ["y"], name="emb")], [_ids()], {"w": W})
 
 
 def shifted_embedding() -> onnx.ModelProto:
     """y = W[ids + 1]: the index is computed (checked on the device)."""
-    nodes = [helper.make_node("Add", ["ids", "one"], ["j"], name="plus"),
-             helper.make_node("Gather", ["w", "j"], ["y"], name="emb")]  # fmt: skip
+    nodes = [
+        helper.make_node("Add", ["ids", "one"], ["j"], name="plus"),
+        helper.make_node("Gather", ["w", "j"], ["y"], name="emb"),
+    ]
     return _model(nodes, [_ids()], {"w": W, "one": np.array(1, np.int64)})
 
 
 def argmax_lookup() -> onnx.ModelProto:
     """y = W[argmax(x, 1)] with 9 columns and 7 rows: argmax may be 7 or 8."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 9])
-    nodes = [helper.make_node("ArgMax", ["x"], ["j"], name="pick", axis=1, keepdims=0),
-             helper.make_node("Gather", ["w", "j"], ["y"], name="lookup")]  # fmt: skip
+    nodes = [
+        helper.make_node("ArgMax", ["x"], ["j"], name="pick", axis=1, keepdims=0),
+        helper.make_node("Gather", ["w", "j"], ["y"], name="lookup"),
+    ]
     return _model(nodes, [x], {"w": W})
 
 
@@ -176,8 +182,10 @@ def test_argmax_feeding_a_gather_is_checked_on_the_device(tmp_path_factory):
 def test_a_narrowing_cast_is_checked_after_the_cast(tmp_path_factory):
     """int64 -> int32 wraps 2**32 + 1 to 1, a valid index: the input is not
     refused for a value the gather never sees."""
-    nodes = [helper.make_node("Cast", ["ids"], ["j"], name="narrow", to=TensorProto.INT32),
-             helper.make_node("Gather", ["w", "j"], ["y"], name="emb")]  # fmt: skip
+    nodes = [
+        helper.make_node("Cast", ["ids"], ["j"], name="narrow", to=TensorProto.INT32),
+        helper.make_node("Gather", ["w", "j"], ["y"], name="emb"),
+    ]
     model = _model(nodes, [_ids()], {"w": W})
     b = _optimize(tmp_path_factory, model, "narrow")
     ids = np.array([[2**32 + 1, 0, 1], [2, 3, -1]], np.int64)
@@ -222,8 +230,11 @@ def test_gather_elements_and_nd(tmp_path_factory, op, shape, attrs, good, bad, w
 def test_one_hot_out_of_range_is_a_row_of_off_values(tmp_path_factory):
     """ONNX and onnxruntime: no error, as for any index outside [-depth, depth)."""
     node = helper.make_node("OneHot", ["ids", "depth", "values"], ["y"], name="hot")
-    model = _model([node], [_ids((5,))], {"depth": np.array(3, np.int64),
-                                          "values": np.array([0.5, 2.0], np.float32)})  # fmt: skip
+    model = _model(
+        [node],
+        [_ids((5,))],
+        {"depth": np.array(3, np.int64), "values": np.array([0.5, 2.0], np.float32)},
+    )
     b = _optimize(tmp_path_factory, model, "onehot")
     ids = np.array([0, 3, -1, -4, 10**12], np.int64)
     np.testing.assert_array_equal(b.run({"ids": ids})["y"], _ort(model, {"ids": ids}))
@@ -235,8 +246,10 @@ def test_one_hot_out_of_range_is_a_row_of_off_values(tmp_path_factory):
 @pytest.mark.parametrize("index", [2**40, -N - 1, [[1], [N]]])
 def test_a_constant_index_out_of_range_is_refused_at_fission(tmp_path, index):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])
-    nodes = [helper.make_node("Gather", ["w", "cidx"], ["g"], name="emb"),
-             helper.make_node("Add", ["g", "x"], ["y"], name="add")]  # fmt: skip
+    nodes = [
+        helper.make_node("Gather", ["w", "cidx"], ["g"], name="emb"),
+        helper.make_node("Add", ["g", "x"], ["y"], name="add"),
+    ]
     model = _model(nodes, [x], {"w": W, "cidx": np.array(index, np.int64)})
     onnx.save(model, tmp_path / "m.onnx")
     with pytest.raises(InputError, match=r"node 'emb' \(Gather\): constant index .* out of range"):
@@ -250,8 +263,14 @@ def test_a_bundles_constant_index_is_checked_when_loaded():
     """A constant the fission check never saw (a hand-made graph, or a
     bundle's edited weights) is refused before anything runs."""
     w = ir.Input("w", ir.TensorType((N, 3), "float32"))
-    g = ir.Node(ir.Op.GATHER, "y", ("w", "c"), ir.TensorType((2, 3), "float32"),
-                ir.Attrs(axis=0), origin="emb")  # fmt: skip
+    g = ir.Node(
+        ir.Op.GATHER,
+        "y",
+        ("w", "c"),
+        ir.TensorType((2, 3), "float32"),
+        ir.Attrs(axis=0),
+        origin="emb",
+    )
     graph = ir.Graph((g,), (w,), ("y",), {"c": np.array([1, N], np.int64)})
     planned = one_kernel(graph)
     from orchestrate.emit import emit
@@ -282,8 +301,12 @@ def test_index_preserving_primitives_keep_the_host_check():
         helper.make_node("ReduceSum", ["c"], ["sc"], keepdims=0),
         helper.make_node("Sum", ["sa", "sb", "sc"], ["y"]),
     ]
-    inits = {"w": W, "shape": np.array([6], np.int64), "zero": np.array([0], np.int64),
-             "one": np.array([1], np.int64)}  # fmt: skip
+    inits = {
+        "w": W,
+        "shape": np.array([6], np.int64),
+        "zero": np.array([0], np.int64),
+        "one": np.array([1], np.int64),
+    }
     graph = fission_model(_model(nodes, [i32], inits), None, "m.onnx")
     where = {b.origin: b.source for b in index_bounds(graph)}
     assert where == {"host": "ids", "device": None, "device2": None}
@@ -291,8 +314,9 @@ def test_index_preserving_primitives_keep_the_host_check():
 
 def test_the_reserved_flag_name_is_refused(tmp_path):
     node = helper.make_node("Gather", ["w", INDEX_ERROR], ["y"], name="emb")
-    model = _model([node], [helper.make_tensor_value_info(INDEX_ERROR, TensorProto.INT64, [2])],
-                   {"w": W})  # fmt: skip
+    model = _model(
+        [node], [helper.make_tensor_value_info(INDEX_ERROR, TensorProto.INT64, [2])], {"w": W}
+    )
     onnx.save(model, tmp_path / "m.onnx")
     with pytest.raises(InputError, match="reserved"):
         orchestrate.optimize(tmp_path / "m.onnx", tmp_path / "out", trials=0)
@@ -307,8 +331,10 @@ def test_kernels_that_check_on_the_device_compile_for_hopper(tmp_path):
     w2 = np.ones((3, 8), np.float32)
     ids = [_ids()]
     one = {"w": W, "w2": w2, "one": np.array(1, np.int64)}
-    shifted = [helper.make_node("Add", ["ids", "one"], ["j"]),
-               helper.make_node("Gather", ["w", "j"], ["g"], name="emb")]  # fmt: skip
+    shifted = [
+        helper.make_node("Add", ["ids", "one"], ["j"]),
+        helper.make_node("Gather", ["w", "j"], ["g"], name="emb"),
+    ]
     models = {
         "matmul": _model([*shifted, helper.make_node("MatMul", ["g", "w2"], ["y"])], ids, one),
         "softmax": _model([*shifted, helper.make_node("Softmax", ["g"], ["y"])], ids, one),
@@ -324,8 +350,11 @@ def test_kernels_that_check_on_the_device_compile_for_hopper(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run(
         [sys.executable, "-m", "orchestrate.check.compile_check", *bundles],
-        cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=900,
-    )  # fmt: skip
+    )
     assert run.returncode == 0, run.stderr[-4000:] + run.stdout[-2000:]
     assert run.stdout.count("compile for sm_90") == len(models)

@@ -29,20 +29,40 @@ def test_broadcasting_follows_numpy():
         (Op.LT, (t(2), t(2)), {}, t(2, dtype="bool")),
         (Op.SUM, (t(2, 3, 4),), {"axes": (1, 2), "keepdims": True}, t(2, 1, 1)),
         (Op.RMAX, (t(2, 3, 4),), {"axes": (0,), "keepdims": False}, t(3, 4)),
-        (Op.ARGMAX, (t(2, 3),), {"axis": 1, "keepdims": False, "select_last_index": False},
-         t(2, dtype="int64")),
+        (
+            Op.ARGMAX,
+            (t(2, 3),),
+            {"axis": 1, "keepdims": False, "select_last_index": False},
+            t(2, dtype="int64"),
+        ),
         (Op.TRANSPOSE, (t(2, 3, 4),), {"perm": (2, 0, 1)}, t(4, 2, 3)),
-        (Op.SLICE, (t(10,),), {"starts": (9,), "steps": (-3,), "shape": (4,)}, t(4)),
+        (
+            Op.SLICE,
+            (
+                t(
+                    10,
+                ),
+            ),
+            {"starts": (9,), "steps": (-3,), "shape": (4,)},
+            t(4),
+        ),
         (Op.PAD, (t(2, 3),), {"pads": (1, 0, 0, 2), "mode": "constant", "value": 0.0}, t(3, 5)),
         (Op.GATHER, (t(5, 6), t(2, 3, dtype="int64")), {"axis": 1}, t(5, 2, 3)),
         (Op.MATMUL, (t(7, 1, 2, 3), t(5, 3, 4)), {}, t(7, 5, 2, 4)),
-        (Op.CONV, (t(1, 4, 9, 9), t(6, 2, 3, 3)),
-         {"strides": (2, 2), "pads": (1, 1, 1, 1), "dilations": (1, 1), "group": 2}, t(1, 6, 5, 5)),
-        (Op.POOL, (t(1, 2, 7),),
-         {"kind": "max", "kernel": (3,), "strides": (2,), "pads": (0, 0), "dilations": (1,)},
-         t(1, 2, 3)),
+        (
+            Op.CONV,
+            (t(1, 4, 9, 9), t(6, 2, 3, 3)),
+            {"strides": (2, 2), "pads": (1, 1, 1, 1), "dilations": (1, 1), "group": 2},
+            t(1, 6, 5, 5),
+        ),
+        (
+            Op.POOL,
+            (t(1, 2, 7),),
+            {"kind": "max", "kernel": (3,), "strides": (2,), "pads": (0, 0), "dilations": (1,)},
+            t(1, 2, 3),
+        ),
     ],
-)  # fmt: skip
+)
 def test_infer(op, ins, attrs, want):
     assert type_rules.infer(op, ins, Attrs(attrs)) == want
 
@@ -147,8 +167,9 @@ def test_reference_pool_and_conv_match_direct_loops():
                 patch = xp[0, m // 2, 2 * i : 2 * i + 2, j : j + 5 : 2]
                 want[0, m, i, j] = (patch * w[m, 0]).sum()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    got = _run1(Op.POOL, x, kind="avg", kernel=(2, 2), strides=(2, 2), pads=(0, 0, 1, 0),
-                dilations=(1, 1))  # fmt: skip
+    got = _run1(
+        Op.POOL, x, kind="avg", kernel=(2, 2), strides=(2, 2), pads=(0, 0, 1, 0), dilations=(1, 1)
+    )
     xp = np.pad(x, [(0, 0), (0, 0), (0, 1), (0, 0)])
     want = xp[:, :, :6].reshape(1, 2, 3, 2, 2, 2).mean(axis=(3, 5))
     np.testing.assert_allclose(got, want, rtol=1e-6)

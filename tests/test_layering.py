@@ -19,16 +19,29 @@ PACKAGE = ROOT / "orchestrate"
 # ``orchestrate.plan`` itself; its planner and pipeline compose the stages)
 FORBIDDEN = {
     "orchestrate.ir": ["orchestrate."],  # the IR stands alone (but for errors)
-    "orchestrate.kernels": ["orchestrate.cost", "orchestrate.ilp", "orchestrate.emit",
-                            "orchestrate.plan"],
+    "orchestrate.kernels": [
+        "orchestrate.cost",
+        "orchestrate.ilp",
+        "orchestrate.emit",
+        "orchestrate.plan",
+    ],
     "orchestrate.cost": ["orchestrate.ilp", "orchestrate.emit", "orchestrate.plan.planner"],
     "orchestrate.ilp": ["orchestrate.emit", "orchestrate.plan.planner", "orchestrate.run"],
     "orchestrate.emit": ["orchestrate.cost", "orchestrate.ilp", "orchestrate.plan.planner"],
-    "orchestrate.plan": ["orchestrate.cost", "orchestrate.ilp", "orchestrate.emit",
-                         "orchestrate.plan.planner"],
-    "orchestrate.run": ["orchestrate.cost", "orchestrate.ilp", "orchestrate.plan.planner",
-                        "orchestrate.kernels.rules", "pulp"],
-}  # fmt: skip
+    "orchestrate.plan": [
+        "orchestrate.cost",
+        "orchestrate.ilp",
+        "orchestrate.emit",
+        "orchestrate.plan.planner",
+    ],
+    "orchestrate.run": [
+        "orchestrate.cost",
+        "orchestrate.ilp",
+        "orchestrate.plan.planner",
+        "orchestrate.kernels.rules",
+        "pulp",
+    ],
+}
 EXACT = {"orchestrate.plan"}
 # the GPU table (``cost/devices.py``, an empty package above it) any stage may read
 ANYONE = {"orchestrate.cost.devices"}
@@ -135,8 +148,12 @@ def test_stages_import_downward_only():
                     continue
                 if dep in ANYONE and stage != "orchestrate.ir":
                     continue
-                if any(dep == b or dep.startswith(b if b.endswith(".") else b + ".")
-                       or dep == b.rstrip(".") for b in banned):  # fmt: skip
+                if any(
+                    dep == b
+                    or dep.startswith(b if b.endswith(".") else b + ".")
+                    or dep == b.rstrip(".")
+                    for b in banned
+                ):
                     bad.append(f"{name} imports {dep}")
     assert not bad, "\n".join(sorted(bad))
 

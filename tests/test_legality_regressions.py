@@ -79,17 +79,33 @@ def _attention(b, q, k, v):
 SCALAR_MASKS = {  # a pad or concat on an axis indexed by one scalar per program
     "matmul_concat_batch": (lambda b, x, w: b.matmul(b.concat([x, x], 0), w), [(1, 3, 3), (3, 3)]),
     "matmul_pad_batch": (
-        lambda b, x, w: b.matmul(b.pad(x, [1, 0, 0, 0, 0, 0]), w), [(2, 3, 3), (3, 3)]),
+        lambda b, x, w: b.matmul(b.pad(x, [1, 0, 0, 0, 0, 0]), w),
+        [(2, 3, 3), (3, 3)],
+    ),
     "matmul_concat_b_batch": (
-        lambda b, w, x: b.matmul(w, b.concat([x, x], 0)), [(3, 3), (1, 3, 3)]),
-    "attention_concat_heads": (lambda b, q, k, v: _attention(b, b.concat([q, q], 1), k, v),
-                               [(1, 1, 16, 16), (1, 2, 16, 16), (1, 2, 16, 16)]),
+        lambda b, w, x: b.matmul(w, b.concat([x, x], 0)),
+        [(3, 3), (1, 3, 3)],
+    ),
+    "attention_concat_heads": (
+        lambda b, q, k, v: _attention(b, b.concat([q, q], 1), k, v),
+        [(1, 1, 16, 16), (1, 2, 16, 16), (1, 2, 16, 16)],
+    ),
     "pointwise_slice_of_pad": (
-        lambda b, x: b.slice_axis(b.pad(x, [0, 1, 0, 0, 0, 0]), 1, 2, 3), [(2, 3, 4)]),
-    "window_pool_of_padded_channel": (lambda b, x: b.pool(
-        b.slice_axis(b.pad(x, [0, 1, 0, 0, 0, 0, 0, 0]), 1, 0, 1), "max", kernel=(2, 2),
-        strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1)), [(1, 2, 4, 4)]),
-}  # fmt: skip
+        lambda b, x: b.slice_axis(b.pad(x, [0, 1, 0, 0, 0, 0]), 1, 2, 3),
+        [(2, 3, 4)],
+    ),
+    "window_pool_of_padded_channel": (
+        lambda b, x: b.pool(
+            b.slice_axis(b.pad(x, [0, 1, 0, 0, 0, 0, 0, 0]), 1, 0, 1),
+            "max",
+            kernel=(2, 2),
+            strides=(1, 1),
+            pads=(0, 0, 0, 0),
+            dilations=(1, 1),
+        ),
+        [(1, 2, 4, 4)],
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(SCALAR_MASKS))

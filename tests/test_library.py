@@ -81,8 +81,9 @@ def _scaled_bias(order: str):
     return fn
 
 
-@pytest.mark.parametrize("order, alpha, beta", [("scale, bias", 0.5, 1.0),
-                                                ("bias, scale", 0.25, 0.25)])  # fmt: skip
+@pytest.mark.parametrize(
+    "order, alpha, beta", [("scale, bias", 0.5, 1.0), ("bias, scale", 0.25, 0.25)]
+)
 def test_addmm_alpha_and_beta_absorb_a_scale_and_a_bias(order, alpha, beta):
     g = graphs.build(_scaled_bias(order), [(2, 3, 8), (8, 5), (5,)])
     both = match_all(g, _names(g), BOTH)
@@ -127,8 +128,7 @@ def test_a_library_matmul_declines_what_the_call_does_not_compute():
     assert [k.template for k in match_all(g, _names(g), BOTH)] == [MATMUL]
 
     ints = graphs.build(lambda b, x, w: b.matmul(x, w), [(4, 6), (6, 3)], dtype="int32")
-    refused = match_all(ints, _names(ints), Target(get_device("h100"),
-                                                   gemm_backends=("library",)))  # fmt: skip
+    refused = match_all(ints, _names(ints), Target(get_device("h100"), gemm_backends=("library",)))
     assert isinstance(refused, Rejection) and "cuBLAS has no int32 kernel" in refused.reason
 
 
@@ -155,15 +155,21 @@ def _conv(groups=1, strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1), bias=Tr
     return fn
 
 
-@pytest.mark.parametrize("groups, strides, pads, dilations", [
-    (1, (1, 1), (1, 1, 1, 1), (1, 1)),
-    (2, (2, 1), (0, 1, 0, 1), (1, 2)),
-    (4, (1, 2), (2, 0, 1, 1), (1, 1)),  # asymmetric: the input is padded first
-])  # fmt: skip
-def test_library_conv_with_groups_stride_padding_dilation_and_bias(groups, strides, pads,
-                                                                   dilations):  # fmt: skip
-    g = graphs.build(_conv(groups, strides, pads, dilations),
-                     [(2, 4, 7, 6), (8, 4 // groups, 3, 3), (1, 8, 1, 1)])  # fmt: skip
+@pytest.mark.parametrize(
+    "groups, strides, pads, dilations",
+    [
+        (1, (1, 1), (1, 1, 1, 1), (1, 1)),
+        (2, (2, 1), (0, 1, 0, 1), (1, 2)),
+        (4, (1, 2), (2, 0, 1, 1), (1, 1)),  # asymmetric: the input is padded first
+    ],
+)
+def test_library_conv_with_groups_stride_padding_dilation_and_bias(
+    groups, strides, pads, dilations
+):
+    g = graphs.build(
+        _conv(groups, strides, pads, dilations),
+        [(2, 4, 7, 6), (8, 4 // groups, 3, 3), (1, 8, 1, 1)],
+    )
     spec = _library(g, _names(g), LIBRARY_CONV)
     assert spec.roles.bias == "x2"
     planned = plan_from_sets(g, [_names(g)], options=LIB)
@@ -179,19 +185,22 @@ def test_library_conv_1d_and_3d(dtype):
         dims = len(x) - 2
 
         def fn(b, xs, ws, dims=dims):
-            return b.conv(xs, ws, strides=(1,) * dims, pads=(1,) * 2 * dims,
-                          dilations=(1,) * dims, group=1)  # fmt: skip
+            return b.conv(
+                xs, ws, strides=(1,) * dims, pads=(1,) * 2 * dims, dilations=(1,) * dims, group=1
+            )
 
         g = graphs.build(fn, [x, w], dtype=dtype)
-        src = assert_matches_reference(g, plan_from_sets(g, [_names(g)], options=LIB),
-                                       _inputs(g), rtol=tol, atol=tol)  # fmt: skip
+        src = assert_matches_reference(
+            g, plan_from_sets(g, [_names(g)], options=LIB), _inputs(g), rtol=tol, atol=tol
+        )
         assert f"conv{dims}d(" in src
 
 
 def test_a_bias_of_one_value_for_every_channel():
     g = graphs.build(_conv(), [(1, 2, 4, 4), (3, 2, 3, 3), (1, 1, 1, 1)])
-    src = assert_matches_reference(g, plan_from_sets(g, [_names(g)], options=LIB), _inputs(g),
-                                   rtol=1e-5, atol=1e-5)  # fmt: skip
+    src = assert_matches_reference(
+        g, plan_from_sets(g, [_names(g)], options=LIB), _inputs(g), rtol=1e-5, atol=1e-5
+    )
     assert "in2.reshape(1).expand(3)" in src
 
 
@@ -224,8 +233,9 @@ def _attention_case(fn, shapes, dtype="float32", extra=None):
 
 def test_sdpa_with_scale_and_additive_mask():
     mask = np.triu(np.full((5, 5), -np.inf, np.float32), 1)  # causal, as a constant
-    g, planned, inputs = _attention_case(attention_fn(scale=0.25, mask=mask),
-                                         [(1, 2, 5, 4), (1, 2, 5, 4), (1, 2, 5, 4)])  # fmt: skip
+    g, planned, inputs = _attention_case(
+        attention_fn(scale=0.25, mask=mask), [(1, 2, 5, 4), (1, 2, 5, 4), (1, 2, 5, 4)]
+    )
     (lib,) = [s for s in planned.specs if s.template == LIBRARY_ATTENTION]
     assert isinstance(lib.roles, LibraryAttention) and lib.roles.scale == 0.25
     src = assert_matches_reference(g, planned, inputs)
@@ -383,8 +393,9 @@ def test_a_small_cnn_bundle_with_library_convolutions_verifies(tmp_path):
 
     torch.manual_seed(0)
     model = tmp_path / "cnn.onnx"
-    torch.onnx.export(Cnn().eval(), (torch.randn(1, 3, 16, 16),), str(model), dynamo=False,
-                      opset_version=17)  # fmt: skip
+    torch.onnx.export(
+        Cnn().eval(), (torch.randn(1, 3, 16, 16),), str(model), dynamo=False, opset_version=17
+    )
     made = api.optimize(model, tmp_path / "b", gemm_backends=("library",))
     assert made.report.ok
     templates = [k.template for k in made.plan.kernels]
@@ -392,8 +403,14 @@ def test_a_small_cnn_bundle_with_library_convolutions_verifies(tmp_path):
 
 
 def test_a_bad_gemm_backends_value_is_one_line_and_exit_2(tmp_path):
-    r = run("plan", MODELS / "tiny_bert.onnx", "-o", tmp_path / "p.json",
-            "--gemm-backends", "triton,cudnn")  # fmt: skip
+    r = run(
+        "plan",
+        MODELS / "tiny_bert.onnx",
+        "-o",
+        tmp_path / "p.json",
+        "--gemm-backends",
+        "triton,cudnn",
+    )
     assert r.exit_code == 2
     assert r.output.strip().splitlines() == [
         "orchestrate: error: --gemm-backends triton,cudnn: expected one or both of triton, "
@@ -406,8 +423,11 @@ def test_the_rule_table_lists_the_library_rules():
     r = run("rules")
     assert r.exit_code == 0, r.output
     rows = [line.split()[:3] for line in r.output.splitlines() if " library " in line]
-    assert rows == [[LIBRARY_MATMUL, "template", "library"], [LIBRARY_CONV, "template", "library"],
-                    [LIBRARY_ATTENTION, "pattern", "library"]]  # fmt: skip
+    assert rows == [
+        [LIBRARY_MATMUL, "template", "library"],
+        [LIBRARY_CONV, "template", "library"],
+        [LIBRARY_ATTENTION, "pattern", "library"],
+    ]
 
 
 @pytest.mark.slow
@@ -479,9 +499,14 @@ def test_compile_check_skips_library_launchers_and_compiles_the_rest(tmp_path):
     onnx.save(to_onnx(g), model)
     out = api.optimize(model, tmp_path / "b", gemm_backends=("library",), trials=0).path
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-m", "orchestrate.check.compile_check", str(out)],
-                         cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True,
-                         text=True, timeout=600)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "orchestrate.check.compile_check", str(out)],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "1 functions compile for sm_90" in run.stdout
     assert (

@@ -26,8 +26,17 @@ from orchestrate.check.verify import random_inputs
 from tests.util import check_decomposition
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
-MODELS = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
-          "shufflenet", "squeezenet", "vgg19", "zfnet512"]  # fmt: skip
+MODELS = [
+    "bvlc_alexnet",
+    "densenet121",
+    "inception_v1",
+    "inception_v2",
+    "resnet50",
+    "shufflenet",
+    "squeezenet",
+    "vgg19",
+    "zfnet512",
+]
 # end-to-end runs in the Triton interpreter that take over ~15 s (make test-slow)
 SLOW_E2E = {"bvlc_alexnet", "densenet121", "inception_v2", "shufflenet", "vgg19", "zfnet512"}
 

@@ -54,12 +54,24 @@ def small_tiles(monkeypatch):
 
 
 def _info(name: str, dtype: str, shape) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),
-                                         shape)  # fmt: skip
+    return helper.make_tensor_value_info(
+        name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape
+    )
 
 
-def lora(dtype: str, rows=20, k=40, n=36, r=8, alpha=16.0, layers=1, a_input=False,
-         t_output=False, relu=False, other_spelling=False) -> onnx.ModelProto:  # fmt: skip
+def lora(
+    dtype: str,
+    rows=20,
+    k=40,
+    n=36,
+    r=8,
+    alpha=16.0,
+    layers=1,
+    a_input=False,
+    t_output=False,
+    relu=False,
+    other_spelling=False,
+) -> onnx.ModelProto:
     """``layers`` LoRA-adapted linear layers, as peft computes each:
     y = x @ W + bias + (x @ A) @ B * (alpha / r), W, A, B constants (the
     base weight as torch's Linear exports it, pre-transposed; B not zero, as
@@ -74,10 +86,12 @@ def lora(dtype: str, rows=20, k=40, n=36, r=8, alpha=16.0, layers=1, a_input=Fal
     nodes, x = [], "x"
     for i in range(layers):
         kin = k if i == 0 else n
-        consts |= {f"w{i}": (rng.standard_normal((kin, n)) / np.sqrt(kin)).astype(dtype),
-                   f"bias{i}": (0.1 * rng.standard_normal(n)).astype(dtype),
-                   f"b{i}": (rng.standard_normal((r, n)) / np.sqrt(r)).astype(dtype),
-                   f"scaling{i}": np.array(alpha / r, dtype)}  # fmt: skip
+        consts |= {
+            f"w{i}": (rng.standard_normal((kin, n)) / np.sqrt(kin)).astype(dtype),
+            f"bias{i}": (0.1 * rng.standard_normal(n)).astype(dtype),
+            f"b{i}": (rng.standard_normal((r, n)) / np.sqrt(r)).astype(dtype),
+            f"scaling{i}": np.array(alpha / r, dtype),
+        }
         a = (rng.standard_normal((kin, r)) / np.sqrt(kin)).astype(dtype)
         if a_input and i == 0:
             inputs.append(_info("a0", dtype, [kin, r]))
@@ -120,8 +134,7 @@ def lora(dtype: str, rows=20, k=40, n=36, r=8, alpha=16.0, layers=1, a_input=Fal
 def _optimize(model: onnx.ModelProto, tmp_path: Path):
     src = tmp_path / "model.onnx"
     onnx.save(model, src)
-    return orchestrate.optimize(src, tmp_path / "out", trials=2, device="h200",
-                                reproducible=True)  # fmt: skip
+    return orchestrate.optimize(src, tmp_path / "out", trials=2, device="h200", reproducible=True)
 
 
 def _fired(result, layers: int, within: float):
@@ -166,8 +179,10 @@ def test_roles_record_the_branch_and_the_structural_hash_covers_the_rank():
 def test_verify_exact_passes_on_the_bundle(tmp_path, small_tiles):
     result = _optimize(lora("float32", layers=2), tmp_path)
     assert [k.template for k in result.plan.kernels] == [LOW_RANK] * 2
-    r = CliRunner().invoke(cli.main, ["verify", str(tmp_path / "out"), "--model",
-                                      str(tmp_path / "model.onnx"), "--exact"])  # fmt: skip
+    r = CliRunner().invoke(
+        cli.main,
+        ["verify", str(tmp_path / "out"), "--model", str(tmp_path / "model.onnx"), "--exact"],
+    )
     assert r.exit_code == 0, r.output
     assert "2 tensors compared" in r.output and "OK: the plan computes" in r.output
 
@@ -208,8 +223,12 @@ def test_an_a_that_is_an_input_is_declined_and_explained(tmp_path):
 def test_a_rank_too_large_for_registers_is_declined():
     reasons, templates = _declined(lora("float32", k=32, n=24, r=160))
     assert LOW_RANK not in templates and reasons
-    assert all(r.startswith("rank 160 of a0 exceeds 128: each program keeps x @ A for its rows "
-                            "in registers") for r in reasons), reasons  # fmt: skip
+    assert all(
+        r.startswith(
+            "rank 160 of a0 exceeds 128: each program keeps x @ A for its rows in registers"
+        )
+        for r in reasons
+    ), reasons
 
 
 def test_an_x_at_a_read_elsewhere_is_declined(tmp_path, small_tiles):
@@ -218,8 +237,11 @@ def test_an_x_at_a_read_elsewhere_is_declined(tmp_path, small_tiles):
     model = lora("float32", t_output=True)
     reasons, templates = _declined(model)
     assert LOW_RANK not in templates and reasons
-    assert all("lora_a0 must be written (read outside the set or a graph output), but the kernel "
-               "keeps the low-rank branch in registers" in r for r in reasons), reasons  # fmt: skip
+    assert all(
+        "lora_a0 must be written (read outside the set or a graph output), but the kernel "
+        "keeps the low-rank branch in registers" in r
+        for r in reasons
+    ), reasons
     assert _optimize(model, tmp_path).report.ok
 
 
@@ -247,10 +269,14 @@ def test_the_kernels_compile_for_sm90_within_the_fit_model(tmp_path):
     to 2x of the shared memory the fit model gave, spilling no more than the
     fit model's documented miss (``tests/test_fit.py``)."""
     jobs, specs = [], []
-    for i, model in enumerate([lora("float16", rows=64, k=768, n=768, r=16),
-                               lora("float32", rows=64, k=768, n=768, r=16),
-                               lora("float16", rows=64, k=1024, n=2048, r=64),
-                               lora("bfloat16", rows=32, k=512, n=512, r=128, relu=True)]):  # fmt: skip
+    for i, model in enumerate(
+        [
+            lora("float16", rows=64, k=768, n=768, r=16),
+            lora("float32", rows=64, k=768, n=768, r=16),
+            lora("float16", rows=64, k=1024, n=2048, r=64),
+            lora("bfloat16", rows=32, k=512, n=512, r=128, relu=True),
+        ]
+    ):
         g = pipeline.fission_model(model, None, f"model{i}")
         for j, spec in enumerate(_candidates(g, 3)):
             jobs.append((g, spec, spec.outputs, f"low_rank_{i}_{j}", ["low_rank"]))
@@ -267,8 +293,9 @@ def test_every_candidate_of_two_stacked_layers_computes_the_reference(small_tile
     """Every kernel the rule table accepts in two stacked LoRA layers, the
     low-rank sets among them, cut out, emitted and run in the interpreter
     against the float64 reference (``tests/test_every_candidate.py``)."""
-    g = pipeline.fission_model(lora("float32", rows=6, k=24, n=20, r=4, layers=2, relu=True),
-                               None, "lora")  # fmt: skip
+    g = pipeline.fission_model(
+        lora("float32", rows=6, k=24, n=20, r=4, layers=2, relu=True), None, "lora"
+    )
     found, failures = candidate_failures(g, graphs.random_inputs(g, seed=1))
     assert not failures, failures
     assert LOW_RANK in {k.template for k in candidates(g)} and found > 10

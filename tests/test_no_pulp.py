@@ -20,8 +20,9 @@ def test_a_bundle_loads_and_runs_with_pulp_unimportable(tmp_path):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
     nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Exp", ["r"], ["y"])]
-    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
-                              opset_imports=[helper.make_opsetid("", 17)])  # fmt: skip
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]
+    )
     onnx.save(model, tmp_path / "m.onnx")
     orchestrate.optimize(tmp_path / "m.onnx", tmp_path / "m.orch", trials=0)
     script = (
@@ -32,7 +33,8 @@ def test_a_bundle_loads_and_runs_with_pulp_unimportable(tmp_path):
         "assert 'pulp' not in {m for m in sys.modules if sys.modules[m] is not None}\n"
         "print(float(y[0, 0]))\n"
     )
-    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert np.isclose(float(r.stdout.split()[-1]), np.exp(0.5), rtol=1e-5)

@@ -56,8 +56,9 @@ def small_tiles(monkeypatch):
 
 
 def _info(name: str, dtype: str, shape) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),
-                                         shape)  # fmt: skip
+    return helper.make_tensor_value_info(
+        name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape
+    )
 
 
 def _model(nodes, inputs, outputs, constants: dict[str, np.ndarray]) -> onnx.ModelProto:
@@ -68,8 +69,9 @@ def _model(nodes, inputs, outputs, constants: dict[str, np.ndarray]) -> onnx.Mod
     return m
 
 
-def llama_head(dtype: str, rows=6, k=40, n=24, gamma_input=False, axis=-1, also_norm=False,
-               second=False):  # fmt: skip
+def llama_head(
+    dtype: str, rows=6, k=40, n=24, gamma_input=False, axis=-1, also_norm=False, second=False
+):
     """Residual add, then RMSNorm as transformers exports it (in fp32 between
     casts), then the LM head: logits = rmsnorm(x + res) @ W; ``second``: a
     second projection of the normalised tensor (``other``)."""
@@ -77,9 +79,10 @@ def llama_head(dtype: str, rows=6, k=40, n=24, gamma_input=False, axis=-1, also_
     consts = {
         "w": (rng.standard_normal((k, n)) / np.sqrt(k)).astype(dtype),
         "w2": (rng.standard_normal((k, n)) / np.sqrt(k)).astype(dtype),
-        "two": np.array(2.0, np.float32), "eps": np.array(1e-5, np.float32),
+        "two": np.array(2.0, np.float32),
+        "eps": np.array(1e-5, np.float32),
         "axes": np.array([axis], np.int64),
-    }  # fmt: skip
+    }
     inputs = [_info("x", dtype, [1, rows, k]), _info("res", dtype, [1, rows, k])]
     gamma = (1 + 0.1 * rng.standard_normal(k)).astype(dtype)
     if gamma_input:
@@ -121,8 +124,11 @@ def bert_ffn(dtype: str, rows=5, k=48, n=40, exported=False):
         "bias": (0.1 * rng.standard_normal(n)).astype(dtype),
     }
     if exported:
-        consts |= {"axes": np.array([-1], np.int64), "two": np.array(2.0, dtype),
-                   "eps": np.array(1e-5, dtype)}  # fmt: skip
+        consts |= {
+            "axes": np.array([-1], np.int64),
+            "two": np.array(2.0, dtype),
+            "eps": np.array(1e-5, dtype),
+        }
         norm = [
             helper.make_node("ReduceMean", ["x", "axes"], ["mu"], keepdims=1),
             helper.make_node("Sub", ["x", "mu"], ["d"]),
@@ -135,16 +141,20 @@ def bert_ffn(dtype: str, rows=5, k=48, n=40, exported=False):
             helper.make_node("Add", ["zg", "beta"], ["n"]),
         ]
     else:
-        norm = [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["n"], axis=-1,
-                                 epsilon=1e-5)]  # fmt: skip
+        norm = [
+            helper.make_node(
+                "LayerNormalization", ["x", "gamma", "beta"], ["n"], axis=-1, epsilon=1e-5
+            )
+        ]
     nodes = norm + [
         helper.make_node("MatMul", ["n", "w"], ["y"]),
         helper.make_node("Add", ["y", "bias"], ["yb"]),
         helper.make_node("Relu", ["yb"], ["out"]),
     ]
     # rows that do not average to zero: the statistics must not cancel
-    return _model(nodes, [_info("x", dtype, [2, rows, k])], [_info("out", dtype, [2, rows, n])],
-                  consts)  # fmt: skip
+    return _model(
+        nodes, [_info("x", dtype, [2, rows, k])], [_info("out", dtype, [2, rows, n])], consts
+    )
 
 
 # -- where it fires ----------------------------------------------------------------
@@ -153,8 +163,7 @@ def bert_ffn(dtype: str, rows=5, k=48, n=40, exported=False):
 def _optimize(model: onnx.ModelProto, tmp_path: Path):
     src = tmp_path / "model.onnx"
     onnx.save(model, src)
-    return orchestrate.optimize(src, tmp_path / "out", trials=2, device="h200",
-                                reproducible=True)  # fmt: skip
+    return orchestrate.optimize(src, tmp_path / "out", trials=2, device="h200", reproducible=True)
 
 
 def _fired(result, within: float):
@@ -177,8 +186,7 @@ def test_rms_norm_moves_past_the_lm_head(tmp_path, small_tiles, dtype, within):
 
 
 @pytest.mark.parametrize("dtype, within", [("float32", 1e-5), ("float16", 2e-3)])
-def test_layer_norm_moves_past_a_projection_with_its_epilogue(tmp_path, small_tiles, dtype,
-                                                              within):  # fmt: skip
+def test_layer_norm_moves_past_a_projection_with_its_epilogue(tmp_path, small_tiles, dtype, within):
     k = _fired(_optimize(bert_ffn(dtype), tmp_path), within)
     assert k.outputs == ("out",) and {"x", "gamma", "beta", "w", "bias"} <= set(k.inputs)
 
@@ -246,8 +254,9 @@ def _declined(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
 def test_a_norm_over_another_axis_is_declined():
     reasons, templates = _declined(llama_head("float32", axis=1))
     assert NORM_MATMUL not in templates
-    assert reasons and all("reduces axes [1] of [1, 6, 40], not the K axis of the matmul"
-                           in r for r in reasons)  # fmt: skip
+    assert reasons and all(
+        "reduces axes [1] of [1, 6, 40], not the K axis of the matmul" in r for r in reasons
+    )
 
 
 def test_a_gamma_that_is_an_input_is_declined_and_explained(tmp_path):
@@ -259,8 +268,10 @@ def test_a_gamma_that_is_an_input_is_declined_and_explained(tmp_path):
     assert NORM_MATMUL not in {k["template"] for k in json.loads(out.read_text())["kernels"]}
     r = CliRunner().invoke(cli.main, ["explain", str(out), "--rejected"])
     assert r.exit_code == 0, r.output
-    assert ("norm_matmul at logits: gamma scales the normalised rows but is not a constant "
-            "(gamma and beta must be)") in r.output  # fmt: skip
+    assert (
+        "norm_matmul at logits: gamma scales the normalised rows but is not a constant "
+        "(gamma and beta must be)"
+    ) in r.output
 
 
 def test_a_normalised_tensor_that_is_an_output_stays_a_row_reduce(tmp_path, small_tiles):
@@ -291,9 +302,13 @@ def test_the_kernels_compile_for_sm90_within_the_fit_model(tmp_path):
     1x to 2x of the shared memory the fit model gave, spilling no more than
     the fit model's documented miss (``tests/test_fit.py``)."""
     jobs, specs = [], []
-    for i, model in enumerate([bert_ffn("float16", rows=128, k=768, n=768),
-                               bert_ffn("float32", rows=128, k=768, n=768),
-                               llama_head("float16", rows=64, k=512, n=1024)]):  # fmt: skip
+    for i, model in enumerate(
+        [
+            bert_ffn("float16", rows=128, k=768, n=768),
+            bert_ffn("float32", rows=128, k=768, n=768),
+            llama_head("float16", rows=64, k=512, n=1024),
+        ]
+    ):
         g = pipeline.fission_model(model, None, f"model{i}")
         spec = _largest_candidate(g)
         jobs.append((g, spec, spec.outputs, f"norm_matmul_{i}", ["norm_matmul"]))

@@ -72,13 +72,17 @@ def llama_block(dtype: str, rows=6, k=40, kv=24, ff=56, batch_weights=False) -> 
         return (rng.standard_normal(shape) / np.sqrt(shape[-2])).astype(dtype)
 
     consts = {
-        "wq": w(k, k), "wk": w(k, kv), "wv": w(1, k, kv) if batch_weights else w(k, kv),
-        "wg": w(k, ff), "wu": w(k, ff),
+        "wq": w(k, k),
+        "wk": w(k, kv),
+        "wv": w(1, k, kv) if batch_weights else w(k, kv),
+        "wg": w(k, ff),
+        "wu": w(k, ff),
         "g1": (1 + 0.1 * rng.standard_normal(k)).astype(dtype),
         "g2": (1 + 0.1 * rng.standard_normal(k)).astype(dtype),
-        "two": np.array(2.0, np.float32), "eps": np.array(1e-5, np.float32),
+        "two": np.array(2.0, np.float32),
+        "eps": np.array(1e-5, np.float32),
         "axes": np.array([-1], np.int64),
-    }  # fmt: skip
+    }
     back = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     nodes = [helper.make_node("Add", ["x", "res"], ["h"])]
     _rms(nodes, "h", "g1", "n1", back)
@@ -97,8 +101,11 @@ def llama_block(dtype: str, rows=6, k=40, kv=24, ff=56, batch_weights=False) -> 
         helper.make_node("Mul", ["silu", "up"], ["out"]),
     ]
     inputs = [_info("x", dtype, [1, rows, k]), _info("res", dtype, [1, rows, k])]
-    outputs = [_info("kk", dtype, [1, rows, kv]), _info("v", dtype, [1, rows, kv]),
-               _info("out", dtype, [1, rows, ff])]  # fmt: skip
+    outputs = [
+        _info("kk", dtype, [1, rows, kv]),
+        _info("v", dtype, [1, rows, kv]),
+        _info("out", dtype, [1, rows, ff]),
+    ]
     return _model(nodes, inputs, outputs, consts)
 
 
@@ -110,14 +117,17 @@ def bert_attention_in(dtype: str, rows=5, k=48, n=32, norm_out=False) -> onnx.Mo
         "gamma": (1 + 0.1 * rng.standard_normal(k)).astype(dtype),
         "beta": (0.1 * rng.standard_normal(k)).astype(dtype),
     }
-    nodes = [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["n"], axis=-1,
-                              epsilon=1e-5)]  # fmt: skip
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["n"], axis=-1, epsilon=1e-5)
+    ]
     outputs = []
     for p in "qkv":
         consts[f"w{p}"] = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(dtype)
         consts[f"b{p}"] = (0.1 * rng.standard_normal(n)).astype(dtype)
-        nodes += [helper.make_node("MatMul", ["n", f"w{p}"], [f"{p}_mm"]),
-                  helper.make_node("Add", [f"{p}_mm", f"b{p}"], [p])]  # fmt: skip
+        nodes += [
+            helper.make_node("MatMul", ["n", f"w{p}"], [f"{p}_mm"]),
+            helper.make_node("Add", [f"{p}_mm", f"b{p}"], [p]),
+        ]
         outputs.append(_info(p, dtype, [2, rows, n]))
     if norm_out:
         outputs.append(_info("n", dtype, [2, rows, k]))
@@ -137,8 +147,11 @@ def test_listed_in_the_rule_table():
 def _optimize(model: onnx.ModelProto, tmp_path: Path):
     src = tmp_path / "model.onnx"
     onnx.save(model, src)
-    return orchestrate.optimize(src, tmp_path / "out", trials=2, device="h200",
-                                reproducible=True), src, tmp_path / "out"  # fmt: skip
+    return (
+        orchestrate.optimize(src, tmp_path / "out", trials=2, device="h200", reproducible=True),
+        src,
+        tmp_path / "out",
+    )
 
 
 def _composed(made, within: float) -> list:
@@ -175,8 +188,9 @@ def test_layer_norm_moves_past_q_k_v_with_their_biases(tmp_path, small_tiles, dt
 
 def test_roles_hold_the_norm_and_one_segment_per_sibling():
     g = pipeline.fission_model(bert_attention_in("float32"), None, "bert")
-    (k,) = [s for s in plan(g, PlanOptions(device="h200")).specs
-            if s.template == NORM_MERGED_MATMUL]  # fmt: skip
+    (k,) = [
+        s for s in plan(g, PlanOptions(device="h200")).specs if s.template == NORM_MERGED_MATMUL
+    ]
     roles = k.roles
     assert roles.x == "x" and roles.activation == "n" and "n" in roles.prologue
     assert [(s.start, s.stop) for s in roles.segments] == [(0, 32), (32, 64), (64, 96)]
@@ -191,8 +205,9 @@ def test_a_batched_weight_is_declined_with_the_reason():
     g = pipeline.fission_model(llama_block("float32", batch_weights=True), None, "model")
     p = plan(g, PlanOptions(device="h200", reproducible=True)).plan
     reasons = [d.reason for d in p.declined if d.rule == NORM_MERGED_MATMUL]
-    assert any("has batch dimensions (merged matmuls take [K, N] weights)" in r
-               for r in reasons), reasons  # fmt: skip
+    assert any("has batch dimensions (merged matmuls take [K, N] weights)" in r for r in reasons), (
+        reasons
+    )
     # gate / up still compose
     assert NORM_MERGED_MATMUL in {k.template for k in p.kernels}
 
@@ -211,8 +226,7 @@ def test_a_normalised_tensor_that_is_an_output_stays_a_row_reduce():
 
 def _largest_candidate(g) -> KernelSpec:
     target = PlanOptions(device="h200").target()
-    found = [rules.match(g, s, target)
-             for s in norm_siblings.propose(g, [n.name for n in g.nodes])]  # fmt: skip
+    found = [rules.match(g, s, target) for s in norm_siblings.propose(g, [n.name for n in g.nodes])]
     return max((k for k in found if isinstance(k, KernelSpec)), key=lambda k: len(k.nodes))
 
 
@@ -222,8 +236,12 @@ def test_the_kernels_compile_for_sm90_within_the_fit_model(tmp_path):
     sm_90 within 1x to 2x of the shared memory the fit model gave, spilling
     no more than the fit model's documented miss (``tests/test_fit.py``)."""
     jobs, specs = [], []
-    for i, model in enumerate([bert_attention_in("float16", rows=128, k=768, n=768),
-                               llama_block("float16", rows=64, k=512, kv=128, ff=1024)]):  # fmt: skip
+    for i, model in enumerate(
+        [
+            bert_attention_in("float16", rows=128, k=768, n=768),
+            llama_block("float16", rows=64, k=512, kv=128, ff=1024),
+        ]
+    ):
         g = pipeline.fission_model(model, None, f"model{i}")
         spec = _largest_candidate(g)
         jobs.append((g, spec, spec.outputs, f"norm_merged_{i}", ["norm_merged"]))

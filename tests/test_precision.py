@@ -41,15 +41,17 @@ def _block(rows=8, hidden=16, weight_scale=0.3, eps=1e-12) -> onnx.ModelProto:
         helper.make_node("Add", ["h", "b"], ["hb"], name="bias"),
         helper.make_node(
             "LayerNormalization", ["hb", "gamma", "beta"], ["n"], name="ln", axis=-1, epsilon=eps
-        ),  # fmt: skip
+        ),
         helper.make_node("Softmax", ["n"], ["p"], name="softmax", axis=-1),
         helper.make_node("MatMul", ["p", "w2"], ["y"], name="mm2"),
     ]
     g = helper.make_graph(
-        nodes, "block", [helper.make_tensor_value_info("x", elem("float32"), [rows, hidden])],
+        nodes,
+        "block",
+        [helper.make_tensor_value_info("x", elem("float32"), [rows, hidden])],
         [helper.make_tensor_value_info("y", elem("float32"), [rows, hidden])],
         initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()],
-    )  # fmt: skip
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     return m
@@ -131,10 +133,14 @@ def test_a_large_constant_outside_a_matmul_stays_fp32(tmp_path):
     y = helper.make_tensor_value_info("y", elem("float32"), [4, 8])
     big = numpy_helper.from_array(np.full((8,), 1e6, np.float32), "big")
     w = numpy_helper.from_array(np.eye(8, dtype=np.float32), "w")
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
-             helper.make_node("Sub", ["h", "big"], ["y"])]  # fmt: skip
-    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y], initializer=[big, w]),
-                          opset_imports=[helper.make_opsetid("", 17)])  # fmt: skip
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Sub", ["h", "big"], ["y"]),
+    ]
+    m = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y], initializer=[big, w]),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
     m.ir_version = 8
     graph, low = _lowered(_save(m, tmp_path / "m.onnx"))
     assert low.constants["big"].dtype == np.float32 and low.constants["w"].dtype == np.float16

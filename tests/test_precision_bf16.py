@@ -41,18 +41,23 @@ HALF = {"fp16": "float16", "bf16": "bfloat16"}
 def conv_model() -> onnx.ModelProto:
     """Conv + bias -> Relu -> MaxPool -> AveragePool, 8 -> 16 channels on 16x16."""
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array((0.2 * rng.standard_normal(s)).astype(np.float32), n)
-             for n, s in (("w", (16, 8, 3, 3)), ("b", (16,)))]  # fmt: skip
+    inits = [
+        numpy_helper.from_array((0.2 * rng.standard_normal(s)).astype(np.float32), n)
+        for n, s in (("w", (16, 8, 3, 3)), ("b", (16,)))
+    ]
     nodes = [
         helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c"], ["r"]),
         helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
         helper.make_node("AveragePool", ["p"], ["y"], kernel_shape=[2, 2], strides=[2, 2]),
     ]
-    g = helper.make_graph(nodes, "conv",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 16, 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16, 4, 4])],
-                          inits)  # fmt: skip
+    g = helper.make_graph(
+        nodes,
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16, 4, 4])],
+        inits,
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     return m
@@ -67,8 +72,11 @@ def _shape(graph) -> list[tuple]:
 def test_bf16_lowers_as_fp16_does(tmp_path, model):
     """Node for node the fp16 graph, bfloat16 wherever it has float16: the
     same autocast rules (no constant here is beyond fp16's range)."""
-    path = {"block": lambda: _save(_block(), tmp_path / "m.onnx"), "tiny_bert": lambda: TINY_BERT,
-            "conv": lambda: _save(conv_model(), tmp_path / "c.onnx")}[model]()  # fmt: skip
+    path = {
+        "block": lambda: _save(_block(), tmp_path / "m.onnx"),
+        "tiny_bert": lambda: TINY_BERT,
+        "conv": lambda: _save(conv_model(), tmp_path / "c.onnx"),
+    }[model]()
     graph = pipeline.fission_file(path)
     f16 = precision.lower_precision(graph, "fp16", path)
     b16 = type_rules.validate(precision.lower_precision(graph, "bf16", path))
@@ -94,8 +102,9 @@ def test_bf16_takes_weights_beyond_fp16s_range(tmp_path):
         precision.lower_precision(graph, "fp16", path)
     low = precision.lower_precision(graph, "bf16", path)
     assert low.constants["w"].dtype == BFLOAT16
-    np.testing.assert_allclose(low.constants["w"].astype(np.float32), graph.constants["w"],
-                               rtol=2**-8)  # fmt: skip
+    np.testing.assert_allclose(
+        low.constants["w"].astype(np.float32), graph.constants["w"], rtol=2**-8
+    )
 
 
 def test_bf16_plan_of_tiny_bert_records_every_dtype(tmp_path):
@@ -103,8 +112,7 @@ def test_bf16_plan_of_tiny_bert_records_every_dtype(tmp_path):
     in bf16 by the kernel before), sums and maxima fp32, attention planned,
     and plan.json says bf16."""
     graph = precision.lower_precision(pipeline.fission_file(TINY_BERT), "bf16", TINY_BERT)
-    plan = pipeline.plan_graph(graph, PlanOptions(dtype="bf16", device="h200",
-                                                  time_limit=20)).plan  # fmt: skip
+    plan = pipeline.plan_graph(graph, PlanOptions(dtype="bf16", device="h200", time_limit=20)).plan
     types = dict(plan.types)
     types.update({k: (v.shape, v.dtype.name) for k, v in graph.constants.items()})
     prims = {p.name: p for p in plan.primitives}
@@ -204,11 +212,16 @@ def _bf16_model() -> onnx.ModelProto:
     b = numpy_helper.from_array(rng.standard_normal(32).astype(np.float32).astype(BFLOAT16), "b")
     assert b.data_type == TensorProto.BFLOAT16
     two = numpy_helper.from_array(np.array(2.0, np.float32).astype(BFLOAT16), "two")
-    nodes = [helper.make_node("Add", ["x", "b"], ["s"]), helper.make_node("Mul", ["s", "two"], ["m"]),
-             helper.make_node("Softmax", ["m"], ["p"], axis=-1),
-             helper.make_node("ReduceMean", ["m"], ["n"], axes=[-1])]  # fmt: skip
-    io = [helper.make_tensor_value_info(n, TensorProto.BFLOAT16, s)
-          for n, s in (("x", [4, 32]), ("p", [4, 32]), ("n", [4, 1]))]  # fmt: skip
+    nodes = [
+        helper.make_node("Add", ["x", "b"], ["s"]),
+        helper.make_node("Mul", ["s", "two"], ["m"]),
+        helper.make_node("Softmax", ["m"], ["p"], axis=-1),
+        helper.make_node("ReduceMean", ["m"], ["n"], axes=[-1]),
+    ]
+    io = [
+        helper.make_tensor_value_info(n, TensorProto.BFLOAT16, s)
+        for n, s in (("x", [4, 32]), ("p", [4, 32]), ("n", [4, 1]))
+    ]
     g = helper.make_graph(nodes, "bf16", io[:1], io[1:], [b, two])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
@@ -252,8 +265,9 @@ def test_bf16_kernels_match_onnxruntime_fp32_on_a_gpu(tmp_path):
     """On a GPU the bf16 kernels run: tiny BERT's bundle against onnxruntime
     in fp32 within bf16's tolerance, and the error is bf16's (not zero, not
     an fp32 run's)."""
-    result = orchestrate.optimize(TINY_BERT, tmp_path / "b.orch", dtype="bf16", device="h200",
-                                  trials=3)  # fmt: skip
+    result = orchestrate.optimize(
+        TINY_BERT, tmp_path / "b.orch", dtype="bf16", device="h200", trials=3
+    )
     assert result.report.ok and result.report.simulated == ""
     model = pipeline.load(TINY_BERT)
     graph = pipeline.fission_model(model, {}, TINY_BERT)

@@ -30,9 +30,10 @@ def _without(monkeypatch, rule_name: str):
     """Planning with one pattern rule switched off."""
     real = enumeration.pattern_rules
     monkeypatch.setattr(
-        enumeration, "pattern_rules",
+        enumeration,
+        "pattern_rules",
         lambda *target: [r for r in real(*target) if r.name != rule_name],
-    )  # fmt: skip
+    )
 
 
 def test_attention_fired_on_every_layer_with_its_kernels(planned):
@@ -51,8 +52,9 @@ def test_without_figure_is_the_plan_made_without_the_rule(graph, planned, monkey
     assert not any(k.template == "attention" for k in alone.kernels)
     assert "attention" not in {u.rule for u in alone.rules}
     gained = use.without_us - use.with_us
-    assert alone.summary.predicted_us == pytest.approx(planned.summary.predicted_us + gained,
-                                                       abs=1e-3)  # fmt: skip
+    assert alone.summary.predicted_us == pytest.approx(
+        planned.summary.predicted_us + gained, abs=1e-3
+    )
 
 
 def test_rules_survive_the_plan_file(planned):
@@ -69,7 +71,7 @@ def test_explain_names_the_rules_that_fired(tmp_path):
     lines = r.output.splitlines()
     start = lines.index(
         "rules that fired (partitions where each fired: planned / without the rule):"
-    )  # fmt: skip
+    )
     fired = [line.split()[0] for line in lines[start + 1 :] if line.startswith("  ")]
     assert "attention" in fired
     row = next(line for line in lines[start + 1 :] if line.split()[:1] == ["attention"])

@@ -37,10 +37,23 @@ def _factorisations(n: int) -> list[tuple[int, ...]]:
 def _step(b, draw, vals: list[Value], rng_const) -> Value:
     """One random primitive (or small pattern) over the values so far."""
     x = draw(st.sampled_from(vals[-3:]))
-    kind = draw(st.sampled_from(
-        ["unary", "binary", "transpose", "reshape", "slice", "pad", "concat", "reduce",
-         "softmax", "gather", "matmul"]
-    ))  # fmt: skip
+    kind = draw(
+        st.sampled_from(
+            [
+                "unary",
+                "binary",
+                "transpose",
+                "reshape",
+                "slice",
+                "pad",
+                "concat",
+                "reduce",
+                "softmax",
+                "gather",
+                "matmul",
+            ]
+        )
+    )
     if kind == "unary":  # bounded, so that float32 does not overflow where float64 would not
         op = draw(st.sampled_from(["exp_tanh", "tanh", "neg", "sigmoid", "abs"]))
         return b.exp(b.tanh(x)) if op == "exp_tanh" else getattr(b, op)(x)
@@ -108,8 +121,12 @@ def random_graphs(draw):
     return graphs.build(fn, [shape])
 
 
-@settings(max_examples=20, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+@settings(
+    max_examples=20,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(g=random_graphs())
 def test_every_accepted_candidate_emits_and_computes_the_reference(g):
     _, failures = candidate_failures(g, graphs.random_inputs(g, 1))
@@ -120,8 +137,12 @@ def test_the_generator_makes_layout_and_reductions():
     """The strategy above reaches what it is meant to test."""
     seen: set[str] = set()
 
-    @settings(max_examples=40, deadline=None, derandomize=True,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+    @settings(
+        max_examples=40,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(g=random_graphs())
     def collect(g):
         seen.update(n.op.value for n in g.nodes)

@@ -68,6 +68,7 @@ def test_triton_imported_too_early_is_a_clear_error(tmp_path):
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=120
+    )
     assert "refused:" in out.stdout and "TRITON_INTERPRET=1" in out.stdout, out.stderr

@@ -76,19 +76,29 @@ def test_a_non_contiguous_tensor_is_read_as_its_values(chain):
 @pytest.mark.parametrize(
     "feeds, message",
     [
-        ({"x0": torch.zeros(10, 6), "x1": torch.zeros(6, 10)},
-         r"^input 'x0': shape \[10, 6\], expected \[6, 10\]$"),
-        ({"x0": torch.zeros(6, 10, dtype=torch.float64), "x1": torch.zeros(6, 10)},
-         r"^input 'x0': dtype float64, expected float32$"),
+        (
+            {"x0": torch.zeros(10, 6), "x1": torch.zeros(6, 10)},
+            r"^input 'x0': shape \[10, 6\], expected \[6, 10\]$",
+        ),
+        (
+            {"x0": torch.zeros(6, 10, dtype=torch.float64), "x1": torch.zeros(6, 10)},
+            r"^input 'x0': dtype float64, expected float32$",
+        ),
         ({"x0": torch.zeros(6, 10)}, r"^missing input 'x1'"),
-        ({"x0": torch.zeros(6, 10), "x1": torch.zeros(6, 10), "z": torch.zeros(1)},
-         r"^unknown input 'z'"),
-        ({"x0": torch.zeros(6, 10), "x1": np.zeros((6, 10), np.float32)},
-         r"^input 'x1': a ndarray among torch tensors"),
-        ({"x0": torch.zeros(6, 10), "x1": torch.zeros(6, 10, device="meta")},
-         r"^input 'x1': a tensor on meta, expected one on cpu"),
+        (
+            {"x0": torch.zeros(6, 10), "x1": torch.zeros(6, 10), "z": torch.zeros(1)},
+            r"^unknown input 'z'",
+        ),
+        (
+            {"x0": torch.zeros(6, 10), "x1": np.zeros((6, 10), np.float32)},
+            r"^input 'x1': a ndarray among torch tensors",
+        ),
+        (
+            {"x0": torch.zeros(6, 10), "x1": torch.zeros(6, 10, device="meta")},
+            r"^input 'x1': a tensor on meta, expected one on cpu",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_bad_tensor_is_an_input_error_naming_it(chain, feeds, message):
     _, program = chain
     with pytest.raises(InputError, match=message) as e:
@@ -148,8 +158,7 @@ def test_cuda_tensors_through_a_replayed_cuda_graph():
             np.testing.assert_allclose(t.cpu().numpy(), want[name], rtol=1e-6)
     assert program._graph is not None
     e = fission_model(embedding(), None, "m")
-    lookup = Program(one_kernel(e), e, load_kernels(emit(e, one_kernel(e)), False),
-                     interpret=False)  # fmt: skip
+    lookup = Program(one_kernel(e), e, load_kernels(emit(e, one_kernel(e)), False), interpret=False)
     ids = torch.zeros((2, 3), dtype=torch.int64, device="cuda")
     for _ in range(3):
         lookup.run({"ids": ids})

@@ -213,8 +213,25 @@ def graphs(draw):
 
     for _ in range(draw(st.integers(1, 6))):
         rank = len(shape)
-        op = draw(st.sampled_from(["relu", "add_y", "matmul", "transpose", "split_last", "slice",
-                                   "reduce", "concat", "range", "expand", "softmax", "flatten_last", "merge_last"]))  # fmt: skip
+        op = draw(
+            st.sampled_from(
+                [
+                    "relu",
+                    "add_y",
+                    "matmul",
+                    "transpose",
+                    "split_last",
+                    "slice",
+                    "reduce",
+                    "concat",
+                    "range",
+                    "expand",
+                    "softmax",
+                    "flatten_last",
+                    "merge_last",
+                ]
+            )
+        )
         out = fresh()
         if op == "relu":
             nodes.append(helper.make_node("Relu", [cur], [out]))
@@ -306,8 +323,14 @@ def graphs(draw):
             # a [1, last] tensor expanded to the current shape (read by Shape)
             sh, ones = f"{out}s", f"{out}o"
             nodes.append(helper.make_node("Shape", [cur], [sh]))
-            nodes.append(helper.make_node("ConstantOfShape", [const([1])], [ones],
-                                          value=helper.make_tensor("v", F, [1], [1.0])))  # fmt: skip
+            nodes.append(
+                helper.make_node(
+                    "ConstantOfShape",
+                    [const([1])],
+                    [ones],
+                    value=helper.make_tensor("v", F, [1], [1.0]),
+                )
+            )
             nodes.append(helper.make_node("Expand", [ones, sh], [out]))
             outputs.append(out)
             continue
@@ -328,15 +351,17 @@ def graphs(draw):
 RANGES = {"b": DimRange(1, 3), "s": DimRange(2, 6)}
 
 
-@settings(max_examples=60, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+@settings(
+    max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(graphs(), st.lists(st.tuples(st.integers(1, 3), st.integers(2, 6)), min_size=1, max_size=2))
 def test_symbolic_shapes_of_random_graphs_evaluate_to_the_frontends(model, bindings):
     assert_matches_frontend(model, RANGES, [{"b": b, "s": s} for b, s in bindings])
 
 
-@settings(max_examples=25, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+@settings(
+    max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(graphs(), st.lists(st.tuples(st.integers(1, 3), st.integers(2, 6)), min_size=2, max_size=3))
 def test_the_lifted_family_of_random_graphs_gives_the_frontends_primitive_graphs(model, bindings):
     """What a dynamic plan is made of: the family lifted from the grid gives,
@@ -356,8 +381,9 @@ def test_the_lifted_family_of_random_graphs_gives_the_frontends_primitive_graphs
     grid = Grid(tuple(grid_values(d.range) for d in symbolic.dims))
     top = tuple(d.range.max for d in symbolic.dims)
     try:
-        family = lift_family(symbolic.dims, grid, {p: at(p) for p in grid.points}, {top: at(top)},
-                             top, "m")  # fmt: skip
+        family = lift_family(
+            symbolic.dims, grid, {p: at(p) for p in grid.points}, {top: at(top)}, top, "m"
+        )
     except InputError as e:
         assert "\n" not in str(e) and "cannot serve the range" in str(e) or "narrow" in str(e)
         return
@@ -369,7 +395,8 @@ def test_the_lifted_family_of_random_graphs_gives_the_frontends_primitive_graphs
         for n in g.nodes:
             want = family.shapes.get(n.name)
             assert (tuple(d(binding) for d in want) if want else first.producer[n.name].shape) == (
-                n.shape), (n.name, binding)  # fmt: skip
+                n.shape
+            ), (n.name, binding)
             for a, v in family.attrs.get(n.name, {}).items():
                 assert dynamic_value(v, binding) == n.attrs[a], (n.name, a, binding)
 
@@ -518,20 +545,30 @@ def _ones(name, shape, dtype="float32"):
 
 
 ONE_OP_MODELS = {
-    "einsum": lambda: _one_op("Einsum", [("a", F, ["n", 2, 3]), ("b", F, ["n", 3, "m"])], equation="bij,bjk->bik"),
+    "einsum": lambda: _one_op(
+        "Einsum", [("a", F, ["n", 2, 3]), ("b", F, ["n", 3, "m"])], equation="bij,bjk->bik"
+    ),
     "depth_to_space": lambda: _one_op("DepthToSpace", [("x", F, ["n", 8, "m", 3])], blocksize=2),
     "space_to_depth": lambda: _one_op("SpaceToDepth", [("x", F, ["n", 2, 4, 6])], blocksize=2),
-    "one_hot": lambda: _one_op("OneHot", [("i", TensorProto.INT64, ["n", "m"])],
-                               [_i64("depth", 5), _ones("v", (2,))], axis=1),  # fmt: skip
-    "split": lambda: _one_op("Split", [("x", F, ["n", 6])], [_i64("s", [2, 4])], ("y", "z"), axis=1),
+    "one_hot": lambda: _one_op(
+        "OneHot",
+        [("i", TensorProto.INT64, ["n", "m"])],
+        [_i64("depth", 5), _ones("v", (2,))],
+        axis=1,
+    ),
+    "split": lambda: _one_op(
+        "Split", [("x", F, ["n", 6])], [_i64("s", [2, 4])], ("y", "z"), axis=1
+    ),
     "pad": lambda: _one_op("Pad", [("x", F, ["n", "m"])], [_i64("p", [0, 1, 2, 3])]),
     "tile": lambda: _one_op("Tile", [("x", F, ["n", "m"])], [_i64("r", [3, 1])]),
     "flatten": lambda: _one_op("Flatten", [("x", F, ["n", 2, 3])], axis=1),
     "gemm": lambda: _one_op("Gemm", [("x", F, [3, "n"])], [_ones("w", (5, 3))], transA=1, transB=1),
-    "reduce_max": lambda: _one_op("ReduceMax", [("x", F, ["n", "m", 2])], [_i64("ax", [1])], keepdims=0),
+    "reduce_max": lambda: _one_op(
+        "ReduceMax", [("x", F, ["n", "m", 2])], [_i64("ax", [1])], keepdims=0
+    ),
     "global_pool": lambda: _one_op("GlobalAveragePool", [("x", F, ["n", 2, 5, 5])]),
     "gather_nd": lambda: _one_op("GatherND", [("x", F, ["n", 4, 3])], [_i64("ix", [[1], [2]])]),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", sorted(ONE_OP_MODELS))
@@ -541,5 +578,8 @@ def test_one_op_models_match_the_frontend(name):
     used = {
         d.dim_param for i in model.graph.input for d in i.type.tensor_type.shape.dim if d.dim_param
     }
-    assert_matches_frontend(model, {s: r for s, r in ranges.items() if s in used},
-                            [{"n": 1, "m": 2}, {"n": 4, "m": 5}, {"n": 3, "m": 3}])  # fmt: skip
+    assert_matches_frontend(
+        model,
+        {s: r for s, r in ranges.items() if s in used},
+        [{"n": 1, "m": 2}, {"n": 4, "m": 5}, {"n": 3, "m": 3}],
+    )

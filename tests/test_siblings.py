@@ -33,11 +33,12 @@ OPTIONS = PlanOptions(device="h200", reproducible=True)
 
 def _save(path: Path, nodes, inputs, outputs, weights: dict[str, np.ndarray]) -> Path:
     g = helper.make_graph(
-        nodes, path.stem,
+        nodes,
+        path.stem,
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
         [onnx.ValueInfoProto(name=n) for n in outputs],
         initializer=[numpy_helper.from_array(v, k) for k, v in weights.items()],
-    )  # fmt: skip
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 9
     onnx.save(onnx.shape_inference.infer_shapes(m), path)  # the outputs' types
@@ -46,8 +47,9 @@ def _save(path: Path, nodes, inputs, outputs, weights: dict[str, np.ndarray]) ->
 
 def _weights(**shapes) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
-    return {k: (rng.standard_normal(s) / np.sqrt(s[0])).astype("float32")
-            for k, s in shapes.items()}  # fmt: skip
+    return {
+        k: (rng.standard_normal(s) / np.sqrt(s[0])).astype("float32") for k, s in shapes.items()
+    }
 
 
 def gated_mlp(path: Path) -> Path:
@@ -60,8 +62,9 @@ def gated_mlp(path: Path) -> Path:
         helper.make_node("Mul", ["silu", "u"], ["h"], name="gated"),
         helper.make_node("MatMul", ["h", "down"], ["y"], name="down_proj"),
     ]
-    return _save(path, nodes, [("x", [1, 8, 32])], ["y"],
-                 _weights(gate=(32, 48), up=(32, 48), down=(48, 32)))  # fmt: skip
+    return _save(
+        path, nodes, [("x", [1, 8, 32])], ["y"], _weights(gate=(32, 48), up=(32, 48), down=(48, 32))
+    )
 
 
 def not_siblings(path: Path) -> Path:
@@ -77,8 +80,7 @@ def not_siblings(path: Path) -> Path:
     ]
     weights = _weights(w1=(32, 16), w2=(32, 16), w3=(1, 32, 16))
     weights["two"] = np.array(2.0, dtype="float32")
-    return _save(path, nodes, [("x", [1, 8, 32]), ("y", [32, 16])], ["a", "b", "c", "d"],
-                 weights)  # fmt: skip
+    return _save(path, nodes, [("x", [1, 8, 32]), ("y", [32, 16])], ["a", "b", "c", "d"], weights)
 
 
 def _merged(p) -> list:
@@ -201,8 +203,10 @@ def test_an_epilogue_reading_two_siblings_is_declined(tmp_path):
     assert match(graph, pair + silu, target).template == MERGED_MATMUL
     found = match(graph, pair + silu + [by_origin["gated"]], target)
     assert isinstance(found, Rejection)
-    assert found.reason == (f"{by_origin['gated']} reads two siblings ({pair[0]}, {pair[1]}): "
-                            "each epilogue reads its own")  # fmt: skip
+    assert found.reason == (
+        f"{by_origin['gated']} reads two siblings ({pair[0]}, {pair[1]}): "
+        "each epilogue reads its own"
+    )
 
 
 # -- cost and the linear program ------------------------------------------------------
@@ -216,8 +220,11 @@ def test_cost_is_one_launch_reading_the_activation_once(bert):
     device = get_device("h200")
     merged = roofline.cost(graph, spec, device)
     t = graph.types
-    moved = (t[roles.activation].nbytes + sum(t[g.weight].nbytes for g in roles.segments)
-             + sum(t[g.anchor].nbytes for g in roles.segments))  # fmt: skip
+    moved = (
+        t[roles.activation].nbytes
+        + sum(t[g.weight].nbytes for g in roles.segments)
+        + sum(t[g.anchor].nbytes for g in roles.segments)
+    )
     assert merged.bytes == moved
     # each sibling alone, at the merged kernel's tiles: the grid is their sum
     target = Target(device, rank=lambda g, s: 0 if s.config.blocks == spec.config.blocks else 1)
@@ -238,7 +245,12 @@ def test_the_linear_program_keeps_separate_matmuls_when_merged_costs_more(bert, 
     monkeypatch.setattr(roofline, "cost", dearer)
     planned = plan(graph, OPTIONS).plan
     assert not _merged(planned)
-    projections = [k for k in planned.kernels
-                   if any(p.endswith(("query/MatMul_output_0", "key/MatMul_output_0",
-                                      "value/MatMul_output_0")) for p in k.primitives)]  # fmt: skip
+    projections = [
+        k
+        for k in planned.kernels
+        if any(
+            p.endswith(("query/MatMul_output_0", "key/MatMul_output_0", "value/MatMul_output_0"))
+            for p in k.primitives
+        )
+    ]
     assert len(projections) == 6  # each projection in a kernel of its own

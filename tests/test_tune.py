@@ -76,8 +76,9 @@ def test_a_second_run_measures_nothing(tmp_path):
     assert [k.hash for k in b.kernels] == [k.hash for k in a.kernels]
 
 
-@pytest.mark.parametrize("other", [{"device": "another GPU"}, {"triton": "9.9"},
-                                   {"driver": "999.1"}])  # fmt: skip
+@pytest.mark.parametrize(
+    "other", [{"device": "another GPU"}, {"triton": "9.9"}, {"driver": "999.1"}]
+)
 def test_another_device_triton_or_driver_misses_the_cache(tmp_path, other):
     g, db = mlp(), tmp_path / "m.sqlite"
     first = FakeTimer(model_times())
@@ -132,8 +133,13 @@ def test_the_fastest_measured_configuration_is_planned_and_its_bundle_verifies(t
 
     src = Path("examples/models/tiny_bert.onnx")
     untuned = api.optimize(src, tmp_path / "a.orch", device="h200", trials=0).plan
-    made = api.optimize(src, tmp_path / "b.orch", device="h200", trials=1,
-                        tune=Tune(FakeTimer(figure), 3, tmp_path / "m.sqlite"))  # fmt: skip
+    made = api.optimize(
+        src,
+        tmp_path / "b.orch",
+        device="h200",
+        trials=1,
+        tune=Tune(FakeTimer(figure), 3, tmp_path / "m.sqlite"),
+    )
     assert made.report.ok
     matmuls = [k for k in made.plan.kernels if k.template == MATMUL]
     timed_here = [k for k in matmuls if (k.template, k.primitives) in g_times]  # (not copies)
@@ -201,8 +207,12 @@ with Cache(path) as c:
 
 def test_concurrent_writers_lose_nothing(tmp_path):
     db = tmp_path / "m.sqlite"
-    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(db), f"p{k}", "15"],
-                              stdout=subprocess.DEVNULL) for k in range(4)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(db), f"p{k}", "15"], stdout=subprocess.DEVNULL
+        )
+        for k in range(4)
+    ]
     errors = []
 
     def thread_writer(k):
@@ -210,8 +220,9 @@ def test_concurrent_writers_lose_nothing(tmp_path):
             with Cache(db) as c:
                 for b in range(15):
                     keys = [Key(f"t{k}-{b}-{i}", "gpu", "float32", "t", "d") for i in range(10)]
-                    c.put([Row(key, 1.0, 1.0, False, "2026-01-01T00:00:00+00:00", {})
-                           for key in keys])  # fmt: skip
+                    c.put(
+                        [Row(key, 1.0, 1.0, False, "2026-01-01T00:00:00+00:00", {}) for key in keys]
+                    )
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -228,8 +239,9 @@ def test_concurrent_writers_lose_nothing(tmp_path):
 
 def test_a_killed_writer_leaves_a_usable_cache(tmp_path):
     db = tmp_path / "m.sqlite"
-    p = subprocess.Popen([sys.executable, "-c", _WRITER, str(db), "k", "0"],
-                         stdout=subprocess.PIPE, text=True)  # fmt: skip
+    p = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(db), "k", "0"], stdout=subprocess.PIPE, text=True
+    )
     for _ in range(5):  # five batches committed, then killed mid-write
         p.stdout.readline()
     p.kill()
@@ -265,7 +277,8 @@ def test_kernels_not_measured_are_scaled_by_what_was(tmp_path):
     assert prices.cost(m).time_us == pytest.approx(timer.figure(g, m))
     plain = Prices(g, H200, Measured({}, {"pointwise": 0.5}, 2.0))
     assert plain.cost(other).time_us == pytest.approx(
-        (0.5 if other.template == "pointwise" else 2.0) * cost(g, other, H200).time_us)  # fmt: skip
+        (0.5 if other.template == "pointwise" else 2.0) * cost(g, other, H200).time_us
+    )
 
 
 def _candidates(g, target):
@@ -294,13 +307,21 @@ def test_records_export_one_complete_line_per_measurement(tmp_path):
         assert x["triton"] == "fake" and x["driver"] == "fake" and x["timestamp"]
         assert x["predicted_us"] > 0 and "num_warps" in x["config"]
     # a lone matmul: 2·M·N·K flops, its operands and result in bytes
-    (mm,) = [x for x in lines if x["template"] == MATMUL and x["ops"] == ["matmul"]
-             and x["inputs"][0]["shape"] == [32, 64] and x["rank"] == 0]  # fmt: skip
+    (mm,) = [
+        x
+        for x in lines
+        if x["template"] == MATMUL
+        and x["ops"] == ["matmul"]
+        and x["inputs"][0]["shape"] == [32, 64]
+        and x["rank"] == 0
+    ]
     assert mm["flops"] == 2 * 32 * 128 * 64 and mm["dot_flops"] == mm["flops"]
     assert mm["bytes"] == 4 * (32 * 64 + 64 * 128 + 32 * 128)
     assert [i["weight"] for i in mm["inputs"]] == [False, False]  # x0 and x1 are graph inputs
-    r = CliRunner().invoke(cli.main, ["records", "export", str(tmp_path / "h.jsonl"), "--cache",
-                                      str(db), "--device", "H200"])  # fmt: skip
+    r = CliRunner().invoke(
+        cli.main,
+        ["records", "export", str(tmp_path / "h.jsonl"), "--cache", str(db), "--device", "H200"],
+    )
     assert r.exit_code == 0 and len((tmp_path / "h.jsonl").read_text().splitlines()) == len(lines)
 
 
@@ -317,20 +338,35 @@ def test_records_export_refuses_in_one_line(tmp_path):
     empty = tmp_path / "empty.sqlite"
     Cache(empty).close()
     out = tmp_path / "r.jsonl"
-    assert_one_line_error(run(cli.main, ["records", "export", str(out), "--cache", str(empty)]),
-                          "empty")  # fmt: skip
+    assert_one_line_error(
+        run(cli.main, ["records", "export", str(out), "--cache", str(empty)]), "empty"
+    )
     missing = tmp_path / "none.sqlite"
-    assert_one_line_error(run(cli.main, ["records", "export", str(out), "--cache", str(missing)]),
-                          "no measurement cache")  # fmt: skip
+    assert_one_line_error(
+        run(cli.main, ["records", "export", str(out), "--cache", str(missing)]),
+        "no measurement cache",
+    )
     assert not missing.exists()
     with Cache(tmp_path / "m.sqlite") as c:
-        c.put([Row(Key("h", "gpu", "float32", "t", "d"), 1.0, 1.0, False, "x",
-                   {"device": {"name": "h200"}})])  # fmt: skip
+        c.put(
+            [
+                Row(
+                    Key("h", "gpu", "float32", "t", "d"),
+                    1.0,
+                    1.0,
+                    False,
+                    "x",
+                    {"device": {"name": "h200"}},
+                )
+            ]
+        )
     full = ["--cache", str(tmp_path / "m.sqlite")]
-    assert_one_line_error(run(cli.main, ["records", "export", str(tmp_path / "no/dir/r.jsonl"),
-                                         *full]))  # fmt: skip
-    assert_one_line_error(run(cli.main, ["records", "export", str(out), *full, "--device", "a100"]),
-                          "--device a100")  # fmt: skip
+    assert_one_line_error(
+        run(cli.main, ["records", "export", str(tmp_path / "no/dir/r.jsonl"), *full])
+    )
+    assert_one_line_error(
+        run(cli.main, ["records", "export", str(out), *full, "--device", "a100"]), "--device a100"
+    )
     assert not out.exists()
 
 
@@ -338,8 +374,20 @@ def test_records_export_refuses_in_one_line(tmp_path):
 @pytest.mark.parametrize("command", ["optimize", "plan"])
 def test_tune_without_a_gpu_exits_2_in_one_line_writing_nothing(tmp_path, command):
     out = tmp_path / ("out.orch" if command == "optimize" else "plan.json")
-    r = subprocess.run([sys.executable, "-m", "orchestrate.cli", command, "examples/models/tiny_bert.onnx", "-o",
-                        str(out), "--tune"], capture_output=True, text=True)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrate.cli",
+            command,
+            "examples/models/tiny_bert.onnx",
+            "-o",
+            str(out),
+            "--tune",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and "--tune: no CUDA GPU" in r.stderr, r.stderr
     assert r.stdout == "" and not out.exists() and list(tmp_path.iterdir()) == []
@@ -405,11 +453,16 @@ def test_tune_on_the_gpu_measures_once_then_reads_the_cache(tmp_path, monkeypatc
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 64), np.float32), "w")
     b = numpy_helper.from_array(np.zeros(64, np.float32), "b")
     g = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"]),
-         helper.make_node("Relu", ["a"], ["y"])], "m",
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"]),
+            helper.make_node("Add", ["h", "b"], ["a"]),
+            helper.make_node("Relu", ["a"], ["y"]),
+        ],
+        "m",
         [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [16, 64])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [16, 64])], [w, b],
-    )  # fmt: skip
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [16, 64])],
+        [w, b],
+    )
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, tmp_path / "m.onnx")

@@ -28,8 +28,14 @@ def _save(path, nodes, inputs, outputs, opset=17, ir_version=8):
 
 def _relu(path, dims=("N", 4), opset=17):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(dims))
-    return _save(path, [helper.make_node("Relu", ["x"], ["y"], name="relu")], [x], ["y"], opset,
-                 ir_version=10 if opset > 21 else 8)  # fmt: skip
+    return _save(
+        path,
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+        [x],
+        ["y"],
+        opset,
+        ir_version=10 if opset > 21 else 8,
+    )
 
 
 def _outer(path):
@@ -37,8 +43,10 @@ def _outer(path):
     intermediate, reduced to a scalar."""
     a = helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 1])
     b = helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, "M"])
-    nodes = [helper.make_node("Mul", ["a", "b"], ["t"], name="outer"),
-             helper.make_node("ReduceSum", ["t"], ["y"], name="total", keepdims=0)]  # fmt: skip
+    nodes = [
+        helper.make_node("Mul", ["a", "b"], ["t"], name="outer"),
+        helper.make_node("ReduceSum", ["t"], ["y"], name="total", keepdims=0),
+    ]
     return _save(path, nodes, [a, b], ["y"])
 
 
@@ -57,8 +65,12 @@ def _outer(path):
 )
 def test_absurd_shapes_are_one_line(tmp_path, command, shape, needles):
     src = _relu(tmp_path / "m.onnx")
-    out = {"inspect": [], "decompose": ["-o", tmp_path / "p.onnx"], "plan": ["-o", tmp_path / "p.json"],
-           "optimize": ["-o", tmp_path / "m.orch"]}[command]  # fmt: skip
+    out = {
+        "inspect": [],
+        "decompose": ["-o", tmp_path / "p.onnx"],
+        "plan": ["-o", tmp_path / "p.json"],
+        "optimize": ["-o", tmp_path / "m.orch"],
+    }[command]
     assert_user_error(invoke(command, src, "--shape", shape, *out), *needles)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
 
@@ -83,14 +95,22 @@ def test_an_empty_tensor_is_decomposed_but_not_planned(tmp_path, command):
 def test_reduction_over_1e12_elements_names_the_node(tmp_path):
     """The (10**6, 10**6) product is refused where it is made, by name."""
     src = _outer(tmp_path / "outer.onnx")
-    r = invoke("plan", src, "-o", tmp_path / "p.json", "--shape", "a=1000000x1", "--shape",
-               "b=1x1000000")  # fmt: skip
-    assert_user_error(r, "outer.onnx", "node 'outer' (Mul)", "'t'", "1000000x1000000",
-                      "1,000,000,000,000 elements")  # fmt: skip
+    r = invoke(
+        "plan", src, "-o", tmp_path / "p.json", "--shape", "a=1000000x1", "--shape", "b=1x1000000"
+    )
+    assert_user_error(
+        r,
+        "outer.onnx",
+        "node 'outer' (Mul)",
+        "'t'",
+        "1000000x1000000",
+        "1,000,000,000,000 elements",
+    )
     # a reduction whose input is given that large: the option is named
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "M"])
-    red = _save(tmp_path / "red.onnx", [helper.make_node("ReduceSum", ["x"], ["y"], keepdims=0)],
-                [x], ["y"])  # fmt: skip
+    red = _save(
+        tmp_path / "red.onnx", [helper.make_node("ReduceSum", ["x"], ["y"], keepdims=0)], [x], ["y"]
+    )
     r = invoke("inspect", red, "--shape", "x=1000000x1000000")
     assert_user_error(r, "--shape x=1000000x1000000", "1,000,000,000,000 elements")
 
@@ -98,12 +118,18 @@ def test_reduction_over_1e12_elements_names_the_node(tmp_path):
 def test_a_primitive_larger_than_any_onnx_tensor_names_its_node(tmp_path):
     """An Attention node's scores (q_len x kv_len) exist only after fission."""
     q = helper.make_tensor_value_info("q", TensorProto.FLOAT, [1, 1, 300000, 4])
-    src = _save(tmp_path / "attn.onnx", [helper.make_node("Attention", ["q", "q", "q"], ["y"],
-                                                          name="attn")], [q], ["y"], opset=23,
-                ir_version=10)  # fmt: skip
+    src = _save(
+        tmp_path / "attn.onnx",
+        [helper.make_node("Attention", ["q", "q", "q"], ["y"], name="attn")],
+        [q],
+        ["y"],
+        opset=23,
+        ir_version=10,
+    )
     r = invoke("inspect", src)
-    assert_user_error(r, "attn.onnx", "node 'attn'", "matmul", "1x1x300000x300000",
-                      f"{ir.MAX_ELEMENTS:,}")  # fmt: skip
+    assert_user_error(
+        r, "attn.onnx", "node 'attn'", "matmul", "1x1x300000x300000", f"{ir.MAX_ELEMENTS:,}"
+    )
 
 
 def test_inspect_columns_never_run_together(tmp_path):
@@ -114,8 +140,9 @@ def test_inspect_columns_never_run_together(tmp_path):
     assert "40.00 GB" in r.output
     _assert_columns_apart(r.output)
     # the petabytes `--shape x=100000000000000x4` once printed as "11600000000.00 MB"
-    info = json.loads(invoke("inspect", src, "--shape", "a=100000x1", "--shape", "b=1x100000",
-                             "--json").output)  # fmt: skip
+    info = json.loads(
+        invoke("inspect", src, "--shape", "a=100000x1", "--shape", "b=1x100000", "--json").output
+    )
     info["primitive_bytes"] = {k: v * 40000 for k, v in info["primitive_bytes"].items()}
     info["intermediate_bytes"] *= 40000
     text = format_inspection(info)
@@ -144,10 +171,18 @@ def test_an_opset_newer_than_onnxruntime_is_refused_up_front(tmp_path):
     src = _relu(tmp_path / "new.onnx", dims=(2, 4), opset=newest + 1)
     import onnxruntime
 
-    for args in (["inspect", src], ["plan", src, "-o", tmp_path / "p.json"],
-                 ["optimize", src, "-o", tmp_path / "m.orch"]):  # fmt: skip
-        assert_user_error(invoke(*args), "new.onnx", f"opset {newest + 1}",
-                          f"onnxruntime {onnxruntime.__version__}", f"(opset {newest})")  # fmt: skip
+    for args in (
+        ["inspect", src],
+        ["plan", src, "-o", tmp_path / "p.json"],
+        ["optimize", src, "-o", tmp_path / "m.orch"],
+    ):
+        assert_user_error(
+            invoke(*args),
+            "new.onnx",
+            f"opset {newest + 1}",
+            f"onnxruntime {onnxruntime.__version__}",
+            f"(opset {newest})",
+        )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new.onnx"]
     assert onnxrt.supports_opset(newest) and not onnxrt.supports_opset(newest + 1)
 
@@ -155,8 +190,13 @@ def test_an_opset_newer_than_onnxruntime_is_refused_up_front(tmp_path):
 def test_an_opset_newer_than_onnx_is_refused(tmp_path):
     newest = onnx.defs.onnx_opset_version()
     src = _relu(tmp_path / "new.onnx", dims=(2, 4), opset=newest + 1)
-    assert_user_error(invoke("inspect", src), "new.onnx", f"opset {newest + 1}",
-                      f"onnx {onnx.__version__}", f"(opset {newest})")  # fmt: skip
+    assert_user_error(
+        invoke("inspect", src),
+        "new.onnx",
+        f"opset {newest + 1}",
+        f"onnx {onnx.__version__}",
+        f"(opset {newest})",
+    )
 
 
 # -- integer division -----------------------------------------------------------------------
@@ -166,8 +206,10 @@ def test_an_integer_div_model_optimizes_and_verifies(tmp_path):
     """Random integer divisors once included 0, which onnxruntime refuses."""
     a = helper.make_tensor_value_info("a", TensorProto.INT32, [2, 3])
     b = helper.make_tensor_value_info("b", TensorProto.INT32, [2, 3])
-    nodes = [helper.make_node("Div", ["a", "b"], ["q"], name="div"),
-             helper.make_node("Mod", ["a", "b"], ["r"], name="mod")]  # fmt: skip
+    nodes = [
+        helper.make_node("Div", ["a", "b"], ["q"], name="div"),
+        helper.make_node("Mod", ["a", "b"], ["r"], name="mod"),
+    ]
     src = _save(tmp_path / "idiv.onnx", nodes, [a, b], ["q", "r"])
     out = tmp_path / "idiv.orch"
     r = invoke("optimize", src, "-o", out, "--trials", 2)
@@ -182,8 +224,10 @@ def test_divisor_inputs_are_never_zero():
 
     a = helper.make_tensor_value_info("a", TensorProto.INT64, [64])
     b = helper.make_tensor_value_info("b", TensorProto.INT32, [64])
-    nodes = [helper.make_node("Cast", ["b"], ["c"], to=TensorProto.INT64),
-             helper.make_node("Div", ["a", "c"], ["y"])]  # fmt: skip
+    nodes = [
+        helper.make_node("Cast", ["b"], ["c"], to=TensorProto.INT64),
+        helper.make_node("Div", ["a", "c"], ["y"]),
+    ]
     g = helper.make_graph(nodes, "m", [a, b], [onnx.ValueInfoProto(name="y")])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
@@ -242,8 +286,9 @@ def test_bad_plan_and_tolerance_options_are_one_line(tmp_path, args, needles):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
 
 
-@pytest.mark.parametrize("args, needle", [(["--rtol", "-1"], "--rtol -1.0"),
-                                          (["--atol", "nan"], "--atol nan")])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, needle", [(["--rtol", "-1"], "--rtol -1.0"), (["--atol", "nan"], "--atol nan")]
+)
 def test_verify_refuses_bad_tolerances(relu_bundle, args, needle):
     src, out = relu_bundle
     assert_user_error(invoke("verify", out, "--model", src, *args), needle)

@@ -114,23 +114,33 @@ PLAN_EDITS = {
     "not JSON": (lambda b: b[:-20], "plan.json is not valid JSON"),
     "a list": (lambda b: b"[1, 2]", "not an orchestrate plan"),
     "kernels a number": (_json_edit(_set(["kernels"], 5)), r"plan.kernels: expected a list"),
-    "shape a string": (_json_edit(_set(["primitives", 0, "shape"], "3x17")),
-                       r"plan.primitives\[0\].shape: expected a list"),
+    "shape a string": (
+        _json_edit(_set(["primitives", 0, "shape"], "3x17")),
+        r"plan.primitives\[0\].shape: expected a list",
+    ),
     "shape changed": (_json_edit(_set(["primitives", 0, "shape"], [17, 3])), "type"),
-    "huge shape": (_json_edit(_set(["graph", "input_types", 0, "shape"], [10**9, 10**9])),
-                   "more than"),
+    "huge shape": (
+        _json_edit(_set(["graph", "input_types", 0, "shape"], [10**9, 10**9])),
+        "more than",
+    ),
     "unknown op": (_json_edit(_set(["primitives", 0, "op"], "system")), "unknown op 'system'"),
     "unknown kernel name": (_json_edit(_set(["kernels", 0, "name"], "evil")), "expected the name"),
-    "unknown template": (_json_edit(_set(["kernels", 0, "template"], "evil")),
-                         "kernel 'k000_[a-z_]+': unknown template 'evil'"),
+    "unknown template": (
+        _json_edit(_set(["kernels", 0, "template"], "evil")),
+        "kernel 'k000_[a-z_]+': unknown template 'evil'",
+    ),
     "kernel hash": (_json_edit(_set(["kernels", 0, "hash"], "0" * 16)), "does not match"),
     "unknown field": (_json_edit(_set(["kernels", 0, "extra"], 1)), "unknown field 'extra'"),
-    "attr of a wrong kind": (_json_edit(_set(["primitives", 0, "attrs"], {"x": {"a": 1}})),
-                             "expected an attribute value"),
-    "block size": (_json_edit(_set(["kernels", 0, "config", "num_warps"], -4)),
-                   "expected a positive integer"),
+    "attr of a wrong kind": (
+        _json_edit(_set(["primitives", 0, "attrs"], {"x": {"a": 1}})),
+        "expected an attribute value",
+    ),
+    "block size": (
+        _json_edit(_set(["kernels", 0, "config", "num_warps"], -4)),
+        "expected a positive integer",
+    ),
     "kernel dropped": (_json_edit(lambda d: d["kernels"].pop()), "do not run every primitive"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", sorted(PLAN_EDITS))
@@ -144,21 +154,28 @@ MANIFEST_EDITS = {
     "a list": (lambda b: b"[]", "manifest.json is not a JSON object"),
     "not JSON": (lambda b: b"{", "manifest.json is not valid JSON"),
     "unknown field": (_json_edit(_set(["run"], "rm -rf /")), "unknown field 'run'"),
-    "unknown constant key": (_json_edit(_set(["constants", "w"], "c99")),
-                             "weights.npz does not hold exactly"),
+    "unknown constant key": (
+        _json_edit(_set(["constants", "w"], "c99")),
+        "weights.npz does not hold exactly",
+    ),
     "constants a list": (_json_edit(_set(["constants"], ["w"])), "field 'constants' must be"),
     "hash not hex": (_json_edit(_set(["files", "plan.json"], "x")), "field 'files' must be"),
     "model file a number": (_json_edit(_set(["model", "file"], 3)), "field 'model' must be"),
     "shapes of strings": (_json_edit(_set(["shapes"], {"x": ["3"]})), "field 'shapes' must be"),
     "older format": (_json_edit(_set(["format"], "orchestrate-bundle/2")), "older orchestrate"),
-    "format 3": (_json_edit(_set(["format"], "orchestrate-bundle/3")), "without the list of bfloat16"),
+    "format 3": (
+        _json_edit(_set(["format"], "orchestrate-bundle/3")),
+        "without the list of bfloat16",
+    ),
     "format 4": (_json_edit(_set(["format"], "orchestrate-bundle/4")), "without library kernels"),
     "bfloat16 missing": (_json_edit(lambda d: d.pop("bfloat16")), "lacks the field 'bfloat16'"),
     "bfloat16 a string": (_json_edit(_set(["bfloat16"], "w")), "field 'bfloat16' must be"),
     "bfloat16 unknown": (_json_edit(_set(["bfloat16"], ["nope"])), "lists 'nope' as bfloat16"),
-    "bfloat16 of a float32": (_json_edit(_set(["bfloat16"], ["w"])),
-                              "listed as bfloat16 but holds float32"),
-}  # fmt: skip
+    "bfloat16 of a float32": (
+        _json_edit(_set(["bfloat16"], ["w"])),
+        "listed as bfloat16 but holds float32",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", sorted(MANIFEST_EDITS))
@@ -193,8 +210,14 @@ def test_weights_with_objects_or_foreign_dtypes_are_one_line(good, tmp_path):
 
 
 def test_explain_of_a_json_file_that_is_not_a_plan_is_one_line(tmp_path):
-    for i, text in enumerate(["[1, 2]", '{"format": "orchestrate-plan/5", "kernels": 5}', "{",
-                              '{"format": "orchestrate-plan/5"}']):  # fmt: skip
+    for i, text in enumerate(
+        [
+            "[1, 2]",
+            '{"format": "orchestrate-plan/5", "kernels": 5}',
+            "{",
+            '{"format": "orchestrate-plan/5"}',
+        ]
+    ):
         path = tmp_path / f"p{i}.json"
         path.write_text(text)
         r = CliRunner().invoke(cli.main, ["explain", str(path)])

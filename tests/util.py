@@ -98,6 +98,8 @@ def check_decomposition(
             np.testing.assert_allclose(
                 got.astype(np.float64) if got.dtype != bool else got,
                 w.astype(np.float64) if w.dtype != bool else w,
-                rtol=rtol, atol=tol, err_msg=f"{label} output {name}",
-            )  # fmt: skip
+                rtol=rtol,
+                atol=tol,
+                err_msg=f"{label} output {name}",
+            )
     return graph

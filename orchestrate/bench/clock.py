@@ -32,8 +32,9 @@ def clock_name(on_gpu: bool) -> str:
     return CUDA_EVENTS if on_gpu else HOST_CLOCK
 
 
-def time_calls(call: Callable[[int], object], sets: int, runs: int, warmup: int,
-               on_gpu: bool) -> list[float]:  # fmt: skip
+def time_calls(
+    call: Callable[[int], object], sets: int, runs: int, warmup: int, on_gpu: bool
+) -> list[float]:
     """Milliseconds of ``runs`` calls of ``call(input set)``, after ``warmup``."""
     for i in range(warmup):
         call(i % sets)

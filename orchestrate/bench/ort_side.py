@@ -43,8 +43,10 @@ def cuda_refusal(on_gpu: bool) -> str | None:
     if not on_gpu:
         return "no CUDA GPU on this machine"
     if "CUDAExecutionProvider" not in ort.get_available_providers():
-        return (f"onnxruntime {ort.__version__} here is the CPU build (providers: "
-                f"{', '.join(ort.get_available_providers())}); onnxruntime-gpu is not installed")  # fmt: skip
+        return (
+            f"onnxruntime {ort.__version__} here is the CPU build (providers: "
+            f"{', '.join(ort.get_available_providers())}); onnxruntime-gpu is not installed"
+        )
     return None
 
 
@@ -57,14 +59,22 @@ def prepared(model: onnx.ModelProto, dtype: str | None, model_type, use_gpu: boo
         try:
             from onnxruntime.transformers.optimizer import optimize_model
 
-            opt = optimize_model(model, model_type=kind, num_heads=heads, hidden_size=hidden,
-                                 use_gpu=use_gpu, opt_level=0)  # fmt: skip
+            opt = optimize_model(
+                model,
+                model_type=kind,
+                num_heads=heads,
+                hidden_size=hidden,
+                use_gpu=use_gpu,
+                opt_level=0,
+            )
             fused = {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
             model = opt.model
             if fused and not any(o.domain == "com.microsoft" for o in model.opset_import):
                 model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
-            notes.append(f"transformer fusions ({kind}): " +
-                         (", ".join(f"{k} {v}" for k, v in sorted(fused.items())) or "none"))  # fmt: skip
+            notes.append(
+                f"transformer fusions ({kind}): "
+                + (", ".join(f"{k} {v}" for k, v in sorted(fused.items())) or "none")
+            )
         except Exception as e:  # noqa: BLE001 - the optimizer's failure is a note, not an end
             notes.append(f"transformer optimizer failed ({_first_line(e)}); plain model")
     if dtype == "fp16":
@@ -77,8 +87,14 @@ def prepared(model: onnx.ModelProto, dtype: str | None, model_type, use_gpu: boo
     return model, notes
 
 
-def ort_runtime(key: str, model: onnx.ModelProto, feed_sets: Sequence[Feeds], dtype: str | None,
-                model_type, on_gpu: bool) -> Ready | Unavailable:  # fmt: skip
+def ort_runtime(
+    key: str,
+    model: onnx.ModelProto,
+    feed_sets: Sequence[Feeds],
+    dtype: str | None,
+    model_type,
+    on_gpu: bool,
+) -> Ready | Unavailable:
     started = time.perf_counter()
     if key == ORT_CUDA:
         refusal = cuda_refusal(on_gpu)
@@ -98,21 +114,29 @@ def ort_runtime(key: str, model: onnx.ModelProto, feed_sets: Sequence[Feeds], dt
         opts.log_severity_level = 3
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if key == ORT_CPU:
-            session = ort.InferenceSession(ready_model.SerializeToString(), opts,
-                                           providers=["CPUExecutionProvider"])  # fmt: skip
+            session = ort.InferenceSession(
+                ready_model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+            )
             names = [o.name for o in session.get_outputs()]
 
             def call(i: int):
                 return session.run(names, dict(feed_sets[i]))
 
             call(0)
-            return Ready(key, "onnxruntime (CPU)", call, time.perf_counter() - started,
-                         note="; ".join(notes))  # fmt: skip
+            return Ready(
+                key, "onnxruntime (CPU)", call, time.perf_counter() - started, note="; ".join(notes)
+            )
         call, graph_note = _cuda_call(ort, ready_model, opts, feed_sets)
     except Exception as e:  # noqa: BLE001 - any failure of the baseline is its reason
         return Unavailable(key, f"onnxruntime failed: {_first_line(e)}")
-    return Ready(key, "onnxruntime (CUDA)", call, time.perf_counter() - started,
-                 memory_note=ORT_MEMORY, note="; ".join(notes + [graph_note]))  # fmt: skip
+    return Ready(
+        key,
+        "onnxruntime (CUDA)",
+        call,
+        time.perf_counter() - started,
+        memory_note=ORT_MEMORY,
+        note="; ".join(notes + [graph_note]),
+    )
 
 
 def _cuda_call(ort, model: onnx.ModelProto, opts, feed_sets: Sequence[Feeds]):
@@ -163,8 +187,14 @@ def _shape(output) -> tuple[int, ...]:
     return tuple(output.shape)
 
 
-_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64",
-          "tensor(int32)": "int32", "tensor(bool)": "bool", "tensor(double)": "float64"}  # fmt: skip
+_TYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(bool)": "bool",
+    "tensor(double)": "float64",
+}
 
 
 def _torch_dtype(torch, ort_type: str):

@@ -33,15 +33,25 @@ from pathlib import Path
 from orchestrate.bench.run import ModelResult
 from orchestrate.bench.runtimes import KEYS
 
-INTERPRETER_NOTE = ("no GPU: the bundle ran in Triton's interpreter and every runtime on the CPU; "
-                    "these times say nothing about GPU speed")  # fmt: skip
+INTERPRETER_NOTE = (
+    "no GPU: the bundle ran in Triton's interpreter and every runtime on the CPU; "
+    "these times say nothing about GPU speed"
+)
 
 
 def model_record(r: ModelResult) -> dict:
     """One entry of ``models``."""
     rec: dict = {"name": r.name, "dtype": r.dtype or "model"}
-    for field in ("latency_ms", "p10_ms", "p90_ms", "roofline_fraction", "peak_mem_mb",
-                  "compile_s", "unavailable", "notes"):  # fmt: skip
+    for field in (
+        "latency_ms",
+        "p10_ms",
+        "p90_ms",
+        "roofline_fraction",
+        "peak_mem_mb",
+        "compile_s",
+        "unavailable",
+        "notes",
+    ):
         rec[field] = {}
     rec["roofline_ms"] = _r(r.floor.ms)
     rec["roofline_bound"] = r.floor.bound
@@ -67,14 +77,22 @@ def model_record(r: ModelResult) -> dict:
     base = r.get("orchestrate")
     if base is not None and base.stats is not None and r.verified is not True:
         rec["untrusted"]["orchestrate"] = (
-            f"its answer did not verify: {r.verify_note}" if r.verified is False
+            f"its answer did not verify: {r.verify_note}"
+            if r.verified is False
             else f"its answer was not verified{': ' + r.verify_note if r.verify_note else ''}"
-        )  # fmt: skip
+        )
     return rec
 
 
-def document(models: Sequence[dict], *, device: str, clock: str, interpreter: bool,
-             skipped: Sequence[dict] = (), date: str | None = None) -> dict:  # fmt: skip
+def document(
+    models: Sequence[dict],
+    *,
+    device: str,
+    clock: str,
+    interpreter: bool,
+    skipped: Sequence[dict] = (),
+    date: str | None = None,
+) -> dict:
     """The whole results document around ``models`` (``model_record``s)."""
     return {
         "device": device,
@@ -105,10 +123,20 @@ def commit() -> str:
     ``unknown`` outside a git checkout."""
     here = Path(__file__).resolve().parents[2]
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, text=True,
-                             capture_output=True, timeout=10).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               text=True, capture_output=True, timeout=10).stdout.strip()  # fmt: skip
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=here,
+            text=True,
+            capture_output=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            text=True,
+            capture_output=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (sha + ("+dirty" if dirty else "")) if sha else "unknown"
@@ -128,8 +156,11 @@ def check_document(doc) -> list[str]:
     """Every way ``doc`` departs from the schema above (empty when it keeps it)."""
     if not isinstance(doc, Mapping):
         return ["the document is not an object"]
-    problems = [f"{k}: missing or not a {t.__name__}" for k, t in TOP.items()
-                if not isinstance(doc.get(k), t)]  # fmt: skip
+    problems = [
+        f"{k}: missing or not a {t.__name__}"
+        for k, t in TOP.items()
+        if not isinstance(doc.get(k), t)
+    ]
     for i, m in enumerate(doc.get("models") or []):
         where = f"models[{i}]"
         if not isinstance(m, Mapping):
@@ -174,10 +205,15 @@ def table(r: ModelResult, interpreter: bool) -> list[str]:
     """The screen table of one model."""
     base = r.get("orchestrate")
     base_ms = base.stats.median if base and base.stats else None
-    head = (f"{'runtime':<34}{'median ms':>11}{'p10 ms':>9}{'p90 ms':>9}{'vs orchestrate':>16}"
-            f"{'of floor':>10}{'peak MiB':>10}{'ready s':>9}")  # fmt: skip
-    lines = [f"{r.name} ({r.dtype or 'model precision'}): {r.kernels} kernels, roofline floor "
-             f"{r.floor.ms:.4g} ms on {r.floor.device} ({r.floor.bound}-bound)", head]  # fmt: skip
+    head = (
+        f"{'runtime':<34}{'median ms':>11}{'p10 ms':>9}{'p90 ms':>9}{'vs orchestrate':>16}"
+        f"{'of floor':>10}{'peak MiB':>10}{'ready s':>9}"
+    )
+    lines = [
+        f"{r.name} ({r.dtype or 'model precision'}): {r.kernels} kernels, roofline floor "
+        f"{r.floor.ms:.4g} ms on {r.floor.device} ({r.floor.bound}-bound)",
+        head,
+    ]
     for m in r.measured:
         if m.stats is None:
             lines.append(f"{m.label:<34}unavailable: {m.reason}")
@@ -187,21 +223,30 @@ def table(r: ModelResult, interpreter: bool) -> list[str]:
         mem = f"{m.peak_mem_mb:.1f}" if m.peak_mem_mb is not None else "-"
         ready = f"{m.ready_s:.1f}" if m.ready_s is not None else "-"
         frac = f"{r.floor.ms / s.median:.2g}" if s.median else "-"
-        lines.append(f"{m.label:<34}{s.median:>11.3f}{s.p10:>9.3f}{s.p90:>9.3f}{rel:>16}"
-                     f"{frac:>10}{mem:>10}{ready:>9}")  # fmt: skip
+        lines.append(
+            f"{m.label:<34}{s.median:>11.3f}{s.p10:>9.3f}{s.p90:>9.3f}{rel:>16}"
+            f"{frac:>10}{mem:>10}{ready:>9}"
+        )
     if interpreter:
         lines.append(INTERPRETER_NOTE)
     else:
-        lines.append("peak MiB is what torch's allocator held; - where it cannot see "
-                     "(onnxruntime's own arena)")  # fmt: skip
+        lines.append(
+            "peak MiB is what torch's allocator held; - where it cannot see "
+            "(onnxruntime's own arena)"
+        )
     return lines
 
 
 # -- the chart --------------------------------------------------------------------------------
 
-COLOURS = {"orchestrate": "#1b9e77", "torch-eager": "#999999", "torch-compile": "#7570b3",
-           "torch-compile-max-autotune": "#e7298a", "onnxruntime-cuda": "#d95f02",
-           "onnxruntime-cpu": "#e6ab02"}  # fmt: skip
+COLOURS = {
+    "orchestrate": "#1b9e77",
+    "torch-eager": "#999999",
+    "torch-compile": "#7570b3",
+    "torch-compile-max-autotune": "#e7298a",
+    "onnxruntime-cuda": "#d95f02",
+    "onnxruntime-cpu": "#e6ab02",
+}
 
 
 def chart(doc: Mapping, path: str | Path) -> str:
@@ -232,8 +277,14 @@ def chart(doc: Mapping, path: str | Path) -> str:
                 hi.append(max(0.0, (m["p90_ms"].get(rt) or v) - v))
         ax.bar(xs, ys, width, label=rt, color=COLOURS.get(rt), yerr=[lo, hi], capsize=2)
     for i, m in enumerate(models):
-        ax.hlines(m["roofline_ms"], i - 0.45, i + 0.45, colors="black", linestyles="dashed",
-                  label="roofline floor" if i == 0 else None)  # fmt: skip
+        ax.hlines(
+            m["roofline_ms"],
+            i - 0.45,
+            i + 0.45,
+            colors="black",
+            linestyles="dashed",
+            label="roofline floor" if i == 0 else None,
+        )
     ax.set_yscale("log")
     ax.set_xticks(range(len(models)))
     ax.set_xticklabels([f"{m['name']}\n{m['dtype']}" for m in models], fontsize=8)
@@ -252,9 +303,14 @@ def chart(doc: Mapping, path: str | Path) -> str:
 
 # -- the Markdown page ------------------------------------------------------------------------
 
-SHORT = {"orchestrate": "orchestrate", "torch-eager": "eager", "torch-compile": "torch.compile",
-         "torch-compile-max-autotune": "max-autotune", "onnxruntime-cuda": "ort CUDA",
-         "onnxruntime-cpu": "ort CPU"}  # fmt: skip
+SHORT = {
+    "orchestrate": "orchestrate",
+    "torch-eager": "eager",
+    "torch-compile": "torch.compile",
+    "torch-compile-max-autotune": "max-autotune",
+    "onnxruntime-cuda": "ort CUDA",
+    "onnxruntime-cpu": "ort CPU",
+}
 
 
 def markdown(doc: Mapping) -> str:
@@ -265,8 +321,12 @@ def markdown(doc: Mapping) -> str:
     models = list(doc.get("models", []))
     runtimes = [k for k in KEYS if any(k in m["latency_ms"] for m in models)]
     head = f"# {doc['device']}, {doc['date']}, commit {doc['commit']}"
-    lines = [head, "", f"{doc['note']}; clock: {doc['clock']}; torch {doc['torch']}, "
-             f"triton {doc['triton']}.", ""]  # fmt: skip
+    lines = [
+        head,
+        "",
+        f"{doc['note']}; clock: {doc['clock']}; torch {doc['torch']}, triton {doc['triton']}.",
+        "",
+    ]
 
     def ms(v):
         return "-" if v is None else f"{v:.4g}"
@@ -283,30 +343,45 @@ def markdown(doc: Mapping) -> str:
             verdict += f" (rel {worst:.2g})"
         row = [m["name"], m["dtype"], str(m["kernels"]), verdict]
         row += [ms(lat.get(k)) + ("*" if k in m.get("untrusted", {}) else "") for k in runtimes]
-        row += ["-" if not (mine and lat.get(k)) else f"{lat[k] / mine:.2f}"
-                for k in runtimes if k != "orchestrate"]  # fmt: skip
+        row += [
+            "-" if not (mine and lat.get(k)) else f"{lat[k] / mine:.2f}"
+            for k in runtimes
+            if k != "orchestrate"
+        ]
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "x vs R: R's median over the bundle's (above 1: the bundle is faster). "
-              "* untrusted (below).", ""]  # fmt: skip
+    lines += [
+        "",
+        "x vs R: R's median over the bundle's (above 1: the bundle is faster). "
+        "* untrusted (below).",
+        "",
+    ]
     cols = ["model", *(f"{SHORT[k]} MiB / ready s" for k in runtimes)]
     lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for m in models:
         row = [m["name"]]
         for k in runtimes:
             mem, ready = m["peak_mem_mb"].get(k), m["compile_s"].get(k)
-            row.append(f"{'-' if mem is None else f'{mem:.0f}'} / "
-                       f"{'-' if ready is None else f'{ready:.1f}'}")  # fmt: skip
+            row.append(
+                f"{'-' if mem is None else f'{mem:.0f}'} / "
+                f"{'-' if ready is None else f'{ready:.1f}'}"
+            )
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "Peak MiB: the most memory torch's allocator held from the runtime's start "
-              "(weights included); ready s: seconds until its first answer.", ""]  # fmt: skip
+    lines += [
+        "",
+        "Peak MiB: the most memory torch's allocator held from the runtime's start "
+        "(weights included); ready s: seconds until its first answer.",
+        "",
+    ]
     notes = []
     for m in models:
         for k, why in m.get("untrusted", {}).items():
             notes.append(f"- {m['name']} {SHORT.get(k, k)}: untrusted: {why}")
         for k, why in m.get("unavailable", {}).items():
             notes.append(f"- {m['name']} {SHORT.get(k, k)}: {why}")
-    notes += [f"- {s['name']} {s.get('dtype', '')}: skipped: {s['reason']}"
-              for s in doc.get("skipped", [])]  # fmt: skip
+    notes += [
+        f"- {s['name']} {s.get('dtype', '')}: skipped: {s['reason']}"
+        for s in doc.get("skipped", [])
+    ]
     if notes:
         lines += ["## Missing and untrusted figures", "", *notes, ""]
     return "\n".join(lines)

@@ -92,8 +92,9 @@ def bench_model(
     dtype = plan.options.dtype
     feed_sets = [random_inputs(graph, seed=s) for s in range(max(1, settings.sets))]
     inputs = [i.name for i in graph.inputs]
-    make_torch = torch_runtimes(torch_module or (lambda: from_onnx(model)), inputs, feed_sets,
-                                keys, dtype, on_gpu)  # fmt: skip
+    make_torch = torch_runtimes(
+        torch_module or (lambda: from_onnx(model)), inputs, feed_sets, keys, dtype, on_gpu
+    )
 
     def make(key: str) -> Ready | Unavailable:
         if key == ORCHESTRATE:
@@ -127,11 +128,19 @@ def measure(key: str, make, sets: int, settings: Settings, on_gpu: bool) -> Meas
         try:
             times = clock.time_calls(got.call, sets, settings.runs, settings.warmup, on_gpu)
         except Exception as e:  # noqa: BLE001
-            return Measured(key, got.label, ready_s=got.ready_s,
-                            reason=f"failed while timed: {_first_line(e)}")  # fmt: skip
+            return Measured(
+                key, got.label, ready_s=got.ready_s, reason=f"failed while timed: {_first_line(e)}"
+            )
     note = got.memory_note if on_gpu else NO_GPU_MEMORY
-    out = Measured(key, got.label, Stats.of(times), memory.mb if got.memory_note is None else None,
-                   note if (got.memory_note or not on_gpu) else None, got.ready_s, got.note)  # fmt: skip
+    out = Measured(
+        key,
+        got.label,
+        Stats.of(times),
+        memory.mb if got.memory_note is None else None,
+        note if (got.memory_note or not on_gpu) else None,
+        got.ready_s,
+        got.note,
+    )
     del got
     clock.release(on_gpu)
     return out

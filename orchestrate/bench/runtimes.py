@@ -33,10 +33,14 @@ KEYS = (ORCHESTRATE, TORCH_EAGER, TORCH_COMPILE, TORCH_MAX_AUTOTUNE, ORT_CUDA, O
 
 # --against names (short and long) -> key
 AGAINST = {
-    "eager": TORCH_EAGER, "compile": TORCH_COMPILE, "compile-max-autotune": TORCH_MAX_AUTOTUNE,
-    "max-autotune": TORCH_MAX_AUTOTUNE, "ort-cuda": ORT_CUDA, "ort-cpu": ORT_CPU,
+    "eager": TORCH_EAGER,
+    "compile": TORCH_COMPILE,
+    "compile-max-autotune": TORCH_MAX_AUTOTUNE,
+    "max-autotune": TORCH_MAX_AUTOTUNE,
+    "ort-cuda": ORT_CUDA,
+    "ort-cpu": ORT_CPU,
     **{k: k for k in KEYS if k != ORCHESTRATE},
-}  # fmt: skip
+}
 DEFAULT_GPU = (TORCH_EAGER, TORCH_COMPILE, TORCH_MAX_AUTOTUNE, ORT_CUDA)
 DEFAULT_CPU = (TORCH_EAGER, TORCH_COMPILE, TORCH_MAX_AUTOTUNE, ORT_CUDA, ORT_CPU)
 
@@ -82,8 +86,12 @@ def orchestrate_runtime(bundle, feed_sets: Sequence[Feeds], optimize_s: float | 
     if program.interpret:
         program.run(feed_sets[0])
         ready = time.perf_counter() - started + (optimize_s or 0.0)
-        return Ready(ORCHESTRATE, "orchestrate (Triton interpreter)",
-                     lambda i: program.run(feed_sets[i]), ready)  # fmt: skip
+        return Ready(
+            ORCHESTRATE,
+            "orchestrate (Triton interpreter)",
+            lambda i: program.run(feed_sets[i]),
+            ready,
+        )
     staged = [{k: program._tensor(v) for k, v in feeds.items()} for feeds in feed_sets]
     program.run(staged[0])
     program.run(staged[0])  # the second run captures the CUDA graph

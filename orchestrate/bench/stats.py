@@ -35,5 +35,9 @@ class Stats:
 
     @staticmethod
     def of(times_ms: Sequence[float]) -> Stats:
-        return Stats(percentile(times_ms, 50), percentile(times_ms, 10), percentile(times_ms, 90),
-                     len(times_ms))  # fmt: skip
+        return Stats(
+            percentile(times_ms, 50),
+            percentile(times_ms, 10),
+            percentile(times_ms, 90),
+            len(times_ms),
+        )

@@ -28,24 +28,44 @@ class Target:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def resolve(path: Path, model: Path | None, shapes, *, dtype: str | None, device: str | None,
-            trials: int = 1, time_limit: float | None = None) -> Target:  # fmt: skip
+def resolve(
+    path: Path,
+    model: Path | None,
+    shapes,
+    *,
+    dtype: str | None,
+    device: str | None,
+    trials: int = 1,
+    time_limit: float | None = None,
+) -> Target:
     """A ``Target`` for ``path``: a .onnx file is optimized (at ``dtype``, for
     ``device``) and verified over ``trials``; a bundle folder needs ``model``."""
     from orchestrate import api
 
     if path.is_dir():
         if model is None:
-            raise InputError(f"{path}: a bundle; give --model MODEL.onnx, the model it was made "
-                             "from, for the baselines to run")  # fmt: skip
-        bundle, onnx_model, graph = api.bundle_and_model(path, model, shapes or None,
-                                                         _shape_option="--shape")  # fmt: skip
+            raise InputError(
+                f"{path}: a bundle; give --model MODEL.onnx, the model it was made "
+                "from, for the baselines to run"
+            )
+        bundle, onnx_model, graph = api.bundle_and_model(
+            path, model, shapes or None, _shape_option="--shape"
+        )
         made = bundle.plan.options.dtype
         if dtype is not None and dtype != made:
-            raise InputError(f"--dtype {dtype}: {path} was optimized at {made or 'the model precision'}; "
-                             "optimize it again at that precision, or bench the .onnx")  # fmt: skip
-        return Target(path.name.removesuffix(".orch"), bundle, onnx_model, graph, None, None,
-                      "not checked by bench (orchestrate verify checks a bundle)")  # fmt: skip
+            raise InputError(
+                f"--dtype {dtype}: {path} was optimized at {made or 'the model precision'}; "
+                "optimize it again at that precision, or bench the .onnx"
+            )
+        return Target(
+            path.name.removesuffix(".orch"),
+            bundle,
+            onnx_model,
+            graph,
+            None,
+            None,
+            "not checked by bench (orchestrate verify checks a bundle)",
+        )
     if not path.exists():
         raise InputError(f"{path}: no such file or bundle folder")
     if model is not None:
@@ -59,8 +79,9 @@ def resolve(path: Path, model: Path | None, shapes, *, dtype: str | None, device
         started = time.perf_counter()
         result = api.optimize(path, out, shapes=shapes or None, trials=trials, **options)
         optimize_s = time.perf_counter() - started
-        bundle, onnx_model, graph = api.bundle_and_model(out, path, shapes or None,
-                                                         _shape_option="--shape")  # fmt: skip
+        bundle, onnx_model, graph = api.bundle_and_model(
+            out, path, shapes or None, _shape_option="--shape"
+        )
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

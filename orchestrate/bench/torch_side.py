@@ -122,10 +122,12 @@ def torch_runtimes(
             if dtype is not None:
                 mod = mod.to(cast)
             staged = [
-                [_tensor(torch, feeds[n], device, cast if dtype is not None else None)
-                 for n in input_names]
+                [
+                    _tensor(torch, feeds[n], device, cast if dtype is not None else None)
+                    for n in input_names
+                ]
                 for feeds in feed_sets
-            ]  # fmt: skip
+            ]
             mode = MODES[key]
             fn = mod if mode is None else torch.compile(mod, mode=mode)
 
@@ -139,8 +141,13 @@ def torch_runtimes(
         except Exception as e:  # noqa: BLE001 - any failure of the baseline is its reason
             return Unavailable(key, f"{key} failed on {source}'s model: {_first_line(e)}")
         note = f"model from {source}" + (f", cast to {cast}" if dtype is not None else "")
-        return Ready(key, key.replace("torch-compile-", "torch.compile ").replace("-", " "), call,
-                     time.perf_counter() - started, note=note)  # fmt: skip
+        return Ready(
+            key,
+            key.replace("torch-compile-", "torch.compile ").replace("-", " "),
+            call,
+            time.perf_counter() - started,
+            note=note,
+        )
 
     return make
 

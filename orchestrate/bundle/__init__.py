@@ -153,8 +153,9 @@ class Staging:
         self.path = None
         try:
             with signals_held():  # a signal held here is raised as the block ends
-                self.path = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.",
-                                                  dir=self.target.parent))  # fmt: skip
+                self.path = Path(
+                    tempfile.mkdtemp(prefix=f".{self.target.name}.", dir=self.target.parent)
+                )
                 os.chmod(self.path, folder_mode())
         except BaseException as e:
             if self.path is not None:
@@ -165,8 +166,15 @@ class Staging:
                 ) from None
             raise
 
-    def write(self, plan: Plan, kernels_py: str, constants: Mapping[str, np.ndarray],
-              report: str, info: dict, dims: dict | None = None) -> None:  # fmt: skip
+    def write(
+        self,
+        plan: Plan,
+        kernels_py: str,
+        constants: Mapping[str, np.ndarray],
+        report: str,
+        info: dict,
+        dims: dict | None = None,
+    ) -> None:
         """``dims``: a dynamic bundle's family (``Family.to_json``)."""
         try:
             self._write(plan, kernels_py, constants, report, info, dims)
@@ -203,8 +211,7 @@ class Staging:
             aside = None
             try:
                 if os.path.lexists(target):
-                    aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.",
-                                                  dir=target.parent))  # fmt: skip
+                    aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
                     os.rename(target, aside / "old")
                 os.rename(self.path, target)
             except OSError as e:
@@ -259,8 +266,14 @@ def read(folder: str | os.PathLike) -> Contents:
     manifest = _json(raw, folder, "manifest.json")
     if not isinstance(manifest, dict):
         raise InputError(f"{folder}: manifest.json is not a JSON object")
-    check_format(manifest.get("format"), BUNDLE_FORMAT, _OLDER, f"{folder}/manifest.json", "bundle",
-                 "run `orchestrate optimize` on the model again")  # fmt: skip
+    check_format(
+        manifest.get("format"),
+        BUNDLE_FORMAT,
+        _OLDER,
+        f"{folder}/manifest.json",
+        "bundle",
+        "run `orchestrate optimize` on the model again",
+    )
     _check_manifest(manifest, folder)
     data = {}
     for name in manifest["files"]:
@@ -287,22 +300,47 @@ def read(folder: str | os.PathLike) -> Contents:
 _MANIFEST = {
     "format": (lambda v: isinstance(v, str), "a string"),
     "orchestrate": (lambda v: isinstance(v, str), "a string"),
-    "model": (lambda v: isinstance(v, dict) and set(v) == {"file", "sha256"}
-              and all(isinstance(x, str) for x in v.values()),
-              'an object {"file": ..., "sha256": ...}'),
-    "shapes": (lambda v: isinstance(v, dict) and all(
-        isinstance(d, list) and all(type(x) is int and x >= 0 for x in d) for d in v.values()),
-        "an object of input name -> list of dimensions"),
-    "constants": (lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
-                  and len(set(v.values())) == len(v),
-                  "an object of constant name -> distinct archive key"),
-    "bfloat16": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)
-                 and len(set(v)) == len(v),
-                 "a list of distinct constant names"),
-    "files": (lambda v: isinstance(v, dict) and set(v) in (set(FILES), {*FILES, DIMS}) and all(
-        isinstance(x, str) and re.fullmatch("[0-9a-f]{64}", x) for x in v.values()),
-        f"an object of sha256 digests for {', '.join(FILES)} (and {DIMS})"),
-}  # fmt: skip
+    "model": (
+        lambda v: (
+            isinstance(v, dict)
+            and set(v) == {"file", "sha256"}
+            and all(isinstance(x, str) for x in v.values())
+        ),
+        'an object {"file": ..., "sha256": ...}',
+    ),
+    "shapes": (
+        lambda v: (
+            isinstance(v, dict)
+            and all(
+                isinstance(d, list) and all(type(x) is int and x >= 0 for x in d)
+                for d in v.values()
+            )
+        ),
+        "an object of input name -> list of dimensions",
+    ),
+    "constants": (
+        lambda v: (
+            isinstance(v, dict)
+            and all(isinstance(x, str) for x in v.values())
+            and len(set(v.values())) == len(v)
+        ),
+        "an object of constant name -> distinct archive key",
+    ),
+    "bfloat16": (
+        lambda v: (
+            isinstance(v, list) and all(isinstance(x, str) for x in v) and len(set(v)) == len(v)
+        ),
+        "a list of distinct constant names",
+    ),
+    "files": (
+        lambda v: (
+            isinstance(v, dict)
+            and set(v) in (set(FILES), {*FILES, DIMS})
+            and all(isinstance(x, str) and re.fullmatch("[0-9a-f]{64}", x) for x in v.values())
+        ),
+        f"an object of sha256 digests for {', '.join(FILES)} (and {DIMS})",
+    ),
+}
 
 
 def _check_manifest(manifest: dict, folder: Path) -> None:
@@ -334,32 +372,41 @@ def _json(raw: bytes, folder: Path, name: str):
         raise InputError(f"{folder}: {name} is not valid JSON ({e})") from None
 
 
-def _weights(raw: bytes, keys: Mapping[str, str], bf16: list[str], folder: Path
-             ) -> dict[str, np.ndarray]:  # fmt: skip
+def _weights(
+    raw: bytes, keys: Mapping[str, str], bf16: list[str], folder: Path
+) -> dict[str, np.ndarray]:
     """The constants in weights.npz, by name: plain numeric arrays only (no
     pickled objects), exactly the archive keys the manifest lists; those it
     lists as bfloat16 are uint16 bit patterns, viewed as bfloat16."""
     unknown = sorted(set(bf16) - set(keys))
     if unknown:
-        raise InputError(f"{folder}: manifest.json lists {_show(unknown[0])!r} as bfloat16 but "
-                         "not among its constants")  # fmt: skip
+        raise InputError(
+            f"{folder}: manifest.json lists {_show(unknown[0])!r} as bfloat16 but "
+            "not among its constants"
+        )
     try:
         with np.load(io.BytesIO(raw), allow_pickle=False) as z:
             stored = set(z.files)
             if stored != set(keys.values()):
                 extra = sorted(stored ^ set(keys.values()))
-                raise InputError(f"{folder}: weights.npz does not hold exactly the constants the "
-                                 f"manifest lists ({_show(extra[0])!r})")  # fmt: skip
+                raise InputError(
+                    f"{folder}: weights.npz does not hold exactly the constants the "
+                    f"manifest lists ({_show(extra[0])!r})"
+                )
             constants = {name: z[key] for name, key in keys.items()}
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
         raise InputError(f"{folder}: weights.npz is not a plain numpy archive ({e})") from None
     for name, arr in constants.items():
         if arr.dtype.name not in ALL_DTYPES or arr.dtype.byteorder not in "=|":
-            raise InputError(f"{folder}: weights.npz constant {_show(name)!r} has dtype {arr.dtype}, "
-                             "which orchestrate never writes")  # fmt: skip
+            raise InputError(
+                f"{folder}: weights.npz constant {_show(name)!r} has dtype {arr.dtype}, "
+                "which orchestrate never writes"
+            )
     for name in bf16:
         if constants[name].dtype != np.uint16:
-            raise InputError(f"{folder}: weights.npz constant {_show(name)!r} is listed as bfloat16 "
-                             f"but holds {constants[name].dtype}, not uint16 bit patterns")  # fmt: skip
+            raise InputError(
+                f"{folder}: weights.npz constant {_show(name)!r} is listed as bfloat16 "
+                f"but holds {constants[name].dtype}, not uint16 bit patterns"
+            )
         constants[name] = constants[name].view(BFLOAT16)
     return constants

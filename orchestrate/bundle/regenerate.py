@@ -47,10 +47,19 @@ def primitive_graph(plan: Plan, constants: Mapping[str, np.ndarray], source: str
     for p in plan.primitives:
         if p.op not in ops:
             raise InputError(f"{source}: primitive {p.name!r} has unknown op {p.op!r}")
-        nodes.append(ir.Node(ops[p.op], p.name, p.inputs, _type(p.shape, p.dtype, p.name, source),
-                             p.attrs, p.origin))  # fmt: skip
-    inputs = tuple(ir.Input(i.name, _type(i.shape, i.dtype, i.name, source))
-                   for i in plan.graph.inputs)  # fmt: skip
+        nodes.append(
+            ir.Node(
+                ops[p.op],
+                p.name,
+                p.inputs,
+                _type(p.shape, p.dtype, p.name, source),
+                p.attrs,
+                p.origin,
+            )
+        )
+    inputs = tuple(
+        ir.Input(i.name, _type(i.shape, i.dtype, i.name, source)) for i in plan.graph.inputs
+    )
     extra = sorted(set(constants) - set(plan.graph.constants))
     if extra:
         raise InputError(f"{source}: weights hold constant {extra[0]!r}, which the plan lacks")
@@ -69,13 +78,21 @@ def _type(shape: tuple[int, ...], dtype: str, name: str, source: str) -> ir.Tens
     if any(d < 0 for d in shape):
         raise InputError(f"{source}: tensor {name!r} has a negative dimension {list(shape)}")
     if int(np.prod(shape, dtype=object)) > ir.MAX_ELEMENTS:
-        raise InputError(f"{source}: tensor {name!r} of shape {list(shape)} has more than "
-                         f"{ir.MAX_ELEMENTS:,} elements")  # fmt: skip
+        raise InputError(
+            f"{source}: tensor {name!r} of shape {list(shape)} has more than "
+            f"{ir.MAX_ELEMENTS:,} elements"
+        )
     return ir.TensorType(tuple(shape), dtype)
 
 
-def planned(plan: Plan, graph: ir.Graph, source: str, *, check_hash: bool = True,
-            own_interpret: bool = False) -> Planned:  # fmt: skip
+def planned(
+    plan: Plan,
+    graph: ir.Graph,
+    source: str,
+    *,
+    check_hash: bool = True,
+    own_interpret: bool = False,
+) -> Planned:
     """The plan with the spec of every kernel, matched again by the rules and
     checked against the structural hash and launch configuration recorded.
     ``check_hash=False`` for the plan instantiated at another binding of a
@@ -100,15 +117,20 @@ def planned(plan: Plan, graph: ir.Graph, source: str, *, check_hash: bool = True
             recorded = replace(recorded, pin=(k.template, k.config, own_interpret))
         found = match_all(graph, k.primitives, recorded)
         # the generated kernel or the library call, as the plan says
-        spec = found if isinstance(found, Rejection) else next(
-            (s for s in found if s.template == k.template), found[0])  # fmt: skip
+        spec = (
+            found
+            if isinstance(found, Rejection)
+            else next((s for s in found if s.template == k.template), found[0])
+        )
         if isinstance(spec, Rejection):
             raise InputError(f"{where}: its primitives are not one kernel ({spec.reason})")
         if spec.template != k.template or (
             check_hash and k.template != VIEW and spec.hash != k.hash
         ):
-            raise InputError(f"{where}: does not match the kernel its primitives make "
-                             f"({spec.template}, hash {spec.hash})")  # fmt: skip
+            raise InputError(
+                f"{where}: does not match the kernel its primitives make "
+                f"({spec.template}, hash {spec.hash})"
+            )
         if k.template != VIEW and spec.config != k.config:
             # at another binding the configuration is pinned to the recorded
             # one; only interpreter blocks the plan left empty are the rules'
@@ -156,8 +178,9 @@ class Regenerated:
     source: str
 
 
-def regenerate(plan: Plan, constants: Mapping[str, np.ndarray], model_file: str,
-               source: str) -> Regenerated:  # fmt: skip
+def regenerate(
+    plan: Plan, constants: Mapping[str, np.ndarray], model_file: str, source: str
+) -> Regenerated:
     """The graph, specs and ``kernels.py`` orchestrate makes for this plan;
     InputError (naming ``source``) for a plan that does not hold together."""
     graph = primitive_graph(plan, constants, source)

@@ -58,10 +58,20 @@ if TYPE_CHECKING:
     from orchestrate.cost.devices import Device
 
 POINTER = {
-    "float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32", "float64": "*fp64",
-    "int8": "*i8", "int16": "*i16", "int32": "*i32", "int64": "*i64", "uint8": "*u8",
-    "uint16": "*u16", "uint32": "*u32", "uint64": "*u64", "bool": "*i1",
-}  # fmt: skip
+    "float16": "*fp16",
+    "bfloat16": "*bf16",
+    "float32": "*fp32",
+    "float64": "*fp64",
+    "int8": "*i8",
+    "int16": "*i16",
+    "int32": "*i32",
+    "int64": "*i64",
+    "uint8": "*u8",
+    "uint16": "*u16",
+    "uint32": "*u32",
+    "uint64": "*u64",
+    "bool": "*i1",
+}
 
 
 class _Tensor:
@@ -167,8 +177,9 @@ def cubin_usage(cubin: bytes, function: str, tool: str) -> tuple[int, int, int]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{function}.cubin"
         path.write_bytes(cubin)
-        run = subprocess.run([tool, "-res-usage", "-sass", str(path)], capture_output=True,
-                             text=True, timeout=600)  # fmt: skip
+        run = subprocess.run(
+            [tool, "-res-usage", "-sass", str(path)], capture_output=True, text=True, timeout=600
+        )
     if run.returncode:
         raise RuntimeError(f"{tool} -res-usage failed on {function}: {run.stderr.strip()[:500]}")
     fields = resource_usage(run.stdout).get(function)
@@ -194,8 +205,10 @@ def limit_violations(c: Compiled, device: Device) -> list[str]:
         if c.registers > device.registers_per_thread:
             reasons.append(f"{c.registers} registers > {device.registers_per_thread} per thread")
         if c.registers * threads > device.registers_per_sm:
-            reasons.append(f"{c.registers} registers x {threads} threads = "
-                           f"{c.registers * threads:,} > {device.registers_per_sm:,} per SM")  # fmt: skip
+            reasons.append(
+                f"{c.registers} registers x {threads} threads = "
+                f"{c.registers * threads:,} > {device.registers_per_sm:,} per SM"
+            )
     return reasons
 
 
@@ -210,9 +223,14 @@ def slowdowns(c: Compiled) -> list[str]:
     return notes
 
 
-def compile_module(module, dtypes: dict[str, str], arch: int = 90,
-                   usage: bool = True, dims: dict[str, int] | None = None,
-                   only: set[str] | None = None) -> list[Compiled]:  # fmt: skip
+def compile_module(
+    module,
+    dtypes: dict[str, str],
+    arch: int = 90,
+    usage: bool = True,
+    dims: dict[str, int] | None = None,
+    only: set[str] | None = None,
+) -> list[Compiled]:
     """Compile each distinct jitted function of a generated module (one
     launch per function, with the first planned kernel's tensors).  Registers,
     spills and stack are None when there is no cuobjdump, or not asked for
@@ -254,8 +272,13 @@ def compile_module(module, dtypes: dict[str, str], arch: int = 90,
         source = ASTSource(kernel, signature, constexprs=constexprs, attrs=aligned)
         c = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
         usage = cubin_usage(c.asm["cubin"], c.metadata.name, tool) if tool else (None,) * 3
-        done[fname] = Compiled(fname, int(c.metadata.shared), int(c.metadata.num_warps),
-                               int(c.metadata.num_stages), *usage)  # fmt: skip
+        done[fname] = Compiled(
+            fname,
+            int(c.metadata.shared),
+            int(c.metadata.num_warps),
+            int(c.metadata.num_stages),
+            *usage,
+        )
     return list(done.values())
 
 
@@ -300,17 +323,24 @@ def compile_bundle(folder: Path, arch: int | None = None) -> list[Compiled]:
         from orchestrate.shapes.family import Family
 
         family = Family.from_json(contents.dims, f"{folder}/{bundle.DIMS}")
-        source = regenerate_dynamic(contents.plan, family, contents.constants,
-                                    contents.manifest["model"]["file"], str(folder)).source  # fmt: skip
+        source = regenerate_dynamic(
+            contents.plan,
+            family,
+            contents.constants,
+            contents.manifest["model"]["file"],
+            str(folder),
+        ).source
         dims = dict(zip(family.codes, family.at("max")))
     else:
-        source = regenerate.regenerate(contents.plan, contents.constants,
-                                       contents.manifest["model"]["file"], str(folder)).source  # fmt: skip
+        source = regenerate.regenerate(
+            contents.plan, contents.constants, contents.manifest["model"]["file"], str(folder)
+        ).source
     if source != contents.kernels_py:
         raise ValueError(f"{folder}: kernels.py is not the source generated from plan.json")
     arch = arch or bundle_device(folder).arch
-    return compile_module(load_kernels(source, interpret=False), tensor_dtypes(folder), arch,
-                          dims=dims)  # fmt: skip
+    return compile_module(
+        load_kernels(source, interpret=False), tensor_dtypes(folder), arch, dims=dims
+    )
 
 
 def bundle_device(folder: Path) -> Device:
@@ -323,35 +353,59 @@ def bundle_device(folder: Path) -> Device:
 def report(folder: Path, c: Compiled, device: Device, arch: int) -> dict:
     """One kernel's line of ``--json``."""
     violations = limit_violations(c, device)
-    return {"bundle": str(folder), "kernel": c.function, "device": device.name, "arch": arch,
-            "shared_bytes": c.shared, "registers": c.registers, "spill_bytes": c.spill_bytes,
-            "stack_bytes": c.stack_bytes, "num_warps": c.num_warps, "num_stages": c.num_stages,
-            "within_limits": not violations, "violations": violations,
-            "slowdowns": slowdowns(c)}  # fmt: skip
+    return {
+        "bundle": str(folder),
+        "kernel": c.function,
+        "device": device.name,
+        "arch": arch,
+        "shared_bytes": c.shared,
+        "registers": c.registers,
+        "spill_bytes": c.spill_bytes,
+        "stack_bytes": c.stack_bytes,
+        "num_warps": c.num_warps,
+        "num_stages": c.num_stages,
+        "within_limits": not violations,
+        "violations": violations,
+        "slowdowns": slowdowns(c),
+    }
 
 
 def _summary(folder: Path, compiled: list[Compiled], device: Device, arch: int) -> str:
     import triton
 
     regs = [c.registers for c in compiled if c.registers is not None]
-    most = (f", at most {max(c.shared for c in compiled):,} B shared"
+    most = (
+        (
+            f", at most {max(c.shared for c in compiled):,} B shared"
             f" (of {device.smem_per_block_kb * 1024:,}) and "
-            + (f"{max(regs)} registers" if regs else "registers unknown")) if compiled else ""  # fmt: skip
-    return (f"{folder}: {len(compiled)} functions compile for sm_{arch} "
-            f"(triton {triton.__version__}, {device.name} limits){most}")  # fmt: skip
+            + (f"{max(regs)} registers" if regs else "registers unknown")
+        )
+        if compiled
+        else ""
+    )
+    return (
+        f"{folder}: {len(compiled)} functions compile for sm_{arch} "
+        f"(triton {triton.__version__}, {device.name} limits){most}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m orchestrate.check.compile_check")
     p.add_argument("bundles", nargs="+", type=Path)
-    p.add_argument("--arch", type=int, default=None,
-                   help="compute capability x10 to compile for (default: the bundle's device)")  # fmt: skip
+    p.add_argument(
+        "--arch",
+        type=int,
+        default=None,
+        help="compute capability x10 to compile for (default: the bundle's device)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object per kernel")
     args = p.parse_args(argv)
 
     if cuobjdump_path() is None:
-        print("cuobjdump not found (set TRITON_CUOBJDUMP_PATH): registers, spills and stack "
-              "unknown", file=sys.stderr)  # fmt: skip
+        print(
+            "cuobjdump not found (set TRITON_CUOBJDUMP_PATH): registers, spills and stack unknown",
+            file=sys.stderr,
+        )
     failed = 0
     rows = []
     for folder in args.bundles:
@@ -367,8 +421,10 @@ def main(argv: list[str] | None = None) -> int:
             print(_summary(folder, compiled, device, arch))
             library = library_kernels(folder)
             if library:
-                print(f"{folder}: {len(library)} kernels skipped ({', '.join(library[:3])}"
-                      f"{', ...' if len(library) > 3 else ''}): {LIBRARY_SKIPPED}")  # fmt: skip
+                print(
+                    f"{folder}: {len(library)} kernels skipped ({', '.join(library[:3])}"
+                    f"{', ...' if len(library) > 3 else ''}): {LIBRARY_SKIPPED}"
+                )
         for c in compiled:
             row = report(folder, c, device, arch)
             rows.append(row)

@@ -72,8 +72,10 @@ class Report:
     def lines(self) -> list[str]:
         rows = [f"{'output':<32}{'worst rel. error':>18}{'max abs error':>16}  result"]
         for name, c in self.worst().items():
-            rows.append(f"{name[:31]:<32}{c.rel:>18.3g}{c.max_abs:>16.3g}  "
-                        f"{'ok' if c.ok else 'MISMATCH ' + c.detail}")  # fmt: skip
+            rows.append(
+                f"{name[:31]:<32}{c.rel:>18.3g}{c.max_abs:>16.3g}  "
+                f"{'ok' if c.ok else 'MISMATCH ' + c.detail}"
+            )
         return rows
 
     def verdict(self, trials: int) -> str:
@@ -81,15 +83,19 @@ class Report:
         the outcome.  A simulated report never says verified."""
         if self.bindings:
             outcome = "verified" if self.ok else "FAILED"
-            return (f"{outcome} against onnxruntime at {len(self.bindings)} shapes across the "
-                    f"range: {'; '.join(self.bindings)}")  # fmt: skip
+            return (
+                f"{outcome} against onnxruntime at {len(self.bindings)} shapes across the "
+                f"range: {'; '.join(self.bindings)}"
+            )
         if not self.simulated:
             outcome = "verified" if self.ok else "FAILED"
             return f"{outcome} against onnxruntime over {trials} random trials"
         outcome = "within tolerance of" if self.ok else "FAILED against"
-        return (f"kernels not verified: they did not run ({self.simulated}); the plan simulated "
-                f"in numpy is {outcome} onnxruntime over {trials} random trials; run "
-                "`orchestrate verify` on a GPU to check the kernels")  # fmt: skip
+        return (
+            f"kernels not verified: they did not run ({self.simulated}); the plan simulated "
+            f"in numpy is {outcome} onnxruntime over {trials} random trials; run "
+            "`orchestrate verify` on a GPU to check the kernels"
+        )
 
     def first_failure(self) -> OutputCheck | None:
         return next((c for c in self.checks if not c.ok), None)
@@ -125,8 +131,11 @@ def divisors(graph: ir.Graph) -> set[str]:
         while frontier and inp.name not in out:
             t = frontier.pop()
             for c in graph.consumers.get(t, ()):
-                if (c.op in (Op.DIV, Op.MOD) and c.inputs[1] == t
-                        and graph.types[c.inputs[0]].dtype in ir.INTS):  # fmt: skip
+                if (
+                    c.op in (Op.DIV, Op.MOD)
+                    and c.inputs[1] == t
+                    and graph.types[c.inputs[0]].dtype in ir.INTS
+                ):
                     out.add(inp.name)
                 elif c.op in _PASS_THROUGH and c.name not in seen:
                     seen.add(c.name)
@@ -165,14 +174,16 @@ def check_tolerance(value, name: str) -> float | None:
     return float(value)
 
 
-def compare(name: str, got: np.ndarray, want: np.ndarray, trial: int, rtol: float | None,
-            atol: float | None) -> OutputCheck:  # fmt: skip
+def compare(
+    name: str, got: np.ndarray, want: np.ndarray, trial: int, rtol: float | None, atol: float | None
+) -> OutputCheck:
     if got.shape != want.shape:
         return OutputCheck(trial, name, False, np.inf, np.inf, f"shape {got.shape} != {want.shape}")
     if want.dtype.kind in "biu" or got.dtype.kind in "biu":
         bad = int(np.count_nonzero(got != want))
-        return OutputCheck(trial, name, bad == 0, float(bad), float(bad),
-                           f"{bad} elements differ" if bad else "")  # fmt: skip
+        return OutputCheck(
+            trial, name, bad == 0, float(bad), float(bad), f"{bad} elements differ" if bad else ""
+        )
     g, w = got.astype(np.float64), want.astype(np.float64)
     r = rtol if rtol is not None else RTOL.get(want.dtype.name, 1e-4)
     finite = np.isfinite(w)
@@ -187,10 +198,15 @@ def compare(name: str, got: np.ndarray, want: np.ndarray, trial: int, rtol: floa
     rel = max_abs / scale if scale else max_abs
     ok = same_special and bool(np.all(diff[both] <= a + r * np.abs(w[both])))
     ok = ok and bool(np.all(np.isfinite(g) == finite))
-    detail = "" if ok else (
-        f"max abs error {max_abs:.3g}, relative {rel:.3g} (rtol {r:g}, atol {a:.3g})"
-        if same_special else "NaN/Inf pattern differs from onnxruntime"
-    )  # fmt: skip
+    detail = (
+        ""
+        if ok
+        else (
+            f"max abs error {max_abs:.3g}, relative {rel:.3g} (rtol {r:g}, atol {a:.3g})"
+            if same_special
+            else "NaN/Inf pattern differs from onnxruntime"
+        )
+    )
     return OutputCheck(trial, name, ok, max_abs, rel, detail)
 
 

@@ -63,10 +63,18 @@ DEFAULT_DEVICE = "h100"
 
 # substrings of torch.cuda.get_device_name() -> table row, most specific first
 _NAME_HINTS = (
-    ("H200", "h200"), ("H100 PCIe", "h100-pcie"), ("H100", "h100"), ("A100-PCIE-40GB", "a100-40gb"),
-    ("A100", "a100"), ("V100", "v100"), ("L40S", "l40s"), ("L4", "l4"), ("A10", "a10"),
-    ("4090", "rtx4090"), ("3090", "rtx3090"),
-)  # fmt: skip
+    ("H200", "h200"),
+    ("H100 PCIe", "h100-pcie"),
+    ("H100", "h100"),
+    ("A100-PCIE-40GB", "a100-40gb"),
+    ("A100", "a100"),
+    ("V100", "v100"),
+    ("L40S", "l40s"),
+    ("L4", "l4"),
+    ("A10", "a10"),
+    ("4090", "rtx4090"),
+    ("3090", "rtx3090"),
+)
 
 
 def get_device(name: str | None) -> Device:

@@ -83,8 +83,9 @@ def library_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
     return dots, anchor.type.size * len(r.epilogue)
 
 
-def library_terms(graph: Graph, spec: KernelSpec, device: Device, read: int,
-                  written: int) -> tuple[int, int, float, float, float, float, int]:  # fmt: skip
+def library_terms(
+    graph: Graph, spec: KernelSpec, device: Device, read: int, written: int
+) -> tuple[int, int, float, float, float, float, int]:
     """(bytes, flops, memory µs, compute µs, launch µs, latency µs, blocks)
     of a library spec that reads ``read`` bytes and writes ``written``
     (counted by ``roofline.cost`` as for any kernel): ``roofline.Cost``'s
@@ -98,8 +99,15 @@ def library_terms(graph: Graph, spec: KernelSpec, device: Device, read: int,
     quantised = device.sms * math.ceil(blocks / device.sms) / blocks
     compute_us = dots / (_rate(graph, spec, device) * 1e6) * quantised
     compute_us += other / (device.fp32_tflops * 1e6)
-    return (nbytes, dots + other, memory_us, compute_us, LAUNCH_US * launches,
-            LIBRARY_LATENCY_US, blocks)  # fmt: skip
+    return (
+        nbytes,
+        dots + other,
+        memory_us,
+        compute_us,
+        LAUNCH_US * launches,
+        LIBRARY_LATENCY_US,
+        blocks,
+    )
 
 
 def _around(graph: Graph, spec: KernelSpec, out: int) -> tuple[int, int]:
@@ -113,8 +121,11 @@ def _around(graph: Graph, spec: KernelSpec, out: int) -> tuple[int, int]:
     if r.bias is None:
         return 0, 1
     anchor = graph.producer[r.anchor]
-    lt_epilogue = (graph.types[anchor.inputs[1]].rank == 2 and r.beta == 1.0
-                   and graph.types[r.bias].size == anchor.shape[-1])  # fmt: skip
+    lt_epilogue = (
+        graph.types[anchor.inputs[1]].rank == 2
+        and r.beta == 1.0
+        and graph.types[r.bias].size == anchor.shape[-1]
+    )
     return (0, 1) if lt_epilogue else (2 * out, 2)
 
 

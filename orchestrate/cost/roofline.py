@@ -170,9 +170,21 @@ from orchestrate.kernels.spec import (
 )
 
 SFU_OPS = frozenset(
-    {Op.EXP, Op.LOG, Op.SQRT, Op.RECIP, Op.TANH, Op.ERF, Op.SIGMOID, Op.SIN, Op.COS, Op.DIV,
-     Op.POW, Op.MOD}
-)  # fmt: skip
+    {
+        Op.EXP,
+        Op.LOG,
+        Op.SQRT,
+        Op.RECIP,
+        Op.TANH,
+        Op.ERF,
+        Op.SIGMOID,
+        Op.SIN,
+        Op.COS,
+        Op.DIV,
+        Op.POW,
+        Op.MOD,
+    }
+)
 FREE_OPS = frozenset({Op.RESHAPE, Op.IDENTITY})
 
 
@@ -229,8 +241,11 @@ class Prices:
             m = self.measured
             if m is not None and spec.template != VIEW:
                 us = m.times.get(spec.hash)
-                c = replace(c, measured_us=us) if us is not None else replace(
-                    c, scale=m.scale(spec.template))  # fmt: skip
+                c = (
+                    replace(c, measured_us=us)
+                    if us is not None
+                    else replace(c, scale=m.scale(spec.template))
+                )
             self._cache[spec.hash] = c
         return self._cache[spec.hash]
 
@@ -249,8 +264,9 @@ class Prices:
         else:
             bound = "memory" if mem >= c.latency_us else "latency"
         if c.measured_us is not None:  # the bound stays the model's reading of the kernel
-            return Price(c.bytes + extra, c.flops, c.measured_us + us_for_bytes(extra, self.device),
-                         bound)  # fmt: skip
+            return Price(
+                c.bytes + extra, c.flops, c.measured_us + us_for_bytes(extra, self.device), bound
+            )
         return Price(c.bytes + extra, c.flops, (roof + c.launch_us) * c.scale, bound)
 
     def write_us(self, tensor: str) -> float:
@@ -304,8 +320,11 @@ def attention_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
         node = graph.producer[n]
         if node.op in FREE_OPS:
             continue
-        evals = {Operand.Q: node.type.size, Operand.KV: node.type.size * query_blocks,
-                 Operand.SCORES: scores}  # fmt: skip
+        evals = {
+            Operand.Q: node.type.size,
+            Operand.KV: node.type.size * query_blocks,
+            Operand.SCORES: scores,
+        }
         other += evals[operand] * _weight(node.op)
     return _anchor_flops(graph, m1) + _anchor_flops(graph, m2), other
 
@@ -398,9 +417,15 @@ def norm_matmul_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
     *batch, m, n = mm.shape
     k = graph.types[roles.x].shape[-1]
     rows = math.prod(mm.shape[:-1])
-    per_x = NORM_STAT_FLOPS + bool(roles.scale[2]) + sum(
-        _weight(graph.producer[t].op) for t in roles.feed
-        if graph.producer[t].op not in FREE_OPS)  # fmt: skip
+    per_x = (
+        NORM_STAT_FLOPS
+        + bool(roles.scale[2])
+        + sum(
+            _weight(graph.producer[t].op)
+            for t in roles.feed
+            if graph.producer[t].op not in FREE_OPS
+        )
+    )
     per_row = sum(_weight(graph.producer[t].op) for t in roles.rows)
     col_tiles = _reuse(spec, mm)
     row_tiles = math.ceil(m / spec.config["BLOCK_M"]) * math.prod(batch)
@@ -498,8 +523,10 @@ def grid(graph: Graph, spec: KernelSpec) -> int:
         return tiles * split_k(c)
     if spec.template in (MERGED_MATMUL, NORM_MERGED_MATMUL):
         *batch, m, _ = graph.producer[spec.anchor].shape
-        cols = sum(math.ceil(graph.producer[s.anchor].shape[-1] / c["BLOCK_N"])
-                   for s in spec.roles.segments)  # fmt: skip
+        cols = sum(
+            math.ceil(graph.producer[s.anchor].shape[-1] / c["BLOCK_N"])
+            for s in spec.roles.segments
+        )
         return math.ceil(m / c["BLOCK_M"]) * cols * math.prod(batch)
     if spec.template == CONV:
         cv = graph.producer[spec.anchor]
@@ -553,8 +580,11 @@ def cost(graph: Graph, spec: KernelSpec, device: Device) -> Cost:
     if spec.template == VIEW:
         return Cost(0, 0, 0.0, 0.0, 0.0)
     if spec.template in LIBRARY:
-        return Cost(*library_terms(graph, spec, device, read_bytes(graph, spec),
-                                   write_bytes(graph, spec.outputs)))  # fmt: skip
+        return Cost(
+            *library_terms(
+                graph, spec, device, read_bytes(graph, spec), write_bytes(graph, spec.outputs)
+            )
+        )
     loaded = _moved(graph, spec)
     nbytes = loaded + 2 * 4 * split_k_scratch(graph, spec)[0]  # split-K partials: out and in
     blocks = max(1, grid(graph, spec))
@@ -565,8 +595,9 @@ def cost(graph: Graph, spec: KernelSpec, device: Device) -> Cost:
     # flight: each block issues one step's loads (``ahead`` steps when pipelined)
     per_block = loaded / blocks / max(1, steps) * min(ahead, max(1, steps))
     in_flight = min(BYTES_IN_FLIGHT_PER_SM, min(per_sm, math.ceil(blocks / busy)) * per_block)
-    bandwidth = min(device.bandwidth_gbs * 1e3 * ACHIEVABLE_BANDWIDTH,
-                    busy * in_flight / DRAM_LATENCY_US)  # fmt: skip  # bytes per µs
+    bandwidth = min(
+        device.bandwidth_gbs * 1e3 * ACHIEVABLE_BANDWIDTH, busy * in_flight / DRAM_LATENCY_US
+    )  # bytes per µs
     memory_us = nbytes / bandwidth if nbytes else 0.0
     # compute: dots at their rate, the rest on CUDA cores, in whole waves over the SMs
     dots, other = split_flops(graph, spec)
@@ -601,7 +632,7 @@ def _dot_us(graph: Graph, spec: KernelSpec, dots: int, device: Device) -> float:
         return sum(
             us_for_flops(_anchor_flops(graph, m), dot_tflops(m.dtype, "ieee", device))
             for m in (graph.producer[a.m1], graph.producer[a.m2])
-        )  # fmt: skip
+        )
     anchor = graph.producer[spec.anchor]
     dtype = graph.types[anchor.inputs[0]].dtype
     return us_for_flops(dots, dot_tflops(dtype, spec.config.precision, device))

@@ -105,9 +105,12 @@ def fission(model: onnx.ModelProto, source: str = "<model>", *, consume: bool = 
         _decompose_node(b, node, index, env, source, used)
     nodes, constants = _finish(b, env, [o.name for o in g.output])
     graph = ir.Graph(
-        tuple(nodes), tuple(inputs), tuple(o.name for o in g.output), constants,
+        tuple(nodes),
+        tuple(inputs),
+        tuple(o.name for o in g.output),
+        constants,
         name=g.name or "graph",
-    )  # fmt: skip
+    )
     graph = type_rules.validate(eliminate_dead_code(graph))
     _check_sizes(graph, source)
     check_constants(graph, source)

@@ -355,15 +355,24 @@ class Builder:
 
     def conv(self, x: Value, w: Value, *, strides, pads, dilations, group: int = 1) -> Value:
         return self.emit(
-            Op.CONV, [x, w], strides=tuple(strides), pads=tuple(pads),
-            dilations=tuple(dilations), group=int(group),
-        )  # fmt: skip
+            Op.CONV,
+            [x, w],
+            strides=tuple(strides),
+            pads=tuple(pads),
+            dilations=tuple(dilations),
+            group=int(group),
+        )
 
     def pool(self, x: Value, kind: str, *, kernel, strides, pads, dilations) -> Value:
         return self.emit(
-            Op.POOL, [x], kind=kind, kernel=tuple(kernel), strides=tuple(strides),
-            pads=tuple(pads), dilations=tuple(dilations),
-        )  # fmt: skip
+            Op.POOL,
+            [x],
+            kind=kind,
+            kernel=tuple(kernel),
+            strides=tuple(strides),
+            pads=tuple(pads),
+            dilations=tuple(dilations),
+        )
 
 
 def onnx_dtype_name(onnx_type: int) -> str:

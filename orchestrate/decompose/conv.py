@@ -119,9 +119,18 @@ def _kernel(w: Value, kernel_shape, op: str) -> tuple[int, ...]:
 
 
 def Conv(
-    b: Builder, x: Value, w: Value, bias: Value | None = None, *, auto_pad: str = "NOTSET",
-    dilations=None, group: int = 1, kernel_shape=None, pads=None, strides=None,
-) -> Value:  # fmt: skip
+    b: Builder,
+    x: Value,
+    w: Value,
+    bias: Value | None = None,
+    *,
+    auto_pad: str = "NOTSET",
+    dilations=None,
+    group: int = 1,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+) -> Value:
     n = _spatial(x, "Conv")
     kernel = _kernel(w, kernel_shape, "Conv")
     if group < 1 or x.shape[1] != w.shape[1] * group or w.shape[0] % group:
@@ -141,8 +150,10 @@ def _transpose_pads(
 ) -> tuple[list[int], list[int], list[int]]:
     """ConvTranspose (begins, ends, output sizes), as onnxruntime computes them."""
     n = len(sizes)
-    full = [(i - 1) * s + a + (k - 1) * d + 1 for i, s, a, k, d in
-            zip(sizes, strides, adj, kernel, dilations)]  # fmt: skip
+    full = [
+        (i - 1) * s + a + (k - 1) * d + 1
+        for i, s, a, k, d in zip(sizes, strides, adj, kernel, dilations)
+    ]
     if output_shape is not None:
         out = [int(v) for v in output_shape][-n:]
         if len(out) != n:
@@ -152,9 +163,14 @@ def _transpose_pads(
             )
     elif auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
         begins, ends = _explicit_pads(
-            "VALID" if auto_pad == "VALID" else "NOTSET", sizes, kernel, strides, dilations,
-            pads, "ConvTranspose",
-        )  # fmt: skip
+            "VALID" if auto_pad == "VALID" else "NOTSET",
+            sizes,
+            kernel,
+            strides,
+            dilations,
+            pads,
+            "ConvTranspose",
+        )
         return begins, ends, [f - p - q for f, p, q in zip(full, begins, ends)]
     else:
         out = [i * s for i, s in zip(sizes, strides)]
@@ -197,10 +213,20 @@ def _zero_insert(b: Builder, x: Value, strides: Sequence[int]) -> Value:
 
 
 def ConvTranspose(
-    b: Builder, x: Value, w: Value, bias: Value | None = None, *, auto_pad: str = "NOTSET",
-    dilations=None, group: int = 1, kernel_shape=None, output_padding=None, output_shape=None,
-    pads=None, strides=None,
-) -> Value:  # fmt: skip
+    b: Builder,
+    x: Value,
+    w: Value,
+    bias: Value | None = None,
+    *,
+    auto_pad: str = "NOTSET",
+    dilations=None,
+    group: int = 1,
+    kernel_shape=None,
+    output_padding=None,
+    output_shape=None,
+    pads=None,
+    strides=None,
+) -> Value:
     n = _spatial(x, "ConvTranspose")
     kernel = _kernel(w, kernel_shape, "ConvTranspose")
     if x.shape[1] != w.shape[0]:
@@ -219,8 +245,10 @@ def ConvTranspose(
     # padded by (k - 1) * d - begin in front and whatever makes `out` at the end
     z = _zero_insert(b, x, strides)
     front = [(k - 1) * d - p for k, d, p in zip(kernel, dilations, begins)]
-    back = [o + (k - 1) * d - f - size for o, k, d, f, size in
-            zip(out, kernel, dilations, front, z.shape[2:])]  # fmt: skip
+    back = [
+        o + (k - 1) * d - f - size
+        for o, k, d, f, size in zip(out, kernel, dilations, front, z.shape[2:])
+    ]
     z, front, back = _crop(b, z, front, back)
     wf = _flipped_weight(b, w, group)
     y = b.conv(z, wf, strides=(1,) * n, pads=front + back, dilations=dilations, group=group)
@@ -249,8 +277,9 @@ class _Window:
         # it starts inside the input or the front padding
         self.extra = []
         self.out = []
-        for size, p, q, k, s, d in zip(self.sizes, self.begins, self.ends, self.kernel,
-                                       self.strides, self.dilations):  # fmt: skip
+        for size, p, q, k, s, d in zip(
+            self.sizes, self.begins, self.ends, self.kernel, self.strides, self.dilations
+        ):
             span = size + p + q - ((k - 1) * d + 1)
             o = (-(-span // s) if ceil_mode else span // s) + 1
             if ceil_mode and (o - 1) * s >= size + p:
@@ -271,15 +300,17 @@ class _Window:
             fill = float("-inf") if kind == "max" else 0.0
             x = b.pad(x, [0, 0] + pads[:n] + [0, 0] + pads[n:], value=fill)
             pads = [0] * (2 * n)
-        return b.pool(x, kind, kernel=self.kernel, strides=self.strides, pads=pads,
-                      dilations=self.dilations)  # fmt: skip
+        return b.pool(
+            x, kind, kernel=self.kernel, strides=self.strides, pads=pads, dilations=self.dilations
+        )
 
     def counts(self, lo_pad: bool) -> np.ndarray | None:
         """Taps per output position inside the input (and, with ``lo_pad``, inside
         the explicit pads); None where that is the kernel volume everywhere."""
         per_axis = []
-        for size, p, q, k, s, d, o in zip(self.sizes, self.begins, self.ends, self.kernel,
-                                          self.strides, self.dilations, self.out):  # fmt: skip
+        for size, p, q, k, s, d, o in zip(
+            self.sizes, self.begins, self.ends, self.kernel, self.strides, self.dilations, self.out
+        ):
             lo, hi = (-p, size + q) if lo_pad else (0, size)
             taps = np.arange(o)[:, None] * s - p + np.arange(k)[None, :] * d
             per_axis.append(((taps >= lo) & (taps < hi)).sum(axis=1))
@@ -294,9 +325,17 @@ class _Window:
 
 
 def MaxPool(
-    b: Builder, x: Value, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations=None,
-    kernel_shape=None, pads=None, storage_order: int = 0, strides=None,
-) -> Value:  # fmt: skip
+    b: Builder,
+    x: Value,
+    *,
+    auto_pad: str = "NOTSET",
+    ceil_mode: int = 0,
+    dilations=None,
+    kernel_shape=None,
+    pads=None,
+    storage_order: int = 0,
+    strides=None,
+) -> Value:
     # storage_order only shapes the Indices output, which is not supported
     win = _Window(x, "MaxPool", kernel_shape, strides, pads, dilations, auto_pad, ceil_mode)
     if x.dtype in ("int8", "uint8"):  # exact in float32
@@ -305,9 +344,17 @@ def MaxPool(
 
 
 def AveragePool(
-    b: Builder, x: Value, *, auto_pad: str = "NOTSET", ceil_mode: int = 0,
-    count_include_pad: int = 0, dilations=None, kernel_shape=None, pads=None, strides=None,
-) -> Value:  # fmt: skip
+    b: Builder,
+    x: Value,
+    *,
+    auto_pad: str = "NOTSET",
+    ceil_mode: int = 0,
+    count_include_pad: int = 0,
+    dilations=None,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+) -> Value:
     win = _Window(x, "AveragePool", kernel_shape, strides, pads, dilations, auto_pad, ceil_mode)
     y = win.pool(b, x, "avg")
     counts = win.counts(lo_pad=bool(count_include_pad))
@@ -341,9 +388,17 @@ def _lp_p(p, what: str) -> float:
 
 
 def LpPool(
-    b: Builder, x: Value, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations=None,
-    kernel_shape=None, p: float = 2, pads=None, strides=None,
-) -> Value:  # fmt: skip
+    b: Builder,
+    x: Value,
+    *,
+    auto_pad: str = "NOTSET",
+    ceil_mode: int = 0,
+    dilations=None,
+    kernel_shape=None,
+    p: float = 2,
+    pads=None,
+    strides=None,
+) -> Value:
     p = _lp_p(p, "LpPool")
     win = _Window(x, "LpPool", kernel_shape, strides, pads, dilations, auto_pad, ceil_mode)
     total = b.mul(win.pool(b, _abs_pow(b, x, p), "avg"), math.prod(win.kernel))
@@ -364,7 +419,12 @@ def GlobalLpPool(b: Builder, x: Value, *, p: float = 2) -> Value:
 
 
 OPS = {
-    "Conv": Conv, "ConvTranspose": ConvTranspose, "MaxPool": MaxPool,
-    "AveragePool": AveragePool, "LpPool": LpPool, "GlobalAveragePool": GlobalAveragePool,
-    "GlobalMaxPool": GlobalMaxPool, "GlobalLpPool": GlobalLpPool,
-}  # fmt: skip
+    "Conv": Conv,
+    "ConvTranspose": ConvTranspose,
+    "MaxPool": MaxPool,
+    "AveragePool": AveragePool,
+    "LpPool": LpPool,
+    "GlobalAveragePool": GlobalAveragePool,
+    "GlobalMaxPool": GlobalMaxPool,
+    "GlobalLpPool": GlobalLpPool,
+}

@@ -147,9 +147,12 @@ def Elu(b: Builder, x: Value, *, alpha: float = 1.0) -> Value:
 
 
 def Selu(
-    b: Builder, x: Value, *, alpha: float = 1.67326319217681884765625,
+    b: Builder,
+    x: Value,
+    *,
+    alpha: float = 1.67326319217681884765625,
     gamma: float = 1.05070102214813232421875,
-) -> Value:  # fmt: skip
+) -> Value:
     neg = b.sub(b.mul(b.exp(x), alpha), alpha)
     return b.mul(b.where(b.le(x, 0), neg, x), gamma)
 
@@ -202,8 +205,15 @@ def Shrink(b: Builder, x: Value, *, bias: float = 0.0, lambd: float = 0.5) -> Va
     return b.where(b.gt(x, lambd), b.sub(x, bias), low)
 
 
-def Clip(b: Builder, x: Value, lo: Value | None = None, hi: Value | None = None, *,
-         min: float | None = None, max: float | None = None) -> Value:  # fmt: skip
+def Clip(
+    b: Builder,
+    x: Value,
+    lo: Value | None = None,
+    hi: Value | None = None,
+    *,
+    min: float | None = None,
+    max: float | None = None,
+) -> Value:
     if min is not None:  # opset < 11: bounds are attributes
         lo = b.scalar(min, x)
     if max is not None:
@@ -220,28 +230,72 @@ OPS = {
     **{
         name: _unary(op)
         for name, op in {
-            "Exp": Op.EXP, "Log": Op.LOG, "Sqrt": Op.SQRT, "Reciprocal": Op.RECIP,
-            "Tanh": Op.TANH, "Erf": Op.ERF, "Neg": Op.NEG, "Abs": Op.ABS, "Sign": Op.SIGN,
-            "Floor": Op.FLOOR, "Ceil": Op.CEIL, "Round": Op.ROUND, "Sin": Op.SIN, "Cos": Op.COS,
-            "Not": Op.NOT, "IsNaN": Op.ISNAN,
+            "Exp": Op.EXP,
+            "Log": Op.LOG,
+            "Sqrt": Op.SQRT,
+            "Reciprocal": Op.RECIP,
+            "Tanh": Op.TANH,
+            "Erf": Op.ERF,
+            "Neg": Op.NEG,
+            "Abs": Op.ABS,
+            "Sign": Op.SIGN,
+            "Floor": Op.FLOOR,
+            "Ceil": Op.CEIL,
+            "Round": Op.ROUND,
+            "Sin": Op.SIN,
+            "Cos": Op.COS,
+            "Not": Op.NOT,
+            "IsNaN": Op.ISNAN,
         }.items()
     },
     **{
         name: _binary(op)
         for name, op in {
-            "Add": Op.ADD, "Sub": Op.SUB, "Mul": Op.MUL, "Div": Op.DIV, "Equal": Op.EQ,
-            "Less": Op.LT, "LessOrEqual": Op.LE, "And": Op.AND, "Or": Op.OR, "Xor": Op.XOR,
+            "Add": Op.ADD,
+            "Sub": Op.SUB,
+            "Mul": Op.MUL,
+            "Div": Op.DIV,
+            "Equal": Op.EQ,
+            "Less": Op.LT,
+            "LessOrEqual": Op.LE,
+            "And": Op.AND,
+            "Or": Op.OR,
+            "Xor": Op.XOR,
         }.items()
     },
     "Sum": _variadic(Builder.add),
     "Max": _variadic(Builder.max),
     "Min": _variadic(Builder.min),
     "Mean": Mean,
-    "Relu": Relu, "IsInf": IsInf, "Cast": Cast, "CastLike": CastLike, "Tan": Tan, "Sinh": Sinh,
-    "Cosh": Cosh, "Asinh": Asinh, "Acosh": Acosh, "Atanh": Atanh, "Greater": Greater,
-    "GreaterOrEqual": GreaterOrEqual, "Pow": Pow, "Mod": Mod, "Where": Where,
-    "LeakyRelu": LeakyRelu, "PRelu": PRelu, "ThresholdedRelu": ThresholdedRelu, "Elu": Elu,
-    "Selu": Selu, "Celu": Celu, "Sigmoid": Sigmoid, "HardSigmoid": HardSigmoid,
-    "HardSwish": HardSwish, "Softplus": Softplus, "Softsign": Softsign, "Mish": Mish,
-    "Swish": Swish, "Gelu": Gelu, "Shrink": Shrink, "Clip": Clip,
-}  # fmt: skip
+    "Relu": Relu,
+    "IsInf": IsInf,
+    "Cast": Cast,
+    "CastLike": CastLike,
+    "Tan": Tan,
+    "Sinh": Sinh,
+    "Cosh": Cosh,
+    "Asinh": Asinh,
+    "Acosh": Acosh,
+    "Atanh": Atanh,
+    "Greater": Greater,
+    "GreaterOrEqual": GreaterOrEqual,
+    "Pow": Pow,
+    "Mod": Mod,
+    "Where": Where,
+    "LeakyRelu": LeakyRelu,
+    "PRelu": PRelu,
+    "ThresholdedRelu": ThresholdedRelu,
+    "Elu": Elu,
+    "Selu": Selu,
+    "Celu": Celu,
+    "Sigmoid": Sigmoid,
+    "HardSigmoid": HardSigmoid,
+    "HardSwish": HardSwish,
+    "Softplus": Softplus,
+    "Softsign": Softsign,
+    "Mish": Mish,
+    "Swish": Swish,
+    "Gelu": Gelu,
+    "Shrink": Shrink,
+    "Clip": Clip,
+}

@@ -118,5 +118,8 @@ def OneHot(b: Builder, indices: Value, depth: Value, values: Value, *, axis: int
 
 
 OPS = {
-    "Gather": Gather, "GatherElements": GatherElements, "GatherND": GatherND, "OneHot": OneHot,
-}  # fmt: skip
+    "Gather": Gather,
+    "GatherElements": GatherElements,
+    "GatherND": GatherND,
+    "OneHot": OneHot,
+}

@@ -274,9 +274,16 @@ def Split(b: Builder, x: Value, split=None, *, axis: int = 0, num_outputs: int |
 
 
 def Pad(
-    b: Builder, x: Value, pads=None, constant_value: Value | None = None, axes=None, *,
-    mode: str = "constant", value: float = 0.0, paddings=None,
-) -> Value:  # fmt: skip
+    b: Builder,
+    x: Value,
+    pads=None,
+    constant_value: Value | None = None,
+    axes=None,
+    *,
+    mode: str = "constant",
+    value: float = 0.0,
+    paddings=None,
+) -> Value:
     if b.opset < 2:
         pads = paddings
     if pads is None:
@@ -306,8 +313,9 @@ def Pad(
     if mode in ("reflect", "edge"):
         if any(d == 0 for d, p, q in zip(x.shape, before, after) if p or q):
             raise _invalid("Pad", f"mode {mode} cannot pad an empty axis")
-        if mode == "reflect" and any(max(p, q) >= d for d, p, q in zip(x.shape, before, after)
-                                     if p or q):  # fmt: skip
+        if mode == "reflect" and any(
+            max(p, q) >= d for d, p, q in zip(x.shape, before, after) if p or q
+        ):
             raise _invalid("Pad", f"reflect pads {pads} reach past the edge of {x.shape}")
         return b.pad(x, before + after, mode)
     if mode == "wrap":
@@ -373,9 +381,17 @@ def Size(b: Builder, x: Value) -> Value:
 
 
 def Constant(
-    b: Builder, *, value=None, value_float=None, value_floats=None, value_int=None,
-    value_ints=None, value_string=None, value_strings=None, sparse_value=None,
-) -> Value:  # fmt: skip
+    b: Builder,
+    *,
+    value=None,
+    value_float=None,
+    value_floats=None,
+    value_int=None,
+    value_ints=None,
+    value_string=None,
+    value_strings=None,
+    sparse_value=None,
+) -> Value:
     if value is not None:
         arr = np.asarray(value)
     elif value_float is not None:
@@ -405,8 +421,9 @@ def ConstantOfShape(b: Builder, shape: Value, *, value=None) -> Value:
 
 
 def Range(b: Builder, start: Value, limit: Value, delta: Value) -> Value:
-    s, lim, d = (_scalar_of(v, "Range", n) for v, n in ((start, "start"), (limit, "limit"),
-                                                          (delta, "delta")))  # fmt: skip
+    s, lim, d = (
+        _scalar_of(v, "Range", n) for v, n in ((start, "start"), (limit, "limit"), (delta, "delta"))
+    )
     if d == 0:
         raise _invalid("Range", "delta 0")
     if start.dtype in ir.INTS:
@@ -437,9 +454,15 @@ def Trilu(b: Builder, x: Value, k: Value | None = None, *, upper: int = 1) -> Va
 
 
 def Dropout(
-    b: Builder, x: Value, ratio=None, training_mode: Value | None = None, *, seed=None,
-    is_test=None, consumed_inputs=None,
-):  # fmt: skip
+    b: Builder,
+    x: Value,
+    ratio=None,
+    training_mode: Value | None = None,
+    *,
+    seed=None,
+    is_test=None,
+    consumed_inputs=None,
+):
     """Inference: ``x`` itself, and a mask that keeps everything."""
     training = training_mode is not None and bool(
         _scalar_of(training_mode, "Dropout", "training_mode")
@@ -453,10 +476,26 @@ def Dropout(
 
 
 OPS = {
-    "Identity": Identity, "Reshape": Reshape, "Flatten": Flatten, "Squeeze": Squeeze,
-    "Unsqueeze": Unsqueeze, "Transpose": Transpose, "Expand": Expand, "Tile": Tile,
-    "DepthToSpace": DepthToSpace, "SpaceToDepth": SpaceToDepth, "Slice": Slice,
-    "Concat": Concat, "Split": Split, "Pad": Pad, "Shape": Shape,
-    "Size": Size, "Constant": Constant, "ConstantOfShape": ConstantOfShape, "Range": Range,
-    "EyeLike": EyeLike, "Trilu": Trilu, "Dropout": Dropout,
-}  # fmt: skip
+    "Identity": Identity,
+    "Reshape": Reshape,
+    "Flatten": Flatten,
+    "Squeeze": Squeeze,
+    "Unsqueeze": Unsqueeze,
+    "Transpose": Transpose,
+    "Expand": Expand,
+    "Tile": Tile,
+    "DepthToSpace": DepthToSpace,
+    "SpaceToDepth": SpaceToDepth,
+    "Slice": Slice,
+    "Concat": Concat,
+    "Split": Split,
+    "Pad": Pad,
+    "Shape": Shape,
+    "Size": Size,
+    "Constant": Constant,
+    "ConstantOfShape": ConstantOfShape,
+    "Range": Range,
+    "EyeLike": EyeLike,
+    "Trilu": Trilu,
+    "Dropout": Dropout,
+}

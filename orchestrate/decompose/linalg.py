@@ -40,9 +40,17 @@ def MatMul(b: Builder, a: Value, c: Value) -> Value:
 
 
 def Gemm(
-    b: Builder, a: Value, c: Value, bias: Value | None = None, *, alpha: float = 1.0,
-    beta: float = 1.0, transA: int = 0, transB: int = 0, broadcast: int = 0,
-) -> Value:  # fmt: skip
+    b: Builder,
+    a: Value,
+    c: Value,
+    bias: Value | None = None,
+    *,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    transA: int = 0,
+    transB: int = 0,
+    broadcast: int = 0,
+) -> Value:
     """alpha * A' @ B' + beta * C, with C broadcast to the result (no Gemm primitive)."""
     if a.rank != 2 or c.rank != 2:
         raise UnsupportedError(f"Gemm of {a.shape} and {c.shape}", {"Gemm rank": 1})
@@ -223,14 +231,25 @@ def _softmax(b: Builder, s: Value, guard: bool) -> Value:
 
 
 def Attention(
-    b: Builder, q: Value, k: Value, v: Value, attn_mask: Value | None = None,
-    past_key: Value | None = None, past_value: Value | None = None,
-    nonpad_kv_seqlen: Value | None = None, *, is_causal: int = 0,
-    kv_num_heads: int | None = None, q_num_heads: int | None = None,
-    qk_matmul_output_mode: int = 0, scale: float | None = None, softcap: float = 0.0,
-    softmax_precision: int | None = None, left_window_size: int = -1,
+    b: Builder,
+    q: Value,
+    k: Value,
+    v: Value,
+    attn_mask: Value | None = None,
+    past_key: Value | None = None,
+    past_value: Value | None = None,
+    nonpad_kv_seqlen: Value | None = None,
+    *,
+    is_causal: int = 0,
+    kv_num_heads: int | None = None,
+    q_num_heads: int | None = None,
+    qk_matmul_output_mode: int = 0,
+    scale: float | None = None,
+    softcap: float = 0.0,
+    softmax_precision: int | None = None,
+    left_window_size: int = -1,
     right_window_size: int = -1,
-) -> tuple[Value, Value, Value, Value]:  # fmt: skip
+) -> tuple[Value, Value, Value, Value]:
     """ONNX Attention (opset 23+): softmax(mask(softcap(scale * Q @ K^T))) @ V."""
     if not q.rank == k.rank == v.rank or q.rank not in (3, 4):
         raise UnsupportedError(
@@ -264,8 +283,9 @@ def Attention(
         if past_key.shape != want_k or past_value.shape != want_k[:3] + v.shape[3:]:
             raise UnsupportedError(
                 f"Attention: past_key {past_key.shape} and past_value {past_value.shape} "
-                f"for K {k.shape} and V {v.shape}", {"Attention past": 1},
-            )  # fmt: skip
+                f"for K {k.shape} and V {v.shape}",
+                {"Attention past": 1},
+            )
         k = b.concat([past_key, k], axis=2)
         v = b.concat([past_value, v], axis=2)
     present_key, present_value = k, v

@@ -90,9 +90,15 @@ def _channels(op: str, x: Value, *params: Value | None) -> int:
 
 
 def LayerNormalization(
-    b: Builder, x: Value, scale: Value, bias: Value | None = None, *,
-    axis: int = -1, epsilon: float = 1e-5, stash_type: int = 1,
-) -> tuple[Value, Value, Value]:  # fmt: skip
+    b: Builder,
+    x: Value,
+    scale: Value,
+    bias: Value | None = None,
+    *,
+    axis: int = -1,
+    epsilon: float = 1e-5,
+    stash_type: int = 1,
+) -> tuple[Value, Value, Value]:
     """Y = (x - mean) * inv_std * scale + bias over axes [axis, rank); also
     returns Mean and InvStdDev (stash dtype, reduced axes kept as 1)."""
     _float_input("LayerNormalization", x)
@@ -108,9 +114,14 @@ def LayerNormalization(
 
 
 def RMSNormalization(
-    b: Builder, x: Value, scale: Value, *, axis: int = -1, epsilon: float = 1e-5,
+    b: Builder,
+    x: Value,
+    scale: Value,
+    *,
+    axis: int = -1,
+    epsilon: float = 1e-5,
     stash_type: int = 1,
-) -> Value:  # fmt: skip
+) -> Value:
     """Y = x / sqrt(mean(x^2) + eps) * scale over axes [axis, rank)."""
     _float_input("RMSNormalization", x)
     u = _compute_dtype("RMSNormalization", x, stash_type)
@@ -145,10 +156,20 @@ def LpNormalization(b: Builder, x: Value, *, axis: int = -1, p: int = 2) -> Valu
 
 
 def BatchNormalization(
-    b: Builder, x: Value, scale: Value, bias: Value, mean: Value, var: Value, *,
-    epsilon: float = 1e-5, momentum: float = 0.9, training_mode: int = 0,
-    spatial: int = 1, is_test: int | None = None, consumed_inputs: list[int] | None = None,
-) -> Value:  # fmt: skip
+    b: Builder,
+    x: Value,
+    scale: Value,
+    bias: Value,
+    mean: Value,
+    var: Value,
+    *,
+    epsilon: float = 1e-5,
+    momentum: float = 0.9,
+    training_mode: int = 0,
+    spatial: int = 1,
+    is_test: int | None = None,
+    consumed_inputs: list[int] | None = None,
+) -> Value:
     """Inference form: Y = x * a + c per channel (or per activation when
     ``spatial=0`` before opset 9).  ``momentum`` and ``consumed_inputs`` only
     concern training and are ignored."""
@@ -179,9 +200,14 @@ def BatchNormalization(
 
 
 def InstanceNormalization(
-    b: Builder, x: Value, scale: Value, bias: Value, *, epsilon: float = 1e-5,
+    b: Builder,
+    x: Value,
+    scale: Value,
+    bias: Value,
+    *,
+    epsilon: float = 1e-5,
     consumed_inputs: list[int] | None = None,
-) -> Value:  # fmt: skip
+) -> Value:
     """Y = (x - mean) * (inv_std * scale) + bias, statistics over the spatial axes."""
     op = "InstanceNormalization"
     _float_input(op, x)
@@ -194,9 +220,15 @@ def InstanceNormalization(
 
 
 def GroupNormalization(
-    b: Builder, x: Value, scale: Value, bias: Value, *, num_groups: int,
-    epsilon: float = 1e-5, stash_type: int = 1,
-) -> Value:  # fmt: skip
+    b: Builder,
+    x: Value,
+    scale: Value,
+    bias: Value,
+    *,
+    num_groups: int,
+    epsilon: float = 1e-5,
+    stash_type: int = 1,
+) -> Value:
     """Statistics per (sample, group of C / num_groups channels).  Opset 18:
     scale and bias per group; opset 21: per channel, computed in stash_type.
 
@@ -231,9 +263,14 @@ def GroupNormalization(
 
 
 def LRN(
-    b: Builder, x: Value, *, size: int, alpha: float = 1e-4, beta: float = 0.75,
+    b: Builder,
+    x: Value,
+    *,
+    size: int,
+    alpha: float = 1e-4,
+    beta: float = 0.75,
     bias: float = 1.0,
-) -> Value:  # fmt: skip
+) -> Value:
     """Y = x / (bias + alpha / size * square_sum) ^ beta, where square_sum
     sums x^2 over a window of ``size`` channels around each channel.
 
@@ -247,8 +284,7 @@ def LRN(
     n, c = x.shape[:2]
     sq = b.reshape(b.mul(x, x), (n, 1, c, math.prod(x.shape[2:])))
     lo, hi = (size - 1) // 2, size // 2
-    avg = b.pool(sq, "avg", kernel=(size, 1), strides=(1, 1), pads=(lo, 0, hi, 0),
-                 dilations=(1, 1))  # fmt: skip
+    avg = b.pool(sq, "avg", kernel=(size, 1), strides=(1, 1), pads=(lo, 0, hi, 0), dilations=(1, 1))
     den = b.pow(b.add(b.mul(b.reshape(avg, x.shape), alpha), bias), beta)
     return b.div(x, den)
 

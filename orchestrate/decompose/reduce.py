@@ -82,9 +82,13 @@ def _reduction(name: str, body):
     """A Reduce* decomposition: ``body(b, x, axes, keepdims)`` does the math."""
 
     def fn(
-        b: Builder, x: Value, axes: Value | list[int] | None = None, *,
-        keepdims: int = 1, noop_with_empty_axes: int = 0,
-    ) -> Value:  # fmt: skip
+        b: Builder,
+        x: Value,
+        axes: Value | list[int] | None = None,
+        *,
+        keepdims: int = 1,
+        noop_with_empty_axes: int = 0,
+    ) -> Value:
         ax = reduce_axes(b, name, x, axes, noop_with_empty_axes)
         return body(b, x, ax, bool(keepdims))
 

@@ -20,20 +20,36 @@ from orchestrate.errors import UnsupportedError
 # -- Resize ----------------------------------------------------------------------
 
 _COORDINATE_MODES = frozenset(
-    {"half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
-     "tf_crop_and_resize", "tf_half_pixel_for_nn"}
-)  # fmt: skip
+    {
+        "half_pixel",
+        "half_pixel_symmetric",
+        "pytorch_half_pixel",
+        "align_corners",
+        "asymmetric",
+        "tf_crop_and_resize",
+        "tf_half_pixel_for_nn",
+    }
+)
 _NEAREST_MODES = frozenset({"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"})
 
 
 def Resize(
-    b: Builder, x: Value, roi: Value | None = None, scales: Value | None = None,
-    sizes: Value | None = None, *, mode: str = "nearest",
-    coordinate_transformation_mode: str = "half_pixel", cubic_coeff_a: float = -0.75,
-    exclude_outside: int = 0, extrapolation_value: float = 0.0,
-    nearest_mode: str = "round_prefer_floor", antialias: int = 0, axes=None,
+    b: Builder,
+    x: Value,
+    roi: Value | None = None,
+    scales: Value | None = None,
+    sizes: Value | None = None,
+    *,
+    mode: str = "nearest",
+    coordinate_transformation_mode: str = "half_pixel",
+    cubic_coeff_a: float = -0.75,
+    exclude_outside: int = 0,
+    extrapolation_value: float = 0.0,
+    nearest_mode: str = "round_prefer_floor",
+    antialias: int = 0,
+    axes=None,
     keep_aspect_ratio_policy: str = "stretch",
-) -> Value:  # fmt: skip
+) -> Value:
     if b.opset < 11:  # Resize-10 is (X, scales) with Upsample's semantics
         return _resize_v10(b, x, roi, mode, "Resize")
     ctm = coordinate_transformation_mode
@@ -42,11 +58,13 @@ def Resize(
     if mode not in ("nearest", "linear", "cubic"):
         raise UnsupportedError(f"Resize mode={mode!r}", {f"Resize mode {mode}": 1})
     if ctm not in _COORDINATE_MODES:
-        raise UnsupportedError(f"Resize coordinate_transformation_mode={ctm!r}",
-                               {f"Resize {ctm}": 1})  # fmt: skip
+        raise UnsupportedError(
+            f"Resize coordinate_transformation_mode={ctm!r}", {f"Resize {ctm}": 1}
+        )
     if nearest_mode not in _NEAREST_MODES:
-        raise UnsupportedError(f"Resize nearest_mode={nearest_mode!r}",
-                               {f"Resize nearest_mode {nearest_mode}": 1})  # fmt: skip
+        raise UnsupportedError(
+            f"Resize nearest_mode={nearest_mode!r}", {f"Resize nearest_mode {nearest_mode}": 1}
+        )
     if mode != "nearest" and x.dtype not in ir.FLOATS:
         raise UnsupportedError(f"Resize {mode} on {x.dtype}", {f"Resize {mode} {x.dtype}": 1})
     r = x.rank
@@ -67,8 +85,10 @@ def Resize(
             factor = [s] * n
             out = [int(s * x.shape[a] + 0.5) for a in axes]
         elif keep_aspect_ratio_policy != "stretch":
-            raise UnsupportedError(f"Resize keep_aspect_ratio_policy={keep_aspect_ratio_policy!r}",
-                                   {"Resize keep_aspect_ratio_policy": 1})  # fmt: skip
+            raise UnsupportedError(
+                f"Resize keep_aspect_ratio_policy={keep_aspect_ratio_policy!r}",
+                {"Resize keep_aspect_ratio_policy": 1},
+            )
     else:
         factor = [float(np.float32(s)) for s in scale_list]
         if len(factor) != n or min(factor, default=1.0) <= 0:
@@ -93,9 +113,16 @@ def Resize(
                 {f"Resize {ctm} fractional length": 1},
             )
         taps = resize_taps(
-            x.shape[a], o, s, mode=mode, coordinate_mode=ctm, nearest_mode=nearest_mode,
-            cubic_a=cubic_coeff_a, exclude_outside=bool(exclude_outside), roi=(lo, hi),
-        )  # fmt: skip
+            x.shape[a],
+            o,
+            s,
+            mode=mode,
+            coordinate_mode=ctm,
+            nearest_mode=nearest_mode,
+            cubic_a=cubic_coeff_a,
+            exclude_outside=bool(exclude_outside),
+            roi=(lo, hi),
+        )
         x = _resample(b, x, a, *taps, extrapolation_value)
     return x
 
@@ -172,17 +199,26 @@ def resize_taps(
     t = x - base  # in [0, 1): the position between base and base + 1
     if mode == "nearest":
         up = {
-            "round_prefer_floor": t > 0.5, "round_prefer_ceil": t >= 0.5,
-            "floor": np.zeros_like(t, bool), "ceil": t > 0,
-        }[nearest_mode]  # fmt: skip
+            "round_prefer_floor": t > 0.5,
+            "round_prefer_ceil": t >= 0.5,
+            "floor": np.zeros_like(t, bool),
+            "ceil": t > 0,
+        }[nearest_mode]
         index, weight = (base + up)[:, None], np.ones((out_len, 1))
     elif mode == "linear":
         index = base[:, None] + np.array([0, 1])
         weight = np.stack([1 - t, t], axis=1)
     else:  # cubic: Keys' kernel over base-1 .. base+2
         index = base[:, None] + np.array([-1, 0, 1, 2])
-        weight = np.stack([_keys(t + 1, cubic_a), _keys(t, cubic_a), _keys(1 - t, cubic_a),
-                           _keys(2 - t, cubic_a)], axis=1)  # fmt: skip
+        weight = np.stack(
+            [
+                _keys(t + 1, cubic_a),
+                _keys(t, cubic_a),
+                _keys(1 - t, cubic_a),
+                _keys(2 - t, cubic_a),
+            ],
+            axis=1,
+        )
         if exclude_outside:
             weight = np.where((index < 0) | (index >= in_len), 0.0, weight)
             total = weight.sum(axis=1, keepdims=True)

@@ -72,8 +72,9 @@ def function_key(spec_hash: str, nodes: Sequence[str], writes: Sequence[str]) ->
     return hashlib.sha1(f"{spec_hash}|{which}".encode()).hexdigest()[:16]
 
 
-def kernel_source(graph: Graph, spec: KernelSpec, writes: Sequence[str],
-                  name: str) -> KernelSource | library.LibrarySource:  # fmt: skip
+def kernel_source(
+    graph: Graph, spec: KernelSpec, writes: Sequence[str], name: str
+) -> KernelSource | library.LibrarySource:
     """The generated function for one spec writing ``writes``."""
     return GENERATORS[spec.template](graph, spec, tuple(writes), name)
 
@@ -100,6 +101,8 @@ def emit(graph: Graph, planned: Planned, title: str = "") -> str:
         title or f"Triton kernels for {plan.graph.name} ({k} kernels, planned for {plan.device})"
     )
     library_calls = f" and {calls} library launcher{'s' if calls != 1 else ''}" if calls else ""
-    count = (f"{n} jitted function{'s' if n != 1 else ''}{library_calls} for {k} planned "
-             f"kernel{'s' if k != 1 else ''}.")  # fmt: skip
+    count = (
+        f"{n} jitted function{'s' if n != 1 else ''}{library_calls} for {k} planned "
+        f"kernel{'s' if k != 1 else ''}."
+    )
     return module(list(functions.values()), launches, [title, "", count])

@@ -95,9 +95,13 @@ def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
     body.comment("block-shaped zeros make every load a full tile, whatever it broadcasts")
     zeros = {
         zero: body.lazy(zero, f"tl.zeros(({shape}), dtype=tl.int32)")
-        for zero, shape in (("zero_q", "BLOCK_M, BLOCK_D"), ("zero_k", "BLOCK_D, BLOCK_N"),
-                            ("zero_s", "BLOCK_M, BLOCK_N"), ("zero_v", "BLOCK_N, BLOCK_DV"))
-    }  # fmt: skip
+        for zero, shape in (
+            ("zero_q", "BLOCK_M, BLOCK_D"),
+            ("zero_k", "BLOCK_D, BLOCK_N"),
+            ("zero_s", "BLOCK_M, BLOCK_N"),
+            ("zero_v", "BLOCK_N, BLOCK_DV"),
+        )
+    }
 
     def tile(rows: str, cols: str) -> tuple[Sym, Sym]:
         """The row and column index vectors of a tile, as broadcast blocks."""
@@ -124,8 +128,9 @@ def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
     # -- the key loop ---------------------------------------------------------
     splits = split_k(k.config)
     if splits > 1:
-        body.comment(f"split-KV: program pid_k of the row block's SPLIT_K walks its share of "
-                     f"the {lk} keys")  # fmt: skip
+        body.comment(
+            f"split-KV: program pid_k of the row block's SPLIT_K walks its share of the {lk} keys"
+        )
         body.raw("pid_k = tl.program_id(2)")
         body.raw(f"n_share = tl.cdiv(tl.cdiv({lk}, BLOCK_N), SPLIT_K) * BLOCK_N")
         body.raw("n_lo = pid_k * n_share")
@@ -166,8 +171,10 @@ def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
     # -- normalise and store --------------------------------------------------
     batch_off = f"pid_b * {lq * dv} + " if nbatch > 1 else ""
     row = f"offs_m[:, None] * {dv}" if dv > 1 else "offs_m[:, None]"
-    offsets = ["mask_o = mask_m[:, None] & mask_dv[None, :]",
-               f"offs_o = {batch_off}{row} + offs_dv[None, :]"]  # fmt: skip
+    offsets = [
+        "mask_o = mask_m[:, None] & mask_dv[None, :]",
+        f"offs_o = {batch_off}{row} + offs_dv[None, :]",
+    ]
     last = body
     if splits > 1:  # the partial output's slot is at the output's offsets
         for line in offsets:
@@ -194,10 +201,12 @@ def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
         "  stay on chip.",
     ]
     if splits > 1:
-        doc.append(f"  split-KV: {splits} programs per block of query rows; partial states "
-                   f"{ptrs.name(SPLIT_K_PARTIALS)}: fp32[{splits}, {nbatch * lq * (dv + 2)}] "
-                   f"written and read back, arrivals counted in "
-                   f"{ptrs.name(SPLIT_K_COUNTERS)}: int32 per block of rows")  # fmt: skip
+        doc.append(
+            f"  split-KV: {splits} programs per block of query rows; partial states "
+            f"{ptrs.name(SPLIT_K_PARTIALS)}: fp32[{splits}, {nbatch * lq * (dv + 2)}] "
+            f"written and read back, arrivals counted in "
+            f"{ptrs.name(SPLIT_K_COUNTERS)}: int32 per block of rows"
+        )
     return KernelSource(
         name=name,
         doc=doc,

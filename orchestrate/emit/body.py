@@ -134,8 +134,11 @@ class Body:
 
     def code(self) -> list[str]:
         """The lines, with the lazy definitions that were used."""
-        return [x.line if isinstance(x, Lazy) else x for x in self.lines
-                if not isinstance(x, Lazy) or x.used]  # fmt: skip
+        return [
+            x.line if isinstance(x, Lazy) else x
+            for x in self.lines
+            if not isinstance(x, Lazy) or x.used
+        ]
 
 
 def is_number(text: str) -> bool:

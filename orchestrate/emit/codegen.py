@@ -52,12 +52,20 @@ from orchestrate.ir import Graph, Node, Op
 from orchestrate.ir.bounds import INDEX_ERROR
 
 TL_DTYPE = {
-    "float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",
+    "float16": "tl.float16",
+    "bfloat16": "tl.bfloat16",
+    "float32": "tl.float32",
     "float64": "tl.float64",
-    "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32", "int64": "tl.int64",
-    "uint8": "tl.uint8", "uint16": "tl.uint16", "uint32": "tl.uint32", "uint64": "tl.uint64",
+    "int8": "tl.int8",
+    "int16": "tl.int16",
+    "int32": "tl.int32",
+    "int64": "tl.int64",
+    "uint8": "tl.uint8",
+    "uint16": "tl.uint16",
+    "uint32": "tl.uint32",
+    "uint64": "tl.uint64",
     "bool": "tl.int1",
-}  # fmt: skip
+}
 
 
 def compute_dtype(dtype: str) -> str:
@@ -130,8 +138,9 @@ class Index:
     mask: Expr | None = None
 
 
-def split_linear(body: Body, linear: Expr, shape: Sequence[int], stem: str = "i"
-                 ) -> tuple[Expr, ...]:  # fmt: skip
+def split_linear(
+    body: Body, linear: Expr, shape: Sequence[int], stem: str = "i"
+) -> tuple[Expr, ...]:
     """The multi-index of a row-major ``linear`` index into ``shape``.  The
     outermost dimension takes no modulo: masked-out lanes may run past it."""
     if not shape:
@@ -154,8 +163,7 @@ def _within(e: Expr, d: int) -> Expr:
     """A let-bound index component known to lie in [0, d) on valid lanes."""
     if isinstance(e, Sym):
         lo, hi = e.lo, e.hi
-        return Sym(e.name, 0 if lo is None else max(lo, 0), d if hi is None else min(hi, d),
-                   e.lane)  # fmt: skip
+        return Sym(e.name, 0 if lo is None else max(lo, 0), d if hi is None else min(hi, d), e.lane)
     return e
 
 
@@ -195,9 +203,16 @@ class Evaluator:
     ``broadcast_all``, for templates whose index expressions have lower rank
     than the block)."""
 
-    def __init__(self, graph: Graph, inside: set[str], body: Body, pointers: Pointers,
-                 mask: Expr | None = None, zero: Expr | None = None,
-                 broadcast_all: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        graph: Graph,
+        inside: set[str],
+        body: Body,
+        pointers: Pointers,
+        mask: Expr | None = None,
+        zero: Expr | None = None,
+        broadcast_all: bool = False,
+    ):
         self.zero = zero
         self.broadcast_all = broadcast_all
         self.graph = graph
@@ -263,8 +278,9 @@ class Evaluator:
                 self.value(i, broadcast_index(index, n.shape, self.graph.types[i].shape))
                 for i in n.inputs
             ]
-            expr = elementwise(n, args, [self.graph.types[i].dtype for i in n.inputs],
-                               self.body.use)  # fmt: skip
+            expr = elementwise(
+                n, args, [self.graph.types[i].dtype for i in n.inputs], self.body.use
+            )
             return self.body.let(expr, "v")
         return self._layout(n, index)
 
@@ -395,8 +411,9 @@ def _is_int(text: str) -> bool:
 # elementwise ops in Triton
 
 
-def elementwise(n: Node, args: list[str], arg_dtypes: list[str],
-                use: Callable[[Helper], None] = lambda h: None) -> str:  # fmt: skip
+def elementwise(
+    n: Node, args: list[str], arg_dtypes: list[str], use: Callable[[Helper], None] = lambda h: None
+) -> str:
     """A Triton expression for elementwise primitive ``n`` of ``args``;
     ``use`` is told of each helper function the expression calls."""
     op = n.op
@@ -404,13 +421,22 @@ def elementwise(n: Node, args: list[str], arg_dtypes: list[str],
     dt = compute_dtype(arg_dtypes[0]) if arg_dtypes else ""
     is_int = dt in ir.INTS
     simple = {
-        Op.EXP: f"tl.exp({x})", Op.LOG: f"tl.log({x})", Op.SQRT: f"tl.sqrt({x})",
-        Op.SIGMOID: f"tl.sigmoid({x})", Op.NEG: f"-{x}", Op.ABS: f"tl.abs({x})",
-        Op.FLOOR: f"tl.floor({x})", Op.CEIL: f"tl.ceil({x})", Op.SIN: f"tl.sin({x})",
-        Op.COS: f"tl.cos({x})", Op.ERF: f"tl.math.erf({x})", Op.NOT: f"{x} == 0",
-        Op.ISNAN: f"{x} != {x}", Op.ISINF: f"tl.abs({x}) == float(\"inf\")",
+        Op.EXP: f"tl.exp({x})",
+        Op.LOG: f"tl.log({x})",
+        Op.SQRT: f"tl.sqrt({x})",
+        Op.SIGMOID: f"tl.sigmoid({x})",
+        Op.NEG: f"-{x}",
+        Op.ABS: f"tl.abs({x})",
+        Op.FLOOR: f"tl.floor({x})",
+        Op.CEIL: f"tl.ceil({x})",
+        Op.SIN: f"tl.sin({x})",
+        Op.COS: f"tl.cos({x})",
+        Op.ERF: f"tl.math.erf({x})",
+        Op.NOT: f"{x} == 0",
+        Op.ISNAN: f"{x} != {x}",
+        Op.ISINF: f'tl.abs({x}) == float("inf")',
         Op.RECIP: f"1.0 / {x}",
-    }  # fmt: skip
+    }
     if op in simple:
         return simple[op]
     if op is Op.TANH:
@@ -430,11 +456,18 @@ def elementwise(n: Node, args: list[str], arg_dtypes: list[str],
         return f"tl.where({args[0]}, {args[1]}, {args[2]})"
     y = args[1] if len(args) > 1 else ""
     binary = {
-        Op.ADD: f"{x} + {y}", Op.SUB: f"{x} - {y}", Op.MUL: f"{x} * {y}",
-        Op.MAX: f"tl.maximum({x}, {y})", Op.MIN: f"tl.minimum({x}, {y})",
-        Op.EQ: f"{x} == {y}", Op.LT: f"{x} < {y}", Op.LE: f"{x} <= {y}",
-        Op.AND: f"{x} & {y}", Op.OR: f"{x} | {y}", Op.XOR: f"{x} ^ {y}",
-    }  # fmt: skip
+        Op.ADD: f"{x} + {y}",
+        Op.SUB: f"{x} - {y}",
+        Op.MUL: f"{x} * {y}",
+        Op.MAX: f"tl.maximum({x}, {y})",
+        Op.MIN: f"tl.minimum({x}, {y})",
+        Op.EQ: f"{x} == {y}",
+        Op.LT: f"{x} < {y}",
+        Op.LE: f"{x} <= {y}",
+        Op.AND: f"{x} & {y}",
+        Op.OR: f"{x} | {y}",
+        Op.XOR: f"{x} ^ {y}",
+    }
     if op in (Op.MAX, Op.MIN) and not is_int:
         # NaN propagates, as in numpy and onnxruntime (a literal is never NaN)
         pick = "tl.maximum" if op is Op.MAX else "tl.minimum"
@@ -469,6 +502,12 @@ def elementwise(n: Node, args: list[str], arg_dtypes: list[str],
 
 
 def _exact_pow(x: str, y: str) -> str | None:
-    exact = {"2.0": f"{x} * {x}", "2": f"{x} * {x}", "3.0": f"{x} * {x} * {x}",
-             "1.0": x, "0.5": f"tl.sqrt({x})", "-1.0": f"1.0 / {x}"}  # fmt: skip
+    exact = {
+        "2.0": f"{x} * {x}",
+        "2": f"{x} * {x}",
+        "3.0": f"{x} * {x} * {x}",
+        "1.0": x,
+        "0.5": f"tl.sqrt({x})",
+        "-1.0": f"1.0 / {x}",
+    }
     return exact.get(y)

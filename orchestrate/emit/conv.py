@@ -83,7 +83,7 @@ def conv(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> Ker
     o = [
         _component(
             body, rm, f"o_{a}", math.prod(out_sp[i + 1 :]), out_sp[i], outer=nb == 1 and i == 0
-        )  # fmt: skip
+        )
         for i, a in enumerate(axes)
     ]
     co = body.define("co", grp * mg + rn)
@@ -103,9 +103,7 @@ def conv(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> Ker
     rk = Sym("rk", 0, gemm_k)
     ci = _component(loop, rk, "c_in", kvol, cg, outer=True)
     kd = [
-        _component(
-            loop, rk, f"k_{a}", math.prod(kern[i + 1 :]), kern[i], outer=cg == 1 and i == 0
-        )  # fmt: skip
+        _component(loop, rk, f"k_{a}", math.prod(kern[i + 1 :]), kern[i], outer=cg == 1 and i == 0)
         for i, a in enumerate(axes)
     ]
     loop.comment("input pixel of each (row, column); masked where it is padding")
@@ -164,8 +162,9 @@ def conv(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> Ker
     )
 
 
-def _component(body: Body, linear: Expr, name: str, inner: int, size: int,
-               outer: bool = False) -> Expr:  # fmt: skip
+def _component(
+    body: Body, linear: Expr, name: str, inner: int, size: int, outer: bool = False
+) -> Expr:
     """The component of a row-major ``linear`` index with inner volume ``inner``
     (``outer``: the outermost one, no modulo; masked lanes may run past it)."""
     if size == 1:

@@ -26,14 +26,54 @@ from dataclasses import dataclass
 from functools import partial
 
 __all__ = [
-    "Expr", "Const", "Sym", "Add", "Mul", "FloorDiv", "Mod", "Min", "Max", "Where", "Cmp", "And",
-    "TRUE", "FALSE", "as_expr", "add", "sub", "mul", "floordiv", "mod", "minimum", "maximum",
-    "where", "lt", "le", "ge", "gt", "eq", "ne", "and_", "is_true", "is_false", "simplify",
-    "bounds", "children", "is_lane_invariant", "render", "evaluate",
-]  # fmt: skip
+    "Expr",
+    "Const",
+    "Sym",
+    "Add",
+    "Mul",
+    "FloorDiv",
+    "Mod",
+    "Min",
+    "Max",
+    "Where",
+    "Cmp",
+    "And",
+    "TRUE",
+    "FALSE",
+    "as_expr",
+    "add",
+    "sub",
+    "mul",
+    "floordiv",
+    "mod",
+    "minimum",
+    "maximum",
+    "where",
+    "lt",
+    "le",
+    "ge",
+    "gt",
+    "eq",
+    "ne",
+    "and_",
+    "is_true",
+    "is_false",
+    "simplify",
+    "bounds",
+    "children",
+    "is_lane_invariant",
+    "render",
+    "evaluate",
+]
 
-_OPS = {"<": operator.lt, "<=": operator.le, ">=": operator.ge, ">": operator.gt,
-        "==": operator.eq, "!=": operator.ne}  # fmt: skip
+_OPS = {
+    "<": operator.lt,
+    "<=": operator.le,
+    ">=": operator.ge,
+    ">": operator.gt,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
 
 
 @dataclass(frozen=True)
@@ -310,8 +350,11 @@ def mod(a: Expr | int, b: Expr | int) -> Expr:
     if isinstance(a, Mod) and _pos(a.b) and a.b.value % d == 0:
         return mod(a.a, d)
     if isinstance(a, Add):
-        kept = [Const(t.value % d) if isinstance(t, Const) else t for t in a.terms
-                if not (isinstance(t, Mul) and _split(t)[1] % d == 0)]  # fmt: skip
+        kept = [
+            Const(t.value % d) if isinstance(t, Const) else t
+            for t in a.terms
+            if not (isinstance(t, Mul) and _split(t)[1] % d == 0)
+        ]
         if kept != list(a.terms):
             return mod(add(*kept), d)
     return Mod(a, b)
@@ -421,8 +464,16 @@ def children(e: Expr) -> tuple[Expr, ...]:
     return (e.a, e.b)
 
 
-_BUILD = {Add: add, Mul: mul, FloorDiv: floordiv, Mod: mod, Min: minimum, Max: maximum,
-          Where: where, And: _conj}  # fmt: skip
+_BUILD = {
+    Add: add,
+    Mul: mul,
+    FloorDiv: floordiv,
+    Mod: mod,
+    Min: minimum,
+    Max: maximum,
+    Where: where,
+    And: _conj,
+}
 
 
 def simplify(e: Expr) -> Expr:
@@ -562,6 +613,13 @@ def evaluate(e: Expr, env: Mapping[str, int]) -> int | bool:
     v = [evaluate(c, env) for c in children(e)]
     if isinstance(e, Cmp):
         return _OPS[e.op](*v)
-    fn = {Add: lambda *v: sum(v), And: lambda *v: all(v), Mul: operator.mul,
-          FloorDiv: operator.floordiv, Mod: operator.mod, Min: min, Max: max}[type(e)]  # fmt: skip
+    fn = {
+        Add: lambda *v: sum(v),
+        And: lambda *v: all(v),
+        Mul: operator.mul,
+        FloorDiv: operator.floordiv,
+        Mod: operator.mod,
+        Min: min,
+        Max: max,
+    }[type(e)]
     return fn(*v)

@@ -56,8 +56,12 @@ class LibrarySource:
 
     def render(self) -> str:
         args = ", ".join([*self.params, "interpret=False"])
-        lines = [f"# {'-' * 76}", *(comment(d) for d in self.doc),
-                 f"def launch_{self.name}({args}):", *self.body]  # fmt: skip
+        lines = [
+            f"# {'-' * 76}",
+            *(comment(d) for d in self.doc),
+            f"def launch_{self.name}({args}):",
+            *self.body,
+        ]
         return "\n".join(lines) + "\n"
 
 
@@ -86,16 +90,20 @@ def _matmul(graph: Graph, spec: KernelSpec, at: dict[str, str]) -> list[str]:
     *batch, m, n = mm.shape
     k = a[-1]
     out = at[spec.outputs[0]]
-    lines = [f"    # cuBLAS through torch: out = {_num(call.alpha)} * A @ B"
-             + (f" + {_num(call.beta)} * bias" if call.bias else "")]  # fmt: skip
+    lines = [
+        f"    # cuBLAS through torch: out = {_num(call.alpha)} * A @ B"
+        + (f" + {_num(call.beta)} * bias" if call.bias else "")
+    ]
     bias = call.bias
     if len(b) == 2:  # A's batch and rows are one M dimension: one GEMM
         rows = math.prod(a[:-1])
         lines.append(f"    a = {at[mm.inputs[0]]}.view({rows}, {k})")
         lines.append(f"    c = {out}.view({rows}, {n})")
         lines.append(_bias(graph, bias, at, (rows, n), mm.shape, 1))
-        lines.append(f"    torch.addmm(bias, a, {at[mm.inputs[1]]}, beta={_num(call.beta)}, "
-                     f"alpha={_num(call.alpha)}, out=c)")  # fmt: skip
+        lines.append(
+            f"    torch.addmm(bias, a, {at[mm.inputs[1]]}, beta={_num(call.beta)}, "
+            f"alpha={_num(call.alpha)}, out=c)"
+        )
         return lines
     total = math.prod(batch)
     for var, t, rows_cols in (("a", mm.inputs[0], (m, k)), ("b", mm.inputs[1], (k, n))):
@@ -106,13 +114,20 @@ def _matmul(graph: Graph, spec: KernelSpec, at: dict[str, str]) -> list[str]:
         lines.append(f"    {var} = {ref}.reshape({total}, {rows_cols[0]}, {rows_cols[1]})")
     lines.append(f"    c = {out}.view({total}, {m}, {n})")
     lines.append(_bias(graph, bias, at, (total, m, n), mm.shape, 2))
-    lines.append(f"    torch.baddbmm(bias, a, b, beta={_num(call.beta)}, "
-                 f"alpha={_num(call.alpha)}, out=c)")  # fmt: skip
+    lines.append(
+        f"    torch.baddbmm(bias, a, b, beta={_num(call.beta)}, alpha={_num(call.alpha)}, out=c)"
+    )
     return lines
 
 
-def _bias(graph: Graph, bias: str | None, at: dict[str, str], flat: tuple[int, ...],
-          full: tuple[int, ...], trailing: int) -> str:  # fmt: skip
+def _bias(
+    graph: Graph,
+    bias: str | None,
+    at: dict[str, str],
+    flat: tuple[int, ...],
+    full: tuple[int, ...],
+    trailing: int,
+) -> str:
     """The line binding ``bias``: the output itself when there is none (beta
     is 0, so torch ignores it); the bias as is when it broadcasts over the
     flattened output by its last ``trailing`` dimensions; else expanded to
@@ -134,8 +149,10 @@ def _conv(graph: Graph, spec: KernelSpec, at: dict[str, str]) -> list[str]:
     dims = len(cv.shape) - 2
     pads, strides, dil = cv.attrs["pads"], cv.attrs["strides"], cv.attrs["dilations"]
     x = at[cv.inputs[0]]
-    lines = [f"    # cuDNN through torch: a {dims}-D convolution"
-             + (" and its bias" if call.bias else "")]  # fmt: skip
+    lines = [
+        f"    # cuDNN through torch: a {dims}-D convolution"
+        + (" and its bias" if call.bias else "")
+    ]
     begin, end = tuple(pads[:dims]), tuple(pads[dims:])
     if begin != end:  # torch pads both sides alike: pad the input first
         widths = [w for i in reversed(range(dims)) for w in (begin[i], end[i])]
@@ -152,11 +169,13 @@ def _conv(graph: Graph, spec: KernelSpec, at: dict[str, str]) -> list[str]:
         lines.append("    # IEEE fp32, as the plan's generated kernels (cuDNN defaults to TF32)")
         lines.append("    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):")
         indent = "        "
-    lines += [f"{indent}y = torch.nn.functional.conv{dims}d(",
-              f"{indent}    {x}, {at[cv.inputs[1]]}, {bias}, stride={_shape(strides)}, "
-              f"padding={_shape(begin)},",
-              f"{indent}    dilation={_shape(dil)}, groups={cv.attrs['group']},",
-              f"{indent})"]  # fmt: skip
+    lines += [
+        f"{indent}y = torch.nn.functional.conv{dims}d(",
+        f"{indent}    {x}, {at[cv.inputs[1]]}, {bias}, stride={_shape(strides)}, "
+        f"padding={_shape(begin)},",
+        f"{indent}    dilation={_shape(dil)}, groups={cv.attrs['group']},",
+        f"{indent})",
+    ]
     lines.append(f"    {at[spec.outputs[0]]}.copy_(y)")
     return lines
 
@@ -170,8 +189,11 @@ def _attention(graph: Graph, spec: KernelSpec, at: dict[str, str]) -> list[str]:
     flat = len(batch) not in (1, 2)  # SDPA takes (N, L, E) or (N, H, L, E)
     lead = (math.prod(batch),) if flat else tuple(batch)
     lines = ["    # scaled_dot_product_attention: softmax(scale * Q @ K^T + mask) @ V"]
-    operands = (("q", m1.inputs[0], (lq, d), False), ("k", m1.inputs[1], (lk, d), True),
-                ("v", m2.inputs[1], (lk, dv), False))  # fmt: skip
+    operands = (
+        ("q", m1.inputs[0], (lq, d), False),
+        ("k", m1.inputs[1], (lk, d), True),
+        ("v", m2.inputs[1], (lk, dv), False),
+    )
     for var, t, tail, transposed in operands:
         ref = at[t] + (".transpose(-2, -1)" if transposed else "")
         shape = graph.types[t].shape
@@ -191,9 +213,11 @@ def _attention(graph: Graph, spec: KernelSpec, at: dict[str, str]) -> list[str]:
         invert = "~" if s.hides else ""  # SDPA's boolean mask marks the keys kept
         lines.append(f"    mask = {invert}{ref}.to({dtype})")
         mask = "mask"
-    lines += ["    o = torch.nn.functional.scaled_dot_product_attention(",
-              f"        q, k, v, attn_mask={mask}, scale={_num(s.scale)}",
-              "    )"]  # fmt: skip
+    lines += [
+        "    o = torch.nn.functional.scaled_dot_product_attention(",
+        f"        q, k, v, attn_mask={mask}, scale={_num(s.scale)}",
+        "    )",
+    ]
     lines.append(f"    {at[spec.outputs[0]]}.view{_shape((*lead, lq, dv))}.copy_(o)")
     return lines
 

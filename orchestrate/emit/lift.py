@@ -35,8 +35,18 @@ from orchestrate.emit import text
 from orchestrate.shapes.poly import Grid, NotLifted
 
 # Triton calls whose arguments must be compile-time constants
-_CONSTEXPR_CALLS = {"arange", "zeros", "full", "static_range", "reshape", "view", "broadcast_to",
-                    "expand_dims", "trans", "permute"}  # fmt: skip
+_CONSTEXPR_CALLS = {
+    "arange",
+    "zeros",
+    "full",
+    "static_range",
+    "reshape",
+    "view",
+    "broadcast_to",
+    "expand_dims",
+    "trans",
+    "permute",
+}
 _NUMBER = re.compile(r"\d+")
 
 
@@ -49,9 +59,14 @@ class Unliftable:
     reason: str
 
 
-def lift_source(sources: Mapping[tuple[int, ...], str], grid: Grid, codes: Sequence[str],
-                names: Sequence[str], shown: str | None = None,
-                shown_at: str = "") -> str | Unliftable:  # fmt: skip
+def lift_source(
+    sources: Mapping[tuple[int, ...], str],
+    grid: Grid,
+    codes: Sequence[str],
+    names: Sequence[str],
+    shown: str | None = None,
+    shown_at: str = "",
+) -> str | Unliftable:
     """The source serving every binding (see the module doc).  ``sources``
     holds the source at each grid point; ``names`` the dimensions' names in
     the model (escaped into comments); ``shown`` the source at the plan's
@@ -66,8 +81,9 @@ def lift_source(sources: Mapping[tuple[int, ...], str], grid: Grid, codes: Seque
         if len(toks[p]) != len(first):
             return Unliftable(None, "the kernels' source has a different shape at another binding")
     opt = _tokens(shown) if shown is not None else None
-    if opt is not None and (len(opt) != len(first) or any(
-            a.type != b.type for a, b in zip(opt, first))):  # fmt: skip
+    if opt is not None and (
+        len(opt) != len(first) or any(a.type != b.type for a, b in zip(opt, first))
+    ):
         opt = None
     edits: list[tuple[tuple[int, int], tuple[int, int], str]] = []
     for i, tok in enumerate(first):
@@ -157,8 +173,11 @@ def _apply(source: str, edits: list) -> str:
 
 def _functions(source: str) -> list[tuple[int, int, str]]:
     tree = ast.parse(source)
-    return [(n.lineno, n.end_lineno or n.lineno, n.name) for n in tree.body
-            if isinstance(n, ast.FunctionDef)]  # fmt: skip
+    return [
+        (n.lineno, n.end_lineno or n.lineno, n.name)
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef)
+    ]
 
 
 def _function_at(functions, line: int) -> str | None:
@@ -169,8 +188,9 @@ def _is_jit(node: ast.FunctionDef) -> bool:
     return any(isinstance(d, ast.Attribute) and d.attr == "jit" for d in node.decorator_list)
 
 
-def _with_arguments(source: str, codes: Sequence[str], names: Sequence[str],
-                    shown_at: str) -> str | Unliftable:  # fmt: skip
+def _with_arguments(
+    source: str, codes: Sequence[str], names: Sequence[str], shown_at: str
+) -> str | Unliftable:
     """Dimensions as arguments: to jitted functions that use them, and as
     keywords to every launcher (see the module doc)."""
     tree = ast.parse(source)
@@ -185,12 +205,17 @@ def _with_arguments(source: str, codes: Sequence[str], names: Sequence[str],
         if _is_jit(node):
             jit.add(node.name)
             for call in ast.walk(node):
-                if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
-                        and call.func.attr in _CONSTEXPR_CALLS):  # fmt: skip
+                if (
+                    isinstance(call, ast.Call)
+                    and isinstance(call.func, ast.Attribute)
+                    and call.func.attr in _CONSTEXPR_CALLS
+                ):
                     inner = {n.id for n in ast.walk(call) if isinstance(n, ast.Name)}
                     if inner & code_set:
-                        return Unliftable(node.name, f"tl.{call.func.attr} needs a dimension "
-                                                     "as a compile-time constant")  # fmt: skip
+                        return Unliftable(
+                            node.name,
+                            f"tl.{call.func.attr} needs a dimension as a compile-time constant",
+                        )
     lines = source.splitlines(keepends=True)
     inserts: list[tuple[int, str]] = []  # (line index to insert before, text)
     for node in tree.body:
@@ -221,8 +246,12 @@ def _with_arguments(source: str, codes: Sequence[str], names: Sequence[str],
             "interpret=False", "*, " + "".join(f"{c}, " for c in codes) + "interpret=False", 1
         )
         for call in ast.walk(node):
-            if (isinstance(call, ast.Call) and isinstance(call.func, ast.Subscript)
-                    and isinstance(call.func.value, ast.Name) and call.func.value.id in jit):  # fmt: skip
+            if (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Subscript)
+                and isinstance(call.func.value, ast.Name)
+                and call.func.value.id in jit
+            ):
                 theirs = uses.get(call.func.value.id, [])
                 if not theirs:
                     continue
@@ -256,7 +285,9 @@ def _header(source: str, codes: Sequence[str], names: Sequence[str], shown_at: s
     if end < 0:
         return source
     said = "\n".join(f"    {c}: {text.docstring(n)}" for c, n in zip(codes, names))
-    note = ("\nDynamic shapes: every launcher takes the dimensions as keywords, and\n"
-            "the kernels that use one take it as a runtime argument:\n" + said + "\n"
-            f"Figures in comments that are no formula of them are at {text.docstring(shown_at)}.\n")  # fmt: skip
+    note = (
+        "\nDynamic shapes: every launcher takes the dimensions as keywords, and\n"
+        "the kernels that use one take it as a runtime argument:\n" + said + "\n"
+        f"Figures in comments that are no formula of them are at {text.docstring(shown_at)}.\n"
+    )
     return source[:end] + note + source[end:]

@@ -48,8 +48,10 @@ def low_rank(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) ->
     body = Body()
     ptrs = pointers(graph, k, writes)
 
-    body.comment(f"C{list(mm.shape)} = [x | alpha x @ A] @ [W ; B]: x{list(x_t.shape)}, "
-                 f"W [{kk}, {n}], A [{kk}, {r}], B [{r}, {n}]")  # fmt: skip
+    body.comment(
+        f"C{list(mm.shape)} = [x | alpha x @ A] @ [W ; B]: x{list(x_t.shape)}, "
+        f"W [{kk}, {n}], A [{kk}, {r}], B [{r}, {n}]"
+    )
     grouped_tile(body, m, n)
     body.raw("pid_b = tl.program_id(1)")
     pid_b = Sym("pid_b", 0, nbatch, lane=False)
@@ -80,12 +82,14 @@ def low_rank(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) ->
     loop.raw("mask_w = mask_k[:, None] & mask_n[None, :]")
     loop.raw("mask_a = mask_k[:, None] & mask_r[None, :]")
     rk_row, rk_col = Sym("rk[None, :]", 0, kk), Sym("rk[:, None]", 0, kk)
-    x_index = broadcast_index(Index(bdims + (rm, rk_row), Sym("mask_x")), (*batch, m, kk),
-                              x_t.shape)  # fmt: skip
+    x_index = broadcast_index(
+        Index(bdims + (rm, rk_row), Sym("mask_x")), (*batch, m, kk), x_t.shape
+    )
     x = _load(graph, loop, ptrs, zero_x, x_name, x_index)
     w = _load(graph, loop, ptrs, zero_w, w_name, Index((rk_col, rn), Sym("mask_w")))
-    a = _load(graph, loop, ptrs, zero_a, a_name,
-              Index((rk_col, Sym("rr[None, :]", 0, br)), Sym("mask_a")))  # fmt: skip
+    a = _load(
+        graph, loop, ptrs, zero_a, a_name, Index((rk_col, Sym("rr[None, :]", 0, br)), Sym("mask_a"))
+    )
     _dot(loop, "acc", x, w, dtype, k.config.precision)
     _dot(loop, "acc_t", x, a, dtype, k.config.precision)
     body.lines += loop.lines
@@ -93,8 +97,9 @@ def low_rank(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) ->
     # -- the low-rank columns of the concatenated K -----------------------------------
     body.comment(f"the last {r} columns of the concatenated K: acc += (alpha t) @ B's tile")
     body.raw("mask_b = mask_r[:, None] & mask_n[None, :]")
-    b = _load(graph, body, ptrs, zero_b, b_name,
-              Index((Sym("rr[:, None]", 0, br), rn), Sym("mask_b")))  # fmt: skip
+    b = _load(
+        graph, body, ptrs, zero_b, b_name, Index((Sym("rr[:, None]", 0, br), rn), Sym("mask_b"))
+    )
     alpha = _alpha(graph, roles)
     t = "acc_t" if alpha == 1.0 else body.let(f"acc_t * {alpha!r}", "t")
     _dot(body, "acc", t, b, dtype, k.config.precision)
@@ -108,8 +113,10 @@ def low_rank(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) ->
     ev.provided[roles.anchor] = lambda index: "acc"  # the rule keeps the epilogue aligned
     ev.provided[roles.join] = lambda index: ev.value(roles.main, index)
     results = {t: ev.value(t, out_index) for t in writes}
-    body.raw(f"offs_c = {f'pid_b * {m * n} + ' if nbatch > 1 else ''}"
-             f"{f'rm[:, None] * {n}' if n > 1 else 'rm[:, None]'} + rn[None, :]")  # fmt: skip
+    body.raw(
+        f"offs_c = {f'pid_b * {m * n} + ' if nbatch > 1 else ''}"
+        f"{f'rm[:, None] * {n}' if n > 1 else 'rm[:, None]'} + rn[None, :]"
+    )
     for tensor in writes:
         store(body, graph, ptrs, tensor, "offs_c", results[tensor], "mask_c")
 

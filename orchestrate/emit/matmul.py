@@ -65,8 +65,9 @@ def accumulator_dtype(dtype: str) -> str:
     return "float32" if dtype in ir.HALF else dtype
 
 
-def grouped_tile(body: Body, rows: int, cols: int | str, batch_too: bool = False,
-                 pid: str = "tl.program_id(0)") -> None:  # fmt: skip
+def grouped_tile(
+    body: Body, rows: int, cols: int | str, batch_too: bool = False, pid: str = "tl.program_id(0)"
+) -> None:
     """Emit the tutorial's grouped mapping of program id 0 (or ``pid``: a
     merged matmul's program id within its segment, whose width ``cols`` is
     a variable) to (pid_m, pid_n);
@@ -115,8 +116,17 @@ def traffic_note(m: int, n: int, spec: KernelSpec) -> list[str]:
     ]
 
 
-def epilogue(graph: Graph, k: KernelSpec, body: Body, ptrs: Pointers, dims, itype: str,
-             writes, name: str, masked: bool = False) -> dict[str, str]:  # fmt: skip
+def epilogue(
+    graph: Graph,
+    k: KernelSpec,
+    body: Body,
+    ptrs: Pointers,
+    dims,
+    itype: str,
+    writes,
+    name: str,
+    masked: bool = False,
+) -> dict[str, str]:
     """Open the epilogue on the accumulator tile (its mask, unless ``masked``
     says it is defined, and block zero) and return each written tensor's
     value at the output index ``dims``; the anchor reads as ``acc``."""
@@ -139,9 +149,11 @@ def matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> K
     tile_program(graph, k, writes, name, body, ptrs)
     doc = describe(graph, k, writes, ptrs) + traffic_note(m, n, k)
     if splits > 1:
-        doc.append(f"  split-K: {splits} programs per tile; partials {ptrs.name(SPLIT_K_PARTIALS)}: "
-                   f"fp32[{splits}, {nbatch * m * n}] written and read back, arrivals counted "
-                   f"in {ptrs.name(SPLIT_K_COUNTERS)}: int32 per tile")  # fmt: skip
+        doc.append(
+            f"  split-K: {splits} programs per tile; partials {ptrs.name(SPLIT_K_PARTIALS)}: "
+            f"fp32[{splits}, {nbatch * m * n}] written and read back, arrivals counted "
+            f"in {ptrs.name(SPLIT_K_COUNTERS)}: int32 per tile"
+        )
     return KernelSource(
         name=name,
         doc=doc,
@@ -153,8 +165,15 @@ def matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> K
     )
 
 
-def tile_program(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, body: Body,
-                 ptrs: Pointers, pid: str = "tl.program_id(0)") -> None:  # fmt: skip
+def tile_program(
+    graph: Graph,
+    k: KernelSpec,
+    writes: tuple[str, ...],
+    name: str,
+    body: Body,
+    ptrs: Pointers,
+    pid: str = "tl.program_id(0)",
+) -> None:
     """Emit into ``body`` what one program does for its tile of ``k``'s
     matmul: map ``pid`` to the tile, walk K through the prologue, run the
     epilogue and store ``writes``.  ``pid``: a merged matmul's program id
@@ -223,8 +242,10 @@ def tile_program(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str
     a_index = broadcast_index(Index(bdims + (rm, rk_a), mask_a), (*batch, m, kk), a_t.shape)
     b_index = broadcast_index(Index(bdims + (rk_b, rn), mask_b), (*batch, kk, n), b_t.shape)
     operands = []
-    for tensor, index, zero, mask in ((a_name, a_index, zero_a, mask_a),
-                                      (b_name, b_index, zero_b, mask_b)):  # fmt: skip
+    for tensor, index, zero, mask in (
+        (a_name, a_index, zero_a, mask_a),
+        (b_name, b_index, zero_b, mask_b),
+    ):
         ev = Evaluator(graph, inside, loop, ptrs, zero=zero, broadcast_all=True)
         v = ev.value(tensor, index)
         if not loop.zero_where_off(v, mask):
@@ -244,8 +265,12 @@ def tile_program(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str
     if splits > 1:
         body.raw("mask_c = mask_m[:, None] & mask_n[None, :]")
         body.raw(f"offs_c = {batch_off}{row} + {col}")
-        last = fix_up(body, ptrs, nbatch * m * n,
-                      "pid" if nbatch == 1 else "pid_b * num_pid_m * num_pid_n + pid")  # fmt: skip
+        last = fix_up(
+            body,
+            ptrs,
+            nbatch * m * n,
+            "pid" if nbatch == 1 else "pid_b * num_pid_m * num_pid_n + pid",
+        )
     last.comment("epilogue on the accumulator tile, then store")
     out_dims = bdims + (rm, rn)
     results = epilogue(graph, k, last, ptrs, out_dims, itype, writes, name, masked=splits > 1)

@@ -64,8 +64,10 @@ def norm_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str)
     body = Body()
     ptrs = pointers(graph, k, writes)
 
-    body.comment(f"C{list(mm.shape)} = norm(x){list(a_t.shape)} @ W{list(w_t.shape)}; "
-                 "the norm's row factors move past the dot")  # fmt: skip
+    body.comment(
+        f"C{list(mm.shape)} = norm(x){list(a_t.shape)} @ W{list(w_t.shape)}; "
+        "the norm's row factors move past the dot"
+    )
     grouped_tile(body, m, n)
     body.raw("pid_b = tl.program_id(1)")
     pid_b = Sym("pid_b", 0, nbatch, lane=False)
@@ -78,19 +80,30 @@ def norm_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str)
     body.raw(f"mask_n = rn < {n}")
     zero_a = body.lazy("zero_a", "tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.int32)")
     zero_b = body.lazy("zero_b", "tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.int32)")
-    b_index = broadcast_index(Index(bdims + (Sym("rk[:, None]", 0, kk), rn), Sym("mask_b")),
-                              (*batch, kk, n), w_t.shape)  # fmt: skip
+    b_index = broadcast_index(
+        Index(bdims + (Sym("rk[:, None]", 0, kk), rn), Sym("mask_b")), (*batch, kk, n), w_t.shape
+    )
 
     def weight(loop: Body) -> str:
         return Evaluator(graph, set(), loop, ptrs, zero=zero_b, broadcast_all=True).value(
-            w_name, b_index)  # fmt: skip
+            w_name, b_index
+        )
 
     # -- K loop ------------------------------------------------------------------
     shifted = statistics_loop(
-        graph, body, ptrs, roles, bdims, rm, (*batch, m, kk), zero_a, weight,
-        a_t.dtype, k.config.precision,
+        graph,
+        body,
+        ptrs,
+        roles,
+        bdims,
+        rm,
+        (*batch, m, kk),
+        zero_a,
+        weight,
+        a_t.dtype,
+        k.config.precision,
         f"walk K = {kk} in BLOCK_K steps: raw x tiles, their statistics, the dot",
-    )  # fmt: skip
+    )
 
     # -- row values from the statistics, then the epilogue ----------------------
     body.comment("the row values: the graph's row nodes on the statistics")
@@ -125,8 +138,20 @@ def norm_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str)
     )
 
 
-def statistics_loop(graph: Graph, body: Body, ptrs, roles, bdims, rm, a_shape, zero_a,
-                    weight, dtype: str, precision: str, walk: str) -> list[str]:  # fmt: skip
+def statistics_loop(
+    graph: Graph,
+    body: Body,
+    ptrs,
+    roles,
+    bdims,
+    rm,
+    a_shape,
+    zero_a,
+    weight,
+    dtype: str,
+    precision: str,
+    walk: str,
+) -> list[str]:
     """The accumulators and the K loop of a norm moved past its matmul: each
     raw x tile (through the kernel's prologue) feeds the rows' running mean
     and squared deviations (Chan et al.'s merge), times gamma the dot with
@@ -150,8 +175,9 @@ def statistics_loop(graph: Graph, body: Body, ptrs, roles, bdims, rm, a_shape, z
     loop.raw("mask_a = mask_m[:, None] & mask_k[None, :]")
     loop.raw("mask_b = mask_k[:, None] & mask_n[None, :]")
     mask_a = Sym("mask_a")
-    a_index = broadcast_index(Index(bdims + (rm, Sym("rk[None, :]", 0, kk)), mask_a),
-                              a_shape, graph.types[roles.x].shape)  # fmt: skip
+    a_index = broadcast_index(
+        Index(bdims + (rm, Sym("rk[None, :]", 0, kk)), mask_a), a_shape, graph.types[roles.x].shape
+    )
     ev = Evaluator(graph, set(roles.feed), loop, ptrs, zero=zero_a, broadcast_all=True)
     x = ev.value(roles.x, a_index)
     if not loop.zero_where_off(x, mask_a):  # padded columns must add nothing

@@ -33,8 +33,9 @@ from orchestrate.kernels.norm_siblings import NormSiblings
 from orchestrate.kernels.spec import KernelSpec, segment_specs
 
 
-def norm_merged_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...],
-                       name: str) -> KernelSource:  # fmt: skip
+def norm_merged_matmul(
+    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str
+) -> KernelSource:
     roles = k.roles
     assert isinstance(roles, NormSiblings)
     segments = segment_specs(graph, k)
@@ -47,8 +48,10 @@ def norm_merged_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...],
     ptrs = pointers(graph, k, writes)
 
     # -- the segment: its weight, its width, its first tile ------------------------
-    body.comment(f"{len(segments)} matmuls of norm(x) as one: the grid "
-                 "holds each segment's tiles in turn; the norm's row factors move past the dots")  # fmt: skip
+    body.comment(
+        f"{len(segments)} matmuls of norm(x) as one: the grid "
+        "holds each segment's tiles in turn; the norm's row factors move past the dots"
+    )
     start = select_segment(body, ptrs, roles, m)
     grouped_tile(body, m, "n", pid=f"tile - {start}")
     body.raw("pid_b = tl.program_id(1)")
@@ -68,11 +71,20 @@ def norm_merged_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...],
 
     # -- one K loop for every segment: raw x tiles, their statistics, the dot --------
     shifted = statistics_loop(
-        graph, body, ptrs, roles, bdims, rm, (*batch, m, kk), zero_a, weight,
-        a_t.dtype, k.config.precision,
+        graph,
+        body,
+        ptrs,
+        roles,
+        bdims,
+        rm,
+        (*batch, m, kk),
+        zero_a,
+        weight,
+        a_t.dtype,
+        k.config.precision,
         f"walk K = {kk} in BLOCK_K steps: x tiles shared by all segments, W tiles "
         "from this segment's weight",
-    )  # fmt: skip
+    )
 
     # -- row values from the statistics, then each segment's epilogue ---------------
     body.comment("the row values: the graph's row nodes on the statistics")
@@ -90,8 +102,9 @@ def norm_merged_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...],
         body.raw("else:" if last else f"{'if' if i == 0 else 'elif'} tile < end_{i}:")
         branch = body.fork(body.indent + "    ")
         width = seg_roles.stop - seg_roles.start
-        branch.comment(f"segment {i}: columns [{seg_roles.start}, {seg_roles.stop}) "
-                       "of the merged weights")  # fmt: skip
+        branch.comment(
+            f"segment {i}: columns [{seg_roles.start}, {seg_roles.stop}) of the merged weights"
+        )
         mine = tuple(t for t in writes if t in seg.nodes and t not in roles.prologue)
         dims = bdims + (rm, Sym("rn[None, :]", 0, width))
         results = epilogue(graph, seg, branch, ptrs, dims, "tl.int32", mine, name)
@@ -103,12 +116,16 @@ def norm_merged_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...],
         body.lines += branch.lines
 
     doc = describe(graph, k, writes, ptrs)
-    doc += [f"  segment {i}: {ptrs.name(g.weight)} as columns [{g.start}, {g.stop}), written to "
-            + ", ".join(ptrs.name(t) for t in writes if t in seg.nodes)
-            for i, (g, seg) in enumerate(zip(roles.segments, segments))]  # fmt: skip
-    doc += ["  traffic: x read by every column of tiles of every segment "
-            "(from L2: one launch), each weight once, each output written once",
-            "  the normalised A operand is never written: x is read in its place"]  # fmt: skip
+    doc += [
+        f"  segment {i}: {ptrs.name(g.weight)} as columns [{g.start}, {g.stop}), written to "
+        + ", ".join(ptrs.name(t) for t in writes if t in seg.nodes)
+        for i, (g, seg) in enumerate(zip(roles.segments, segments))
+    ]
+    doc += [
+        "  traffic: x read by every column of tiles of every segment "
+        "(from L2: one launch), each weight once, each output written once",
+        "  the normalised A operand is never written: x is read in its place",
+    ]
     tiles = " + ".join(f"triton.cdiv({m}, BLOCK_M) * triton.cdiv({n}, BLOCK_N)" for n in widths)
     return KernelSource(
         name=name,

@@ -27,8 +27,11 @@ def pointwise(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
     body.comment("map the program id to a block of output elements")
     body.raw("pid = tl.program_id(0)")
     wide = numel >= 2**31
-    body.raw("offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)" if wide
-             else "offs = pid * BLOCK + tl.arange(0, BLOCK)")  # fmt: skip
+    body.raw(
+        "offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)"
+        if wide
+        else "offs = pid * BLOCK + tl.arange(0, BLOCK)"
+    )
     body.raw(f"mask = offs < {numel}")
     zero = body.lazy("zero", "offs * 0")  # block-shaped, for loads at a lane-invariant offset
     body.comment(f"multi-index into the iteration space {list(k.space)}")

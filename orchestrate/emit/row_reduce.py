@@ -198,8 +198,9 @@ class _Generator:
         self.keep_dims = split_linear(b, self.rows, info.keep)
         if len(b.lines) > at:
             b.lines.insert(at, f"{b.indent}# index of each row into the kept dimensions")
-        self.row_ev = Evaluator(graph, self.inside, b, self.pointers, mask=Sym("row_mask"),
-                                zero=self.zero)  # fmt: skip
+        self.row_ev = Evaluator(
+            graph, self.inside, b, self.pointers, mask=Sym("row_mask"), zero=self.zero
+        )
         for r in self.reductions:
             self.row_ev.provided[r.name] = self._reduction_reader(r.name)
         # a tensor read directly by a reduction is loaded with its neutral value
@@ -263,8 +264,16 @@ class _Generator:
         return Index(dims)
 
     def full_evaluator(self, body: Body, index: Index) -> _FullEvaluator:
-        ev = _FullEvaluator(self.graph, self.inside, body, self.pointers, mask=Sym("mask"),
-                            zero=self.zero, others=self.others, base=index.dims)  # fmt: skip
+        ev = _FullEvaluator(
+            self.graph,
+            self.inside,
+            body,
+            self.pointers,
+            mask=Sym("mask"),
+            zero=self.zero,
+            others=self.others,
+            base=index.dims,
+        )
         for t in self.info.row_space:
             ev.provided[t] = self._keep_reader(t)
         return ev
@@ -302,8 +311,11 @@ class _Generator:
             store(body, self.graph, self.pointers, t, offset, ev.value(t, index), "mask")
 
     def _full_writes(self, depth: int | None = None) -> list[str]:
-        return [t for t in self.writes if t not in self.info.row_space
-                and (depth is None or self.info.depth_of(t) == depth)]  # fmt: skip
+        return [
+            t
+            for t in self.writes
+            if t not in self.info.row_space and (depth is None or self.info.depth_of(t) == depth)
+        ]
 
     def _phase(self, p: int) -> list[Node]:
         return [r for r in self.reductions if self.info.depth_of(r.name) == p]

@@ -46,17 +46,23 @@ def merged_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: st
     ptrs = pointers(graph, k, writes)
 
     # -- the segment: its weight, its width, its first tile ------------------------
-    body.comment(f"{len(segments)} matmuls of {ptrs.name(roles.activation)} as one: the grid "
-                 "holds each segment's tiles in turn")  # fmt: skip
+    body.comment(
+        f"{len(segments)} matmuls of {ptrs.name(roles.activation)} as one: the grid "
+        "holds each segment's tiles in turn"
+    )
     start = select_segment(body, ptrs, roles, m)
-    body.comment(f"C{list(graph.producer[roles.anchor].shape[:-1])} x N = "
-                 f"A{list(a_t.shape)} @ W[{kk}, N]"
-                 + (f", batch {list(batch)} on grid axis 1" if batch else ""))  # fmt: skip
+    body.comment(
+        f"C{list(graph.producer[roles.anchor].shape[:-1])} x N = "
+        f"A{list(a_t.shape)} @ W[{kk}, N]"
+        + (f", batch {list(batch)} on grid axis 1" if batch else "")
+    )
     grouped_tile(body, m, "n", pid=f"tile - {start}")
     body.raw("pid_b = tl.program_id(1)")
     if len(batch) > 1:
         body.comment(f"batch multi-index into {list(batch)}")
-    bdims = split_linear(body, Sym("pid_b", 0, nbatch, lane=False), tuple(batch), "b") if batch else ()  # fmt: skip
+    bdims = (
+        split_linear(body, Sym("pid_b", 0, nbatch, lane=False), tuple(batch), "b") if batch else ()
+    )
     body.comment("row and column offsets of the tile")
     body.raw("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
     body.raw("rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)")
@@ -67,8 +73,10 @@ def merged_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: st
     body.raw(f"acc = tl.zeros((BLOCK_M, BLOCK_N), dtype={TL_DTYPE[acc_dtype]})")
 
     # -- one K loop for every segment -----------------------------------------------
-    body.comment(f"walk K = {kk} in BLOCK_K steps: A tiles shared by all segments, W tiles "
-                 "from this segment's weight")  # fmt: skip
+    body.comment(
+        f"walk K = {kk} in BLOCK_K steps: A tiles shared by all segments, W tiles "
+        "from this segment's weight"
+    )
     body.raw(f"for k0 in range(0, {kk}, BLOCK_K):")
     loop = body.fork(body.indent + "    ")
     loop.raw("rk = k0 + tl.arange(0, BLOCK_K)")
@@ -76,10 +84,10 @@ def merged_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: st
     loop.raw("mask_a = mask_m[:, None] & mask_k[None, :]")
     loop.raw("mask_b = mask_k[:, None] & mask_n[None, :]")
     rm, rk = Sym("rm[:, None]", 0, m), Sym("rk[None, :]", 0, kk)
-    a_index = broadcast_index(Index(bdims + (rm, rk), Sym("mask_a")), (*batch, m, kk),
-                              a_t.shape)  # fmt: skip
+    a_index = broadcast_index(Index(bdims + (rm, rk), Sym("mask_a")), (*batch, m, kk), a_t.shape)
     a = Evaluator(graph, set(), loop, ptrs, zero=zero_a, broadcast_all=True).value(
-        roles.activation, a_index)  # fmt: skip
+        roles.activation, a_index
+    )
     loop.raw("w = tl.load(w_ptr + rk[:, None] * n + rn[None, :], mask=mask_b, other=0.0)")
     multiply_accumulate(loop, a, "w", a_t.dtype, k.config.precision)
     body.lines += loop.lines
@@ -103,11 +111,15 @@ def merged_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: st
         body.lines += branch.lines
 
     doc = describe(graph, k, writes, ptrs)
-    doc += [f"  segment {i}: {ptrs.name(g.weight)} as columns [{g.start}, {g.stop}), written to "
-            + ", ".join(ptrs.name(t) for t in writes if t in seg.nodes)
-            for i, (g, seg) in enumerate(zip(roles.segments, segments))]  # fmt: skip
-    doc += [f"  traffic: {ptrs.name(roles.activation)} read by every column of tiles of every "
-            "segment (from L2: one launch), each weight once, each output written once"]  # fmt: skip
+    doc += [
+        f"  segment {i}: {ptrs.name(g.weight)} as columns [{g.start}, {g.stop}), written to "
+        + ", ".join(ptrs.name(t) for t in writes if t in seg.nodes)
+        for i, (g, seg) in enumerate(zip(roles.segments, segments))
+    ]
+    doc += [
+        f"  traffic: {ptrs.name(roles.activation)} read by every column of tiles of every "
+        "segment (from L2: one launch), each weight once, each output written once"
+    ]
     tiles = " + ".join(f"triton.cdiv({m}, BLOCK_M) * triton.cdiv({n}, BLOCK_N)" for n in widths)
     return KernelSource(
         name=name,
@@ -129,9 +141,12 @@ def select_segment(body: Body, ptrs, roles: Siblings, m: int) -> str:
         before = f"end_{i - 1} + " if i else ""
         body.raw(f"end_{i} = {before}tl.cdiv({m}, BLOCK_M) * tl.cdiv({n}, BLOCK_N)")
     body.comment("this program's segment: its weight, its width N and its first tile")
-    w, n, start = _select(body, [ptrs.get(g.weight) for g in roles.segments],
-                          [str(x) for x in widths],
-                          ["0", *(f"end_{i}" for i in range(len(widths) - 1))])  # fmt: skip
+    w, n, start = _select(
+        body,
+        [ptrs.get(g.weight) for g in roles.segments],
+        [str(x) for x in widths],
+        ["0", *(f"end_{i}" for i in range(len(widths) - 1))],
+    )
     body.raw(f"w_ptr = {w}")
     body.raw(f"n = {n}")
     return start

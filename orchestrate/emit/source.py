@@ -62,8 +62,12 @@ class KernelSource:
 
     def render(self) -> str:
         blocks = dict(self.config.blocks)
-        lines = [f"# {'-' * 76}", *(comment(d) for d in self.doc), "@triton.jit",
-                 f"def {self.name}("]  # fmt: skip
+        lines = [
+            f"# {'-' * 76}",
+            *(comment(d) for d in self.doc),
+            "@triton.jit",
+            f"def {self.name}(",
+        ]
         if self.params:
             lines.append("    # pointers")
             lines += [f"    {p}_ptr," for p in self.params]
@@ -84,8 +88,12 @@ class KernelSource:
         else:
             lines += [f"    {k} = {v}" for k, v in blocks.items()]
         lines += self.grid
-        call = [*self.params, *(f"{k}={k}" for k in blocks),
-                f"num_warps={self.config.num_warps}", f"num_stages={self.config.num_stages}"]  # fmt: skip
+        call = [
+            *self.params,
+            *(f"{k}={k}" for k in blocks),
+            f"num_warps={self.config.num_warps}",
+            f"num_stages={self.config.num_stages}",
+        ]
         lines.append(f"    {self.name}[grid](")
         lines += [f"        {a}," for a in call]
         lines.append("    )")
@@ -123,8 +131,9 @@ def describe(graph: Graph, spec: KernelSpec, writes: Sequence[str], ptrs: Pointe
     lines += [f"  writes {ptrs.name(t)}: {graph.types[t]}" for t in writes]
     if spec.checks:
         k = len(spec.checks)
-        lines.append(f"  flags  err: int32, set to j when computed gather index j (1..{k}) "
-                     "is out of range")  # fmt: skip
+        lines.append(
+            f"  flags  err: int32, set to j when computed gather index j (1..{k}) is out of range"
+        )
     lines.append(f"  memory: read {_kb(read_b)}, write {_kb(write_b)}")
     return lines
 
@@ -133,8 +142,9 @@ def _kb(n: int) -> str:
     return f"{n / 1024:.1f} KB" if n < 1 << 20 else f"{n / (1 << 20):.2f} MB"
 
 
-def store(body: Body, graph: Graph, ptrs: Pointers, tensor: str, offset: str, value: str,
-          mask: str | None) -> None:  # fmt: skip
+def store(
+    body: Body, graph: Graph, ptrs: Pointers, tensor: str, offset: str, value: str, mask: str | None
+) -> None:
     dtype = graph.types[tensor].dtype
     v = value
     if dtype in HALF:  # computed in fp32
@@ -152,8 +162,7 @@ class Launch:
     tensors: tuple[str, ...]
 
 
-def module(functions: Sequence[Function], launches: Sequence[Launch],
-           title: Sequence[str]) -> str:  # fmt: skip
+def module(functions: Sequence[Function], launches: Sequence[Launch], title: Sequence[str]) -> str:
     """The module's source; ``title`` is the docstring's opening lines."""
     first, *rest = title
     head = [

@@ -51,8 +51,11 @@ def window(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> K
     ptrs = pointers(graph, k, writes)
     body.comment("map the program id to a block of output elements")
     body.raw("pid = tl.program_id(0)")
-    body.raw("offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)" if largest >= 2**31
-             else "offs = pid * BLOCK + tl.arange(0, BLOCK)")  # fmt: skip
+    body.raw(
+        "offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)"
+        if largest >= 2**31
+        else "offs = pid * BLOCK + tl.arange(0, BLOCK)"
+    )
     body.raw(f"mask = offs < {numel}")
     zero = body.lazy("zero", "offs * 0")  # a block-shaped zero
     body.comment(f"multi-index (n, c, *out) into the output {list(k.space)}")

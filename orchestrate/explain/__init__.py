@@ -63,8 +63,10 @@ def kernel_table(result: Plan, limit: int = 0) -> str:
         shown = sorted(shown, key=lambda k: k.name)
     nw = max([18, *(len(k.name) + 1 for k in shown)])  # library templates' names are longer
     tw = max([12, *(len(k.template) + 1 for k in shown)])
-    head = (f"{'kernel':<{nw}}{'template':<{tw}}{'bytes':>11}{'flops':>11}{'us':>10}  "
-            f"{'bound':<8} {'config':<20} primitives")  # fmt: skip
+    head = (
+        f"{'kernel':<{nw}}{'template':<{tw}}{'bytes':>11}{'flops':>11}{'us':>10}  "
+        f"{'bound':<8} {'config':<20} primitives"
+    )
     lines = [head, "-" * len(head)]
     for k in shown:
         config = "torch call" if k.template in LIBRARY else _config(k.config)
@@ -83,8 +85,9 @@ def kernel_table(result: Plan, limit: int = 0) -> str:
 
 def summary_lines(result: Plan) -> list[str]:
     s, sol = result.summary, result.solver
-    rows = [(name, result.baselines[name]) for name in ("unfused", "greedy")
-            if name in result.baselines]  # fmt: skip
+    rows = [
+        (name, result.baselines[name]) for name in ("unfused", "greedy") if name in result.baselines
+    ]
     rows.append(("orchestrate", s))
     best = s.predicted_us
     functions = len({k.hash for k in result.kernels if not k.is_view})
@@ -93,8 +96,7 @@ def summary_lines(result: Plan) -> list[str]:
         f"{sol.partitions} partitions ({sol.unique_partitions} unique), "
         f"{sol.candidates} candidate kernels ({sol.rejected} illegal sets rejected, "
         f"{sol.pruned} growths pruned"
-        + (f", {sol.truncated_partitions} partitions truncated" if sol.truncated_partitions
-           else "")
+        + (f", {sol.truncated_partitions} partitions truncated" if sol.truncated_partitions else "")
         + ")",
         f"solver: {sol.status}, gap {sol.gap:.4g}, {sol.seconds} s, {sol.solves} solves",
         f"kernels: {s.kernels} planned, {functions} distinct specs",
@@ -102,7 +104,7 @@ def summary_lines(result: Plan) -> list[str]:
         *([] if result.options.rewrites else ["rewrite rules: off (--no-rewrites)"]),
         "",
         f"{'plan':<13}{'kernels':>8}{'bytes':>12}{'predicted us':>14}{'speedup':>9}",
-    ]  # fmt: skip
+    ]
     if result.tuning is not None:
         lines[2:2] = tuning_lines(result.tuning)
     for label, row in rows:
@@ -124,21 +126,31 @@ def rule_lines(result: Plan, shown: int = 3) -> list[str]:
     for u in result.rules:
         gain = u.without_us / u.with_us if u.with_us else 1.0
         names = ", ".join(u.kernels[:shown]) + (", ..." if len(u.kernels) > shown else "")
-        lines.append(f"  {u.rule:<{width}}  {len(u.kernels):>3} kernels  {_us(u.with_us)} / "
-                     f"{_us(u.without_us)} us ({gain:.2f}x)  {names}")  # fmt: skip
+        lines.append(
+            f"  {u.rule:<{width}}  {len(u.kernels):>3} kernels  {_us(u.with_us)} / "
+            f"{_us(u.without_us)} us ({gain:.2f}x)  {names}"
+        )
     return lines
 
 
 def tuning_lines(t: Tuning) -> list[str]:
     """What --tune measured, on what, and how the rest was scaled."""
-    on = (f"FAKE timer ({t.gpu}): figures made up, not measurements" if t.fake
-          else f"{t.gpu}, driver {t.driver}, triton {t.triton}")  # fmt: skip
-    lines = [f"tuning: {t.seconds} s, {t.specs} specs x up to {t.configs} configurations: "
-             f"{t.measured} timed, {t.cached} from the cache, {t.failed} failed"
-             + (f", {t.skipped} specs not timeable" if t.skipped else "") + f" ({on})"]  # fmt: skip
+    on = (
+        f"FAKE timer ({t.gpu}): figures made up, not measurements"
+        if t.fake
+        else f"{t.gpu}, driver {t.driver}, triton {t.triton}"
+    )
+    lines = [
+        f"tuning: {t.seconds} s, {t.specs} specs x up to {t.configs} configurations: "
+        f"{t.measured} timed, {t.cached} from the cache, {t.failed} failed"
+        + (f", {t.skipped} specs not timeable" if t.skipped else "")
+        + f" ({on})"
+    ]
     scales = ", ".join(f"{k} {v:.3g}" for k, v in t.scales.items())
-    lines.append("tuning: kernel times are measured where timed; the rest are the model's x "
-                 f"measured/predicted ({scales or 'nothing measured'}; else {t.overall:.3g})")  # fmt: skip
+    lines.append(
+        "tuning: kernel times are measured where timed; the rest are the model's x "
+        f"measured/predicted ({scales or 'nothing measured'}; else {t.overall:.3g})"
+    )
     return lines
 
 
@@ -149,8 +161,7 @@ def precision_text(result: Plan) -> str:
     if result.options.dtype in (None, "fp32"):
         own = "the model's own" if result.options.dtype is None else "fp32"
         return f"{own} ({tensors or 'no float tensors'})"
-    return (f"{result.options.dtype}, fp32 accumulation, softmax and normalisation "
-            f"({tensors})")  # fmt: skip
+    return f"{result.options.dtype}, fp32 accumulation, softmax and normalisation ({tensors})"
 
 
 def rejected_table(result: Plan) -> str:

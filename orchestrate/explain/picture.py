@@ -43,12 +43,20 @@ RENDERED = {".svg": "svg", ".png": "png", ".pdf": "pdf"}  # suffix -> dot -T for
 
 # fill colour per template; any other template gets OTHER
 COLOURS = {
-    "matmul": "#a6cee3", "attention": "#fdbf6f", "conv": "#b2df8a", "row_reduce": "#fb9a99",
-    "pointwise": "#e0e0e0", "window": "#cab2d6", "merged_matmul": "#8dd3c7",
-    "norm_matmul": "#bebada", "norm_merged_matmul": "#bc80bd", "low_rank": "#80b1d3",
+    "matmul": "#a6cee3",
+    "attention": "#fdbf6f",
+    "conv": "#b2df8a",
+    "row_reduce": "#fb9a99",
+    "pointwise": "#e0e0e0",
+    "window": "#cab2d6",
+    "merged_matmul": "#8dd3c7",
+    "norm_matmul": "#bebada",
+    "norm_merged_matmul": "#bc80bd",
+    "low_rank": "#80b1d3",
     "library_matmul": "#d9d9d9",
-    "library_conv": "#ccebc5", "library_attention": "#ffed6f",
-}  # fmt: skip
+    "library_conv": "#ccebc5",
+    "library_attention": "#ffed6f",
+}
 OTHER = "#ffffb3"
 NAME_CHARS = 28  # longest name drawn in a label; the tooltip has it whole
 
@@ -108,8 +116,11 @@ def repeated_block(hashes: Sequence[str], crossing=lambda cut: 0) -> Rows | None
     if best is None:
         return None
     at = reps[best.period]
-    starts = [i for i in range(best.start, min(n, best.start + best.period))
-              if at[i] >= max(2, best.repeats - 1)]  # fmt: skip
+    starts = [
+        i
+        for i in range(best.start, min(n, best.start + best.period))
+        if at[i] >= max(2, best.repeats - 1)
+    ]
     start = min(starts, key=lambda i: (crossing(i), -at[i], i))
     return Rows(start, best.period, at[start])
 
@@ -127,8 +138,12 @@ def dot(result: Plan) -> str:
             producer.setdefault(t, node[k.name])
     for i, t in enumerate(inputs):
         producer[t] = f"in{i}"
-    aliases = {t: [i for i in k.inputs if i not in constants] for k in result.kernels
-               if k.is_view for t in k.outputs}  # fmt: skip
+    aliases = {
+        t: [i for i in k.inputs if i not in constants]
+        for k in result.kernels
+        if k.is_view
+        for t in k.outputs
+    }
 
     def sources(t: str, seen=()) -> list[str]:
         """The DOT nodes whose tensors ``t`` is, through any views."""
@@ -139,10 +154,14 @@ def dot(result: Plan) -> str:
         return []
 
     index = {node[k.name]: j for j, k in enumerate(drawn)}
-    links = [(index[src], j) for j, k in enumerate(drawn) for t in k.inputs
-             for src in sources(t) if src in index]  # fmt: skip
-    rows = repeated_block([k.hash for k in drawn],
-                          lambda cut: sum(a < cut <= b for a, b in links))  # fmt: skip
+    links = [
+        (index[src], j)
+        for j, k in enumerate(drawn)
+        for t in k.inputs
+        for src in sources(t)
+        if src in index
+    ]
+    rows = repeated_block([k.hash for k in drawn], lambda cut: sum(a < cut <= b for a, b in links))
     row_of: dict[str, int] = {}  # kernel -> row: 0 before the block, 1.. repeats, then after
     for j, k in enumerate(drawn):
         if rows is None or j < rows.start:
@@ -153,9 +172,11 @@ def dot(result: Plan) -> str:
     small = {k.name for k in drawn if rows and 2 <= row_of[k.name] <= rows.repeats}
 
     s = result.summary
-    title = (f"{result.graph.name}: {s.kernels} kernels (+{s.views} views) on {result.device}, "
-             f"{s.predicted_us:,.2f} µs predicted; times and bounds are the cost model's "
-             "predictions, not measurements")  # fmt: skip
+    title = (
+        f"{result.graph.name}: {s.kernels} kernels (+{s.views} views) on {result.device}, "
+        f"{s.predicted_us:,.2f} µs predicted; times and bounds are the cost model's "
+        "predictions, not measurements"
+    )
     out = [
         "digraph plan {",
         f"  graph [rankdir=LR, label={quote(title)}, labelloc=t, fontname=Helvetica, "
@@ -166,22 +187,31 @@ def dot(result: Plan) -> str:
         'fontcolor="#555555"];',
     ]
     for i, t in enumerate(inputs):
-        out.append(f"  in{i} [shape=ellipse, fillcolor=\"#ffffff\", fontsize=8, "
-                   f"label={quote(_short(t), _type(types, t))}, tooltip={quote(t)}];")  # fmt: skip
+        out.append(
+            f'  in{i} [shape=ellipse, fillcolor="#ffffff", fontsize=8, '
+            f"label={quote(_short(t), _type(types, t))}, tooltip={quote(t)}];"
+        )
 
     def box(k: PlannedKernel) -> str:
         weights = [t for t in k.inputs if t in constants]
         colour = COLOURS.get(k.template, OTHER)
-        tip = (f"{k.name}: {k.template}, {_bytes(k.bytes)} moved, {k.flops:,} flops, "
-               f"{k.predicted_us:,.2f} µs predicted, {k.bound}-bound; "
-               f"{len(k.primitives)} primitives; weights: {', '.join(weights[:8]) or 'none'}"
-               + (f" and {len(weights) - 8} more" if len(weights) > 8 else ""))  # fmt: skip
+        tip = (
+            f"{k.name}: {k.template}, {_bytes(k.bytes)} moved, {k.flops:,} flops, "
+            f"{k.predicted_us:,.2f} µs predicted, {k.bound}-bound; "
+            f"{len(k.primitives)} primitives; weights: {', '.join(weights[:8]) or 'none'}"
+            + (f" and {len(weights) - 8} more" if len(weights) > 8 else "")
+        )
         if k.name in small:
             label = quote(node[k.name], f"{k.predicted_us:,.1f} µs")
-            return (f"  {node[k.name]} [label={label}, fillcolor={quote(colour)}, fontsize=7, "
-                    f"height=0.2, tooltip={quote(tip)}];")  # fmt: skip
-        lines = [f"{node[k.name]} {k.template}", f"{k.predicted_us:,.2f} µs predicted",
-                 f"{k.bound}-bound"]  # fmt: skip
+            return (
+                f"  {node[k.name]} [label={label}, fillcolor={quote(colour)}, fontsize=7, "
+                f"height=0.2, tooltip={quote(tip)}];"
+            )
+        lines = [
+            f"{node[k.name]} {k.template}",
+            f"{k.predicted_us:,.2f} µs predicted",
+            f"{k.bound}-bound",
+        ]
         if weights:
             lines[-1] += f", +{len(weights)} weight{'s' * (len(weights) > 1)}"
         return f"  {node[k.name]} [label={quote(*lines)}, fillcolor={quote(colour)}, tooltip={quote(tip)}];"
@@ -194,9 +224,13 @@ def dot(result: Plan) -> str:
         if rows is None:
             out += [box(k) for k in members]
             continue
-        name = ("before the repeated block" if r == 0 else
-                "after the repeated block" if r > rows.repeats else
-                f"block {r} of {rows.repeats}" + (" (same kernels as block 1)" if r > 1 else ""))  # fmt: skip
+        name = (
+            "before the repeated block"
+            if r == 0
+            else "after the repeated block"
+            if r > rows.repeats
+            else f"block {r} of {rows.repeats}" + (" (same kernels as block 1)" if r > 1 else "")
+        )
         out.append(f"  subgraph cluster_{r} {{")
         out.append(
             f'    graph [label={quote(name)}, labeljust=l, fontsize=8, style=rounded, color="#cccccc"];'
@@ -229,8 +263,10 @@ def dot(result: Plan) -> str:
                 same = row_at[src] == row_of[k.name]
             out.append(edge(src, node[k.name], tensors, same, k.name not in small))
     for i, t in enumerate(result.graph.outputs):
-        out.append(f"  out{i} [shape=ellipse, fillcolor=\"#ffffff\", fontsize=8, "
-                   f"label={quote(_short(t), _type(types, t))}, tooltip={quote(t)}];")  # fmt: skip
+        out.append(
+            f'  out{i} [shape=ellipse, fillcolor="#ffffff", fontsize=8, '
+            f"label={quote(_short(t), _type(types, t))}, tooltip={quote(t)}];"
+        )
         for src in sources(t):
             out.append(edge(src, f"out{i}", [t], True, True))
     out.append("}")
@@ -256,8 +292,9 @@ def picture(result: Plan, path: Path) -> bytes:
     if exe is None:
         raise OrchestrateError(f"{path}: rendering needs Graphviz's dot, which is not installed")
     try:
-        done = subprocess.run([exe, f"-T{fmt}"], input=text.encode(), capture_output=True,
-                              timeout=600, check=False)  # fmt: skip
+        done = subprocess.run(
+            [exe, f"-T{fmt}"], input=text.encode(), capture_output=True, timeout=600, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise OrchestrateError(f"{path}: dot failed to render the picture ({e})") from None
     if done.returncode != 0:

@@ -52,8 +52,12 @@ def chart(result: Plan, fmt: str = "png") -> bytes:
     roofs = [(f"fp32 CUDA cores {device.fp32_tflops:g}", device.fp32_tflops)]
     for name, peak in (("tf32", device.tf32_tflops), ("fp16/bf16", device.fp16_tflops)):
         if peak > device.fp32_tflops:
-            roofs.append((f"{name} tensor cores {peak:g} x {TENSOR_CORE_EFFICIENCY:g}",
-                          peak * TENSOR_CORE_EFFICIENCY))  # fmt: skip
+            roofs.append(
+                (
+                    f"{name} tensor cores {peak:g} x {TENSOR_CORE_EFFICIENCY:g}",
+                    peak * TENSOR_CORE_EFFICIENCY,
+                )
+            )
     kernels = [k for k in result.kernels if not k.is_view]
     shown = [k for k in kernels if k.flops > 0 and k.bytes > 0 and k.predicted_us > 0]
 
@@ -64,28 +68,54 @@ def chart(result: Plan, fmt: str = "png") -> bytes:
     xs = [k.flops / k.bytes for k in shown] or [1.0]
     lo, hi = min(xs + [0.1]) / 2, max(xs + [2 * max(p for _, p in roofs) / bandwidth]) * 2
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-    ax.plot(grid, [bandwidth * x for x in grid], color="#555555", lw=1, ls="--",
-            label=f"memory {bandwidth:.2f} TB/s ({ACHIEVABLE_BANDWIDTH:g} of datasheet)")  # fmt: skip
+    ax.plot(
+        grid,
+        [bandwidth * x for x in grid],
+        color="#555555",
+        lw=1,
+        ls="--",
+        label=f"memory {bandwidth:.2f} TB/s ({ACHIEVABLE_BANDWIDTH:g} of datasheet)",
+    )
     for (label, peak), style in zip(roofs, ("-", "-.", ":")):
-        ax.plot(grid, [min(peak, bandwidth * x) for x in grid], color="#222222", lw=1.2,
-                ls=style, label=f"{label} TFLOP/s")  # fmt: skip
+        ax.plot(
+            grid,
+            [min(peak, bandwidth * x) for x in grid],
+            color="#222222",
+            lw=1.2,
+            ls=style,
+            label=f"{label} TFLOP/s",
+        )
     for template in sorted({k.template for k in shown}):
         ks = [k for k in shown if k.template == template]
-        ax.scatter([k.flops / k.bytes for k in ks],
-                   [k.flops / k.predicted_us / 1e6 for k in ks],  # flop/µs -> TFLOP/s
-                   s=22, color=COLOURS.get(template, OTHER), edgecolors="#333333",
-                   linewidths=0.6, label=f"{template} ({len(ks)})", zorder=3)  # fmt: skip
+        ax.scatter(
+            [k.flops / k.bytes for k in ks],
+            [k.flops / k.predicted_us / 1e6 for k in ks],  # flop/µs -> TFLOP/s
+            s=22,
+            color=COLOURS.get(template, OTHER),
+            edgecolors="#333333",
+            linewidths=0.6,
+            label=f"{template} ({len(ks)})",
+            zorder=3,
+        )
     ax.set_xlim(lo, hi)
     ax.set_xlabel("arithmetic intensity (flops per byte of device memory)")
     ax.set_ylabel("predicted performance (TFLOP/s = flops / predicted time)")
     s = result.summary
-    ax.set_title(f"{result.graph.name} on {device.label}: {len(kernels)} kernels, "
-                 f"{s.predicted_us:,.1f} µs predicted\n"
-                 "PREDICTED by the cost model, not measured", fontsize=10)  # fmt: skip
+    ax.set_title(
+        f"{result.graph.name} on {device.label}: {len(kernels)} kernels, "
+        f"{s.predicted_us:,.1f} µs predicted\n"
+        "PREDICTED by the cost model, not measured",
+        fontsize=10,
+    )
     left = len(kernels) - len(shown)
     if left:
-        fig.text(0.01, 0.01, f"{left} kernels without flops (copies, gathers) are not shown",
-                 fontsize=7, color="#555555")  # fmt: skip
+        fig.text(
+            0.01,
+            0.01,
+            f"{left} kernels without flops (copies, gathers) are not shown",
+            fontsize=7,
+            color="#555555",
+        )
     ax.grid(True, which="major", lw=0.3, color="#dddddd")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()

@@ -26,8 +26,9 @@ def _row(*cells: tuple[object, str]) -> str:
     return "  ".join(f"{v:{w}}" for v, w in cells).rstrip()
 
 
-def inspection(model: onnx.ModelProto, graph: ir.Graph, source: str,
-               dtype: str | None = None) -> dict:  # fmt: skip
+def inspection(
+    model: onnx.ModelProto, graph: ir.Graph, source: str, dtype: str | None = None
+) -> dict:
     """A JSON-able summary of ``model`` and its primitive graph (run at
     ``dtype``, the ``--dtype`` it was lowered to; None: the model's own)."""
     before = Counter(n.op_type for n in model.graph.node)

@@ -70,8 +70,9 @@ def _inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
-def check_not_input(out: str | os.PathLike, source: str | os.PathLike | None,
-                    what: str = "the input model") -> None:  # fmt: skip
+def check_not_input(
+    out: str | os.PathLike, source: str | os.PathLike | None, what: str = "the input model"
+) -> None:
     """Refuse an output that would overwrite or delete ``source`` (symlinks
     resolved): the same file, or a folder that holds it.  For the input model,
     an existing file in the model's folder is also checked against the
@@ -111,8 +112,11 @@ def _external_data(model: Path) -> set[Path]:
                 graphs += ([a.g] if a.HasField("g") else []) + list(a.graphs)
         for t in tensors:
             if t.data_location == onnx.TensorProto.EXTERNAL:
-                out |= {(model.parent / e.value).resolve() for e in t.external_data
-                        if e.key == "location"}  # fmt: skip
+                out |= {
+                    (model.parent / e.value).resolve()
+                    for e in t.external_data
+                    if e.key == "location"
+                }
     return out
 
 

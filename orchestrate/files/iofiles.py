@@ -46,8 +46,9 @@ def check_output_dir(folder: Path) -> None:
     check_folder_writable(folder if folder.exists() else folder.parent, what)
 
 
-def check_destinations(outputs: Iterable[str], folder: Path,
-                       inputs: Mapping[str, Path] | None = None) -> dict[str, Path]:  # fmt: skip
+def check_destinations(
+    outputs: Iterable[str], folder: Path, inputs: Mapping[str, Path] | None = None
+) -> dict[str, Path]:
     """Each output's file in ``folder``, checked (before the run, and again
     before writing): one file per output, no folder standing at a file's
     place, no --input file overwritten."""
@@ -80,8 +81,9 @@ def check_destinations(outputs: Iterable[str], folder: Path,
     return dest
 
 
-def write_outputs(outputs: dict[str, np.ndarray], folder: Path,
-                  inputs: Mapping[str, Path] | None = None) -> list[Path]:  # fmt: skip
+def write_outputs(
+    outputs: dict[str, np.ndarray], folder: Path, inputs: Mapping[str, Path] | None = None
+) -> list[Path]:
     """All outputs or none: every destination is checked, the arrays are
     written to a temporary folder inside ``folder``, then moved in; files they
     replace are moved aside first and put back if any move fails.  Nothing

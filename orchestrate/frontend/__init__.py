@@ -29,9 +29,15 @@ from orchestrate.ir import MAX_ELEMENTS
 # this many elements and larger than its inputs (it stays a node to fuse).
 FOLD_LIMIT = 1 << 20
 NONDETERMINISTIC = frozenset(
-    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-     "Bernoulli"}
-)  # fmt: skip
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+    }
+)
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
@@ -104,8 +110,10 @@ def _check_text(message, source: str) -> None:
         elif field.type == field.TYPE_STRING:
             for text in value if _repeated(field) else (value,):
                 if not isinstance(text, str):
-                    raise InputError(f"{source}: {type(message).__name__}.{field.name} "
-                                     f"{text[:40]!r} is not valid UTF-8")  # fmt: skip
+                    raise InputError(
+                        f"{source}: {type(message).__name__}.{field.name} "
+                        f"{text[:40]!r} is not valid UTF-8"
+                    )
 
 
 def _repeated(field) -> bool:
@@ -123,16 +131,19 @@ def _check_graph(graph: onnx.GraphProto, source: str) -> None:
         dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else ()
         for k, d in enumerate(dims):
             if d.HasField("dim_value") and d.dim_value < 0:
-                raise InputError(f"{source}: tensor {_shown(vi.name)!r} has dimension "
-                                 f"{d.dim_value} at axis {k}")  # fmt: skip
+                raise InputError(
+                    f"{source}: tensor {_shown(vi.name)!r} has dimension {d.dim_value} at axis {k}"
+                )
     for t in graph.initializer:
         _check_tensor_data(t, source)
     for node in graph.node:
         if node.op_type == "Split" and node.domain in DEFAULT_DOMAINS:
             n = next((a.i for a in node.attribute if a.name == "num_outputs"), None)
             if n is not None and n != len(node.output):
-                raise InputError(f"{source}: node {_shown(node.name or node.output[0])!r} (Split) "
-                                 f"has num_outputs={n} but {len(node.output)} outputs")  # fmt: skip
+                raise InputError(
+                    f"{source}: node {_shown(node.name or node.output[0])!r} (Split) "
+                    f"has num_outputs={n} but {len(node.output)} outputs"
+                )
         for a in node.attribute:
             for g in (*([a.g] if a.HasField("g") else []), *a.graphs):
                 _check_graph(g, source)
@@ -157,14 +168,19 @@ def _check_tensor_data(t: onnx.TensorProto, source: str) -> None:
             bits = 4
         want = (count * bits + 7) // 8
         if len(t.raw_data) != want:
-            raise InputError(f"{source}: initializer {_shown(t.name)!r} holds {len(t.raw_data)} "
-                             f"bytes, but {dtype} dims {list(t.dims)} need {want}")  # fmt: skip
+            raise InputError(
+                f"{source}: initializer {_shown(t.name)!r} holds {len(t.raw_data)} "
+                f"bytes, but {dtype} dims {list(t.dims)} need {want}"
+            )
     elif t.data_type not in _PACKED_4BIT and dtype.kind != "c":
-        held = sum(len(f) for f in (t.float_data, t.int32_data, t.int64_data, t.double_data,
-                                    t.uint64_data))  # fmt: skip
+        held = sum(
+            len(f) for f in (t.float_data, t.int32_data, t.int64_data, t.double_data, t.uint64_data)
+        )
         if held != count:
-            raise InputError(f"{source}: initializer {_shown(t.name)!r} holds {held} values, "
-                             f"but dims {list(t.dims)} need {count}")  # fmt: skip
+            raise InputError(
+                f"{source}: initializer {_shown(t.name)!r} holds {held} values, "
+                f"but dims {list(t.dims)} need {count}"
+            )
 
 
 def check_opset(model: onnx.ModelProto, source: str = "<model>") -> None:
@@ -258,8 +274,11 @@ def _check_size(shape: Sequence[int], what: str) -> None:
         )
 
 
-_PACKED_4BIT = {getattr(onnx.TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1")
-                if hasattr(onnx.TensorProto, n)}  # fmt: skip
+_PACKED_4BIT = {
+    getattr(onnx.TensorProto, n)
+    for n in ("INT4", "UINT4", "FLOAT4E2M1")
+    if hasattr(onnx.TensorProto, n)
+}
 
 
 def _shown(name: str) -> str:
@@ -322,8 +341,10 @@ def _check_sizes(m: onnx.ModelProto, source: str) -> None:
         if node is None:
             _check_size(shape, f"{source}: input {name!r} of shape {_dims(shape)}")
         label = node.name or f"{node.op_type}_{index[id(node)]}"
-        _check_size(shape, f"{source}: node {label!r} ({node.op_type}) makes {name!r} of shape "
-                           f"{_dims(shape)}")  # fmt: skip
+        _check_size(
+            shape,
+            f"{source}: node {label!r} ({node.op_type}) makes {name!r} of shape {_dims(shape)}",
+        )
 
 
 # initializers larger than this stay out of the skeleton
@@ -334,11 +355,15 @@ def _skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, onnx.T
     weights = {t.name: t for t in model.graph.initializer if _numel(t) > SKELETON_LIMIT}
     m = onnx.ModelProto()
     graph = model.graph
-    m.CopyFrom(onnx.ModelProto(
-        ir_version=model.ir_version, opset_import=model.opset_import,
-        producer_name=model.producer_name, functions=model.functions,
-        metadata_props=model.metadata_props,
-    ))  # fmt: skip
+    m.CopyFrom(
+        onnx.ModelProto(
+            ir_version=model.ir_version,
+            opset_import=model.opset_import,
+            producer_name=model.producer_name,
+            functions=model.functions,
+            metadata_props=model.metadata_props,
+        )
+    )
     g = m.graph
     g.name = graph.name
     g.node.extend(graph.node)
@@ -356,9 +381,12 @@ def _numel(t: onnx.TensorProto) -> int:
 
 
 def _bind_shapes(
-    m: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], source: str, exempt: set[str],
+    m: onnx.ModelProto,
+    shapes: dict[str, tuple[int, ...]],
+    source: str,
+    exempt: set[str],
     option: str = "--shape",
-) -> None:  # fmt: skip
+) -> None:
     inputs = {i.name: i for i in graph_inputs(m) if i.name not in exempt}
     cli = option.startswith("--")
     for name in shapes:
@@ -396,8 +424,11 @@ def _bind_shapes(
             if not d.HasField("dim_value"):
                 what = f"dimension {d.dim_param!r}" if d.dim_param else "a dynamic dimension"
                 dims = [str(x.dim_value) if x.HasField("dim_value") else "N" for x in tt.shape.dim]
-                hint = (f"--shape {shown}={'x'.join(dims)}" if cli
-                        else f"{option}={{{name!r}: ({', '.join(dims)}{',' * (len(dims) == 1)})}}")  # fmt: skip
+                hint = (
+                    f"--shape {shown}={'x'.join(dims)}"
+                    if cli
+                    else f"{option}={{{name!r}: ({', '.join(dims)}{',' * (len(dims) == 1)})}}"
+                )
                 raise InputError(f"{source}: input {name!r} has {what} at axis {k}; pass {hint}")
 
 

@@ -60,8 +60,9 @@ def supports_opset(version: int) -> bool:
     ``version``.  It exposes no such number, so a one-node model says."""
     x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
     y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
-    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "probe",
-                                   [x], [y])  # fmt: skip
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y]
+    )
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", version)])
     model.ir_version = MAX_IR_VERSION
     try:

@@ -34,8 +34,9 @@ class Fired:
     without_us: float  # the optimum without any of the rule's candidates
 
 
-def fired(prob: Problem, sol: program.Solution, prices: Prices, *, time_limit,
-          recompute: bool) -> list[Fired]:  # fmt: skip
+def fired(
+    prob: Problem, sol: program.Solution, prices: Prices, *, time_limit, recompute: bool
+) -> list[Fired]:
     """The pattern rules whose candidates ``sol`` (the solution of ``prob``)
     chose, each with the partition re-solved without that rule's candidates."""
     by_rule: dict[str, set[int]] = {}
@@ -48,8 +49,14 @@ def fired(prob: Problem, sol: program.Solution, prices: Prices, *, time_limit,
         if not used:
             continue
         alt = without(prob, by_rule[rule]).solve(prices, time_limit=time_limit, recompute=recompute)
-        out.append(Fired(rule, tuple(prob.kernels[i] for i in sorted(used)),
-                         sol.objective_us, alt.objective_us))  # fmt: skip
+        out.append(
+            Fired(
+                rule,
+                tuple(prob.kernels[i] for i in sorted(used)),
+                sol.objective_us,
+                alt.objective_us,
+            )
+        )
     return out
 
 

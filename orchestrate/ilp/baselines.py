@@ -145,8 +145,11 @@ def greedy(graph: Graph, nodes: Sequence[str], target: Target, prices: Prices) -
 
 def unfused(graph: Graph, target: Target, prices: Prices) -> list[Priced]:
     """One kernel per ONNX node of the original model."""
-    return [p for members in origins(graph).values() for p in onnx_node_kernels(
-        graph, members, target, prices)]  # fmt: skip
+    return [
+        p
+        for members in origins(graph).values()
+        for p in onnx_node_kernels(graph, members, target, prices)
+    ]
 
 
 def origins(graph: Graph) -> dict[str, list[str]]:

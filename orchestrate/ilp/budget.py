@@ -37,9 +37,11 @@ class Point:
 
 
 def frontier(
-    solve: Callable[[int | None], Solution], bytes_of: Callable[[Solution], int],
-    fastest: Solution | None = None, max_points: int = MAX_POINTS,
-) -> tuple[list[Point], bool]:  # fmt: skip
+    solve: Callable[[int | None], Solution],
+    bytes_of: Callable[[Solution], int],
+    fastest: Solution | None = None,
+    max_points: int = MAX_POINTS,
+) -> tuple[list[Point], bool]:
     """The frontier, fastest point first (bytes strictly falling, time rising),
     and whether it is complete.  ``solve(b)`` is the partition's program with
     budget ``b`` (None: none), raising BudgetInfeasible when nothing fits and
@@ -89,9 +91,16 @@ def choose(frontiers: Sequence[Sequence[Point]], budget: int) -> list[int] | Non
     return [max(range(len(zs)), key=lambda i: zs[i].value() or 0) for zs in z]
 
 
-def within_budget(graph: Graph, groups: Mapping[Partition, list[Partition]], problems,
-                  fastest: Mapping[int, Solution], prices, options, stats: program.Stats,
-                  report) -> dict[int, list]:  # fmt: skip
+def within_budget(
+    graph: Graph,
+    groups: Mapping[Partition, list[Partition]],
+    problems,
+    fastest: Mapping[int, Solution],
+    prices,
+    options,
+    stats: program.Stats,
+    report,
+) -> dict[int, list]:
     """The fastest plan within ``options.memory_budget``: a frontier per
     distinct partition (``problems`` by representative index), then one
     point per partition.  Returns each partition's (spec, writes) choices."""
@@ -101,8 +110,13 @@ def within_budget(graph: Graph, groups: Mapping[Partition, list[Partition]], pro
         prob = problems[rep.index]
 
         def solve(b, prob=prob):
-            sol = prob.solve(prices, time_limit=options.time_limit, recompute=options.recompute,
-                             budget=b, budget_exempt=set(graph.outputs))  # fmt: skip
+            sol = prob.solve(
+                prices,
+                time_limit=options.time_limit,
+                recompute=options.recompute,
+                budget=b,
+                budget_exempt=set(graph.outputs),
+            )
             stats.add(sol)
             return sol
 

@@ -18,8 +18,9 @@ from orchestrate.kernels.spec import Rejection, Target
 from orchestrate.plan import PlannedKernel, Unfused
 
 
-def unfused_neighbours(graph: Graph, kernels: Sequence[PlannedKernel], target: Target,
-                       prices: Prices) -> tuple[Unfused, ...]:  # fmt: skip
+def unfused_neighbours(
+    graph: Graph, kernels: Sequence[PlannedKernel], target: Target, prices: Prices
+) -> tuple[Unfused, ...]:
     writer: dict[str, PlannedKernel] = {}
     for k in kernels:
         for t in k.outputs:

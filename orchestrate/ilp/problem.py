@@ -44,17 +44,25 @@ class Problem:
             choices.append(program.Choice(index[key], p.writes))
         return choices
 
-    def solve(self, prices: Prices, *, time_limit, recompute, budget=None,
-              budget_exempt=frozenset()) -> program.Solution:  # fmt: skip
+    def solve(
+        self, prices: Prices, *, time_limit, recompute, budget=None, budget_exempt=frozenset()
+    ) -> program.Solution:
         graph = prices.graph
         return program.solve(
-            self.kernels, self.costs,
+            self.kernels,
+            self.costs,
             {t: prices.write_us(t) for k in self.kernels for t in k.optional},
             {t: graph.types[t].nbytes for k in self.kernels for t in (*k.outputs, *k.optional)},
-            set(self.part.inputs), list(self.part.outputs),
-            warm=self.warm, time_limit=time_limit, recompute=recompute, edges=self.edges,
-            name=f"partition {self.part.index}", budget=budget, budget_exempt=budget_exempt,
-        )  # fmt: skip
+            set(self.part.inputs),
+            list(self.part.outputs),
+            warm=self.warm,
+            time_limit=time_limit,
+            recompute=recompute,
+            edges=self.edges,
+            name=f"partition {self.part.index}",
+            budget=budget,
+            budget_exempt=budget_exempt,
+        )
 
     def chosen(self, sol: program.Solution) -> list[tuple[KernelSpec, tuple[str, ...]]]:
         return [(self.kernels[c.kernel], c.writes) for c in sol.choices]
@@ -62,8 +70,9 @@ class Problem:
 
 def problem(graph: Graph, part: Partition, found: Enumeration, prices: Prices) -> Problem:
     kernels = list(found.kernels)
-    return Problem(part, kernels, [prices.cost(k) for k in kernels],
-                   primitive_edges(graph, part.nodes), found)  # fmt: skip
+    return Problem(
+        part, kernels, [prices.cost(k) for k in kernels], primitive_edges(graph, part.nodes), found
+    )
 
 
 def primitive_edges(graph: Graph, nodes) -> list[tuple[str, str]]:

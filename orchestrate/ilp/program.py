@@ -172,8 +172,9 @@ def solve(
         # valid cuts that make the relaxation see the budget: a tensor that
         # must be output, or that a chosen kernel reads, is materialised
         # (when only real kernels can write it; a view's reader is not)
-        only_real = {t for t, ws in writers.items() if all(kernels[k].template != VIEW
-                                                          for k, _ in ws)}  # fmt: skip
+        only_real = {
+            t for t, ws in writers.items() if all(kernels[k].template != VIEW for k, _ in ws)
+        }
         for t in required:
             if t in m and t in only_real:
                 prob += m[t] == 1
@@ -211,9 +212,13 @@ def solve(
         if not stuck:
             ordered = tuple(choices[i] for i in order)
             return Solution(
-                ordered, status, float(pulp.value(prob.objective) or 0.0), gap,
-                time.perf_counter() - started, rounds,
-            )  # fmt: skip
+                ordered,
+                status,
+                float(pulp.value(prob.objective) or 0.0),
+                gap,
+                time.perf_counter() - started,
+                rounds,
+            )
         if rounds >= MAX_CYCLE_ROUNDS:
             raise AssertionError(f"{name}: cycle cuts did not converge")
         _cut_cycle(prob, x, writers, kernels, [choices[i] for i in stuck], available)

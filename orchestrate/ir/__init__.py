@@ -94,11 +94,27 @@ class Op(enum.Enum):
 
 UNARY = frozenset(
     {
-        Op.EXP, Op.LOG, Op.SQRT, Op.RECIP, Op.TANH, Op.ERF, Op.SIGMOID, Op.NEG, Op.ABS,
-        Op.SIGN, Op.FLOOR, Op.CEIL, Op.ROUND, Op.SIN, Op.COS, Op.NOT, Op.ISNAN, Op.ISINF,
+        Op.EXP,
+        Op.LOG,
+        Op.SQRT,
+        Op.RECIP,
+        Op.TANH,
+        Op.ERF,
+        Op.SIGMOID,
+        Op.NEG,
+        Op.ABS,
+        Op.SIGN,
+        Op.FLOOR,
+        Op.CEIL,
+        Op.ROUND,
+        Op.SIN,
+        Op.COS,
+        Op.NOT,
+        Op.ISNAN,
+        Op.ISINF,
         Op.CAST,
     }
-)  # fmt: skip
+)
 COMPARE = frozenset({Op.EQ, Op.LT, Op.LE})
 LOGICAL = frozenset({Op.AND, Op.OR, Op.XOR})
 BINARY = (
@@ -139,8 +155,23 @@ _ALL = frozenset(ALL_DTYPES)
 # bfloat16 follows float16 (onnxruntime's CPU provider has few bfloat16
 # kernels: the reference executor, with ml_dtypes, is the ground truth there).
 DTYPES: Mapping[Op, frozenset[str]] = {
-    **{op: _F for op in (Op.EXP, Op.LOG, Op.SQRT, Op.RECIP, Op.TANH, Op.SIGMOID, Op.FLOOR,
-                         Op.CEIL, Op.ROUND, Op.SIN, Op.COS, Op.ISNAN)},
+    **{
+        op: _F
+        for op in (
+            Op.EXP,
+            Op.LOG,
+            Op.SQRT,
+            Op.RECIP,
+            Op.TANH,
+            Op.SIGMOID,
+            Op.FLOOR,
+            Op.CEIL,
+            Op.ROUND,
+            Op.SIN,
+            Op.COS,
+            Op.ISNAN,
+        )
+    },
     Op.ISINF: frozenset({"float32", "float64"}),
     Op.ERF: frozenset({"float16", "bfloat16", "float32"}),
     Op.NEG: frozenset(FLOATS + SIGNED),
@@ -150,8 +181,10 @@ DTYPES: Mapping[Op, frozenset[str]] = {
     Op.CAST: _ALL,
     **{op: _FI for op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MOD)},
     Op.POW: frozenset(FLOATS + ("int32", "int64")),
-    **{op: frozenset(FLOATS + ("int8", "int32", "int64", "uint8", "uint32", "uint64"))
-       for op in (Op.MAX, Op.MIN)},
+    **{
+        op: frozenset(FLOATS + ("int8", "int32", "int64", "uint8", "uint32", "uint64"))
+        for op in (Op.MAX, Op.MIN)
+    },
     **{op: _FI for op in COMPARE},
     Op.EQ: _ALL,
     **{op: frozenset({"bool"}) for op in LOGICAL},
@@ -167,7 +200,7 @@ DTYPES: Mapping[Op, frozenset[str]] = {
     # onnxruntime has no float64 Conv / AveragePool kernels
     Op.CONV: frozenset({"float32", *HALF}),
     Op.POOL: frozenset({"float32", *HALF}),
-}  # fmt: skip
+}
 
 
 # ---------------------------------------------------------------------------
@@ -291,8 +324,10 @@ class Graph:
     name: str = "graph"
 
     def __post_init__(self) -> None:
-        frozen = {k: np.array(v, copy=False) if isinstance(v, np.ndarray) else np.asarray(v)
-                  for k, v in self.constants.items()}  # fmt: skip
+        frozen = {
+            k: np.array(v, copy=False) if isinstance(v, np.ndarray) else np.asarray(v)
+            for k, v in self.constants.items()
+        }
         for arr in frozen.values():
             arr.flags.writeable = False
         object.__setattr__(self, "constants", frozen)

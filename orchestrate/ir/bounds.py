@@ -146,8 +146,9 @@ def device_error(bound: IndexBound) -> InputError:
     return InputError(f"{where}: an index computed in the model is out of range [{-n}, {n})")
 
 
-def host_checked_inputs(bounds: Sequence[IndexBound], inputs: Iterable[str]
-                        ) -> dict[str, tuple[IndexBound, ...]]:  # fmt: skip
+def host_checked_inputs(
+    bounds: Sequence[IndexBound], inputs: Iterable[str]
+) -> dict[str, tuple[IndexBound, ...]]:
     """For each graph input that indexes a gather: the bounds it must keep."""
     names = set(inputs)
     out: dict[str, list[IndexBound]] = {}

@@ -19,25 +19,99 @@ IR_VERSION = 9
 # the ONNX operators the exported model may contain, and nothing else
 PRIMITIVE_ONNX_OPS = frozenset(
     {
-        "Exp", "Log", "Sqrt", "Reciprocal", "Tanh", "Erf", "Sigmoid", "Neg", "Abs", "Sign",
-        "Floor", "Ceil", "Round", "Sin", "Cos", "Not", "IsNaN", "IsInf", "Cast", "Add", "Sub",
-        "Mul", "Div", "Pow", "Max", "Min", "Mod", "Equal", "Less", "LessOrEqual", "And", "Or",
-        "Xor", "Where", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ArgMax", "ArgMin",
-        "Transpose", "Reshape", "Slice", "Concat", "Pad", "Expand", "Gather", "Identity",
-        "MatMul", "Conv", "MaxPool", "AveragePool",
+        "Exp",
+        "Log",
+        "Sqrt",
+        "Reciprocal",
+        "Tanh",
+        "Erf",
+        "Sigmoid",
+        "Neg",
+        "Abs",
+        "Sign",
+        "Floor",
+        "Ceil",
+        "Round",
+        "Sin",
+        "Cos",
+        "Not",
+        "IsNaN",
+        "IsInf",
+        "Cast",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Pow",
+        "Max",
+        "Min",
+        "Mod",
+        "Equal",
+        "Less",
+        "LessOrEqual",
+        "And",
+        "Or",
+        "Xor",
+        "Where",
+        "ReduceSum",
+        "ReduceMax",
+        "ReduceMin",
+        "ReduceProd",
+        "ArgMax",
+        "ArgMin",
+        "Transpose",
+        "Reshape",
+        "Slice",
+        "Concat",
+        "Pad",
+        "Expand",
+        "Gather",
+        "Identity",
+        "MatMul",
+        "Conv",
+        "MaxPool",
+        "AveragePool",
     }
-)  # fmt: skip
+)
 
 _SIMPLE = {
-    Op.EXP: "Exp", Op.LOG: "Log", Op.SQRT: "Sqrt", Op.RECIP: "Reciprocal", Op.TANH: "Tanh",
-    Op.ERF: "Erf", Op.SIGMOID: "Sigmoid", Op.NEG: "Neg", Op.ABS: "Abs", Op.SIGN: "Sign",
-    Op.FLOOR: "Floor", Op.CEIL: "Ceil", Op.ROUND: "Round", Op.SIN: "Sin", Op.COS: "Cos",
-    Op.NOT: "Not", Op.ISNAN: "IsNaN", Op.ISINF: "IsInf", Op.ADD: "Add", Op.SUB: "Sub",
-    Op.MUL: "Mul", Op.DIV: "Div", Op.POW: "Pow", Op.MAX: "Max", Op.MIN: "Min",
-    Op.EQ: "Equal", Op.LT: "Less", Op.LE: "LessOrEqual", Op.AND: "And", Op.OR: "Or",
-    Op.XOR: "Xor", Op.WHERE: "Where", Op.CONCAT: "Concat", Op.GATHER: "Gather",
-    Op.IDENTITY: "Identity", Op.MATMUL: "MatMul",
-}  # fmt: skip
+    Op.EXP: "Exp",
+    Op.LOG: "Log",
+    Op.SQRT: "Sqrt",
+    Op.RECIP: "Reciprocal",
+    Op.TANH: "Tanh",
+    Op.ERF: "Erf",
+    Op.SIGMOID: "Sigmoid",
+    Op.NEG: "Neg",
+    Op.ABS: "Abs",
+    Op.SIGN: "Sign",
+    Op.FLOOR: "Floor",
+    Op.CEIL: "Ceil",
+    Op.ROUND: "Round",
+    Op.SIN: "Sin",
+    Op.COS: "Cos",
+    Op.NOT: "Not",
+    Op.ISNAN: "IsNaN",
+    Op.ISINF: "IsInf",
+    Op.ADD: "Add",
+    Op.SUB: "Sub",
+    Op.MUL: "Mul",
+    Op.DIV: "Div",
+    Op.POW: "Pow",
+    Op.MAX: "Max",
+    Op.MIN: "Min",
+    Op.EQ: "Equal",
+    Op.LT: "Less",
+    Op.LE: "LessOrEqual",
+    Op.AND: "And",
+    Op.OR: "Or",
+    Op.XOR: "Xor",
+    Op.WHERE: "Where",
+    Op.CONCAT: "Concat",
+    Op.GATHER: "Gather",
+    Op.IDENTITY: "Identity",
+    Op.MATMUL: "MatMul",
+}
 _REDUCE = {Op.SUM: "ReduceSum", Op.RMAX: "ReduceMax", Op.RMIN: "ReduceMin", Op.PROD: "ReduceProd"}
 
 
@@ -94,9 +168,13 @@ def _node(n: Node, graph: Graph, const) -> onnx.NodeProto:
         return helper.make_node(_REDUCE[op], ins + [axes], out, keepdims=int(a["keepdims"]))
     if op in (Op.ARGMAX, Op.ARGMIN):
         return helper.make_node(
-            "ArgMax" if op is Op.ARGMAX else "ArgMin", ins, out, axis=a["axis"],
-            keepdims=int(a["keepdims"]), select_last_index=int(a["select_last_index"]),
-        )  # fmt: skip
+            "ArgMax" if op is Op.ARGMAX else "ArgMin",
+            ins,
+            out,
+            axis=a["axis"],
+            keepdims=int(a["keepdims"]),
+            select_last_index=int(a["select_last_index"]),
+        )
     if op is Op.TRANSPOSE:
         return helper.make_node("Transpose", ins, out, perm=list(a["perm"]))
     if op is Op.RESHAPE:
@@ -125,9 +203,15 @@ def _node(n: Node, graph: Graph, const) -> onnx.NodeProto:
     if op is Op.CONV:
         w = graph.types[n.inputs[1]]
         return helper.make_node(
-            "Conv", ins, out, kernel_shape=list(w.shape[2:]), strides=list(a["strides"]),
-            pads=list(a["pads"]), dilations=list(a["dilations"]), group=a["group"],
-        )  # fmt: skip
+            "Conv",
+            ins,
+            out,
+            kernel_shape=list(w.shape[2:]),
+            strides=list(a["strides"]),
+            pads=list(a["pads"]),
+            dilations=list(a["dilations"]),
+            group=a["group"],
+        )
     if op is Op.POOL:
         kw = dict(kernel_shape=list(a["kernel"]), strides=list(a["strides"]), pads=list(a["pads"]))
         if a["kind"] == "max":

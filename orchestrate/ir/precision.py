@@ -106,14 +106,21 @@ def lower_precision(graph: Graph, dtype: str | None, source: str = "model") -> G
     own = model_dtype(graph)
     if dtype == "fp32":
         if own in ir.HALF:
-            raise PrecisionError(dtype, f"the model computes in {own}; orchestrate lowers "
-                                 "precision, it does not raise it", source)  # fmt: skip
+            raise PrecisionError(
+                dtype,
+                f"the model computes in {own}; orchestrate lowers precision, it does not raise it",
+                source,
+            )
         return graph
     found = {t.dtype for t in graph.types.values()}
     other = next((h for h in ir.HALF if h in found and h != DTYPES[dtype]), None)
     if other is not None:
-        raise PrecisionError(dtype, f"the model computes in {other}; orchestrate lowers float32 "
-                             "to one half precision, it does not mix two", source)  # fmt: skip
+        raise PrecisionError(
+            dtype,
+            f"the model computes in {other}; orchestrate lowers float32 "
+            "to one half precision, it does not mix two",
+            source,
+        )
     if own is None or "float32" not in found:
         return graph  # nothing in float32 to lower
     return _Lowering(graph, dtype, source).graph()
@@ -150,24 +157,37 @@ class _Lowering:
                     big = float(np.max(np.abs(g.constants[bad][np.isfinite(g.constants[bad])])))
                     most = float(ml_dtypes.finfo(self.half).max)
                     raise PrecisionError(
-                        self.dtype, f"weight {bad!r} read by {n.op.value} {n.name!r} holds "
-                        f"{big:.4g}, beyond {self.half}'s range ({most:.6g})", self.source,
-                    )  # fmt: skip
-            elif (n.op in _ALWAYS_FULL and n.dtype == "float32") or needs_full or any(
-                    i in self.overflow for i in n.inputs):  # fmt: skip
+                        self.dtype,
+                        f"weight {bad!r} read by {n.op.value} {n.name!r} holds "
+                        f"{big:.4g}, beyond {self.half}'s range ({most:.6g})",
+                        self.source,
+                    )
+            elif (
+                (n.op in _ALWAYS_FULL and n.dtype == "float32")
+                or needs_full
+                or any(i in self.overflow for i in n.inputs)
+            ):
                 full.add(n.name)
         changed = True
         while changed:
             changed = False
             for n in nodes:  # follow the inputs
-                if n.name not in full and n.op not in _ALWAYS_HALF and any(
-                        i in full for i in n.inputs):  # fmt: skip
+                if (
+                    n.name not in full
+                    and n.op not in _ALWAYS_HALF
+                    and any(i in full for i in n.inputs)
+                ):
                     full.add(n.name)
                     changed = True
             for n in reversed(nodes):  # upcast a chain whose every reader is fp32
                 readers = g.consumers.get(n.name, ())
-                if (n.name not in full and n.op in _UPCAST_WITH_READERS and n.dtype == "float32"
-                        and readers and all(c.name in full for c in readers)):  # fmt: skip
+                if (
+                    n.name not in full
+                    and n.op in _UPCAST_WITH_READERS
+                    and n.dtype == "float32"
+                    and readers
+                    and all(c.name in full for c in readers)
+                ):
                     full.add(n.name)
                     changed = True
         return full
@@ -198,8 +218,7 @@ class _Lowering:
         self.held: dict[str, dict[str, str]] = {i.name: {i.type.dtype: i.name} for i in g.inputs}
         for name, arr in constants.items():
             self.held[name] = {arr.dtype.name: name}
-        self.types = {t: TensorType(g.types[t].shape, d) for t in self.held
-                      for d in self.held[t]}  # fmt: skip
+        self.types = {t: TensorType(g.types[t].shape, d) for t in self.held for d in self.held[t]}
         self.nodes: list[Node] = []
         outputs = set(g.outputs)
         for n in g.nodes:
@@ -225,8 +244,16 @@ class _Lowering:
             if o not in self.held[o].values():
                 src = self.held[o][next(iter(self.held[o]))]
                 origin = g.producer[o].origin if o in g.producer else ""
-                self.nodes.append(Node(Op.CAST, o, (src,), TensorType(g.types[o].shape, want),
-                                       Attrs(to=want), origin))  # fmt: skip
+                self.nodes.append(
+                    Node(
+                        Op.CAST,
+                        o,
+                        (src,),
+                        TensorType(g.types[o].shape, want),
+                        Attrs(to=want),
+                        origin,
+                    )
+                )
         lowered = Graph(tuple(self.nodes), g.inputs, g.outputs, self.constants, g.name)
         return type_rules.validate(lowered)
 
@@ -235,8 +262,12 @@ class _Lowering:
         and half holds its values."""
         if name in self.overflow:
             return False
-        return any(self._wanted(c, k) == self.half for c in self.g.consumers.get(name, ())
-                   for k, i in enumerate(c.inputs) if i == name)  # fmt: skip
+        return any(
+            self._wanted(c, k) == self.half
+            for c in self.g.consumers.get(name, ())
+            for k, i in enumerate(c.inputs)
+            if i == name
+        )
 
     def _read(self, n: Node, k: int) -> str:
         """The name of input ``k`` of ``n`` in the dtype ``n`` reads it in (a
@@ -255,8 +286,9 @@ class _Lowering:
             self.constants[name] = self.g.constants[t].astype(want)
             return name
         origin = self.g.producer[t].origin if t in self.g.producer else n.origin
-        self.nodes.append(Node(Op.CAST, name, (src,), TensorType(shape, want), Attrs(to=want),
-                               origin))  # fmt: skip
+        self.nodes.append(
+            Node(Op.CAST, name, (src,), TensorType(shape, want), Attrs(to=want), origin)
+        )
         return name
 
     def _fresh(self, base: str) -> str:

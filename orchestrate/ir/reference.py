@@ -160,8 +160,9 @@ def _windows(x: np.ndarray, a: Attrs, kernel: tuple[int, ...], fill: Any):
     """Yield (kernel offset, strided view of the padded input) per kernel position."""
     n = x.ndim - 2
     pads, strides, dil = a["pads"], a["strides"], a["dilations"]
-    xp = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + n]) for i in range(n)],
-                constant_values=fill)  # fmt: skip
+    xp = np.pad(
+        x, [(0, 0), (0, 0)] + [(pads[i], pads[i + n]) for i in range(n)], constant_values=fill
+    )
     out = [(xp.shape[2 + i] - ((kernel[i] - 1) * dil[i] + 1)) // strides[i] + 1 for i in range(n)]
     for offset in np.ndindex(*kernel):
         idx = tuple(

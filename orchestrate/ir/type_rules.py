@@ -80,9 +80,17 @@ _ARITY = {
     **{op: 2 for op in BINARY},
     Op.WHERE: 3,
     **{op: 1 for op in REDUCE},
-    Op.TRANSPOSE: 1, Op.RESHAPE: 1, Op.SLICE: 1, Op.PAD: 1, Op.EXPAND: 1, Op.IDENTITY: 1,
-    Op.GATHER: 2, Op.MATMUL: 2, Op.CONV: 2, Op.POOL: 1,
-}  # fmt: skip
+    Op.TRANSPOSE: 1,
+    Op.RESHAPE: 1,
+    Op.SLICE: 1,
+    Op.PAD: 1,
+    Op.EXPAND: 1,
+    Op.IDENTITY: 1,
+    Op.GATHER: 2,
+    Op.MATMUL: 2,
+    Op.CONV: 2,
+    Op.POOL: 1,
+}
 
 
 def _axes_ok(axes: tuple[int, ...], rank: int, what: str) -> None:

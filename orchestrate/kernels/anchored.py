@@ -95,8 +95,9 @@ def matmul(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection:
         return found
     a = graph.types[mm.inputs[0]]
     *batch, m, n = mm.shape
-    configs = config.matmul(m, n, a.shape[-1], a.dtype, target.tf32, math.prod(batch),
-                            target.device.sms)  # fmt: skip
+    configs = config.matmul(
+        m, n, a.shape[-1], a.dtype, target.tf32, math.prod(batch), target.device.sms
+    )
     return accept(graph, MATMUL, r, mm.shape, found, _optional(r, found), configs, target)
 
 
@@ -133,17 +134,17 @@ RULES = [
         "one matmul: prologue on operand tiles, aligned elementwise epilogue",
         _one(Op.MATMUL),
         matmul,
-    ),  # fmt: skip
+    ),
     Rule(
         CONV,
         "one convolution as implicit GEMM with an aligned elementwise epilogue",
         _one(Op.CONV),
         conv,
-    ),  # fmt: skip
+    ),
     Rule(
         WINDOW,
         "one max/avg pool with an elementwise prologue and an aligned epilogue",
         _one(Op.POOL),
         window,
-    ),  # fmt: skip
+    ),
 ]

@@ -126,10 +126,15 @@ def analyse(graph: Graph, r: Region) -> AttentionRoles | Rejection:
         return Rejection(reason)
     operands = _operands(graph, m1, m2, prologue)
     return AttentionRoles(
-        m1.name, m2.name, tuple(n for n in names if n in scores and n != m1.name), x,
-        tuple(n for n in names if n in parts), *floors[:2],
-        tuple((n, operands[n]) for n in prologue), floors[2],
-    )  # fmt: skip
+        m1.name,
+        m2.name,
+        tuple(n for n in names if n in scores and n != m1.name),
+        x,
+        tuple(n for n in names if n in parts),
+        *floors[:2],
+        tuple((n, operands[n]) for n in prologue),
+        floors[2],
+    )
 
 
 def _operands(graph: Graph, m1: Node, m2: Node, prologue: Iterable[str]) -> dict[str, Operand]:
@@ -143,8 +148,7 @@ def _operands(graph: Graph, m1: Node, m2: Node, prologue: Iterable[str]) -> dict
 
     kv = feeding(m1.inputs[1]) | feeding(m2.inputs[1])
     q = feeding(m1.inputs[0])
-    return {n: Operand.KV if n in kv else Operand.Q if n in q else Operand.SCORES
-            for n in inside}  # fmt: skip
+    return {n: Operand.KV if n in kv else Operand.Q if n in q else Operand.SCORES for n in inside}
 
 
 # -- the pattern -----------------------------------------------------------------
@@ -407,5 +411,5 @@ RULES = [
         _judges,
         attention,
         propose,
-    ),  # fmt: skip
+    ),
 ]

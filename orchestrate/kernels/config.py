@@ -148,15 +148,20 @@ def _fewer_stages(first: LaunchConfig) -> list[LaunchConfig]:
     """``first``, then the same tiles with shallower software pipelines."""
     out = [first]
     for stages in range(first.num_stages - 1, 0, -1):
-        out.append(LaunchConfig(first.blocks, first.num_warps, stages, first.interpret,
-                                first.precision))  # fmt: skip
+        out.append(
+            LaunchConfig(first.blocks, first.num_warps, stages, first.interpret, first.precision)
+        )
     return out
 
 
 @_space
 def pointwise(numel: int) -> list[LaunchConfig]:
-    return [launch_config({"BLOCK": min(POINTWISE_BLOCK, next_pow2(numel))},
-                   {"BLOCK": min(INTERPRET_POINTWISE_BLOCK, next_pow2(numel))})]  # fmt: skip
+    return [
+        launch_config(
+            {"BLOCK": min(POINTWISE_BLOCK, next_pow2(numel))},
+            {"BLOCK": min(INTERPRET_POINTWISE_BLOCK, next_pow2(numel))},
+        )
+    ]
 
 
 @_space
@@ -166,40 +171,65 @@ def row_reduce(rows: int, length: int, looped: bool) -> list[LaunchConfig]:
         gpu = {"BLOCK_ROWS": 1, "BLOCK_COLS": min(LOOP_BLOCK, cols)}
         fast_cols = min(INTERPRET_LOOP_BLOCK, cols)
     else:
-        gpu = {"BLOCK_ROWS": min(next_pow2(rows), max(1, SINGLE_PASS_TILE // cols)),
-               "BLOCK_COLS": cols}  # fmt: skip
+        gpu = {
+            "BLOCK_ROWS": min(next_pow2(rows), max(1, SINGLE_PASS_TILE // cols)),
+            "BLOCK_COLS": cols,
+        }
         fast_cols = cols
-    fast = {"BLOCK_ROWS": min(next_pow2(rows), max(1, INTERPRET_TILE // fast_cols)),
-            "BLOCK_COLS": fast_cols}  # fmt: skip
+    fast = {
+        "BLOCK_ROWS": min(next_pow2(rows), max(1, INTERPRET_TILE // fast_cols)),
+        "BLOCK_COLS": fast_cols,
+    }
     return [launch_config(gpu, fast)]
 
 
 @_space
-def matmul(m: int, n: int, k: int, dtype: str, tf32: bool, batch: int = 1,
-           sms: int = 0) -> list[LaunchConfig]:  # fmt: skip
+def matmul(
+    m: int, n: int, k: int, dtype: str, tf32: bool, batch: int = 1, sms: int = 0
+) -> list[LaunchConfig]:
     """C[m, n] = A[m, k] @ B[k, n] in ``dtype``, ``batch`` times, on a device
     of ``sms`` SMs (0: no split-K)."""
     precision = _precision(dtype, tf32)
     if not uses_dot(dtype):
-        gpu = {"BLOCK_M": clamp_pow2(m, 1, SLOW_BLOCK_MN), "BLOCK_N": clamp_pow2(n, 1, SLOW_BLOCK_MN),
-               "BLOCK_K": clamp_pow2(k, 1, SLOW_BLOCK_K)}  # fmt: skip
+        gpu = {
+            "BLOCK_M": clamp_pow2(m, 1, SLOW_BLOCK_MN),
+            "BLOCK_N": clamp_pow2(n, 1, SLOW_BLOCK_MN),
+            "BLOCK_K": clamp_pow2(k, 1, SLOW_BLOCK_K),
+        }
         half = MATMUL_INTERPRET_BLOCK // 2
         bm, bn = clamp_pow2(m, 1, half), clamp_pow2(n, 1, half)
-        fast = {"BLOCK_M": bm, "BLOCK_N": bn,
-                "BLOCK_K": clamp_pow2(k, 1, max(1, INTERPRET_SLOW_VOLUME // (bm * bn)))}  # fmt: skip
-        first = launch_config({**gpu, "GROUP_M": GROUP_M}, fast, num_warps=NUM_WARPS,
-                              num_stages=NUM_STAGES, precision=precision)  # fmt: skip
+        fast = {
+            "BLOCK_M": bm,
+            "BLOCK_N": bn,
+            "BLOCK_K": clamp_pow2(k, 1, max(1, INTERPRET_SLOW_VOLUME // (bm * bn))),
+        }
+        first = launch_config(
+            {**gpu, "GROUP_M": GROUP_M},
+            fast,
+            num_warps=NUM_WARPS,
+            num_stages=NUM_STAGES,
+            precision=precision,
+        )
         return _fewer_stages(first)
     hi = MATMUL_INTERPRET_BLOCK
-    fast = {"BLOCK_M": clamp_pow2(m, MIN_DOT, hi), "BLOCK_N": clamp_pow2(n, MIN_DOT, hi),
-            "BLOCK_K": clamp_pow2(k, MIN_DOT, hi)}  # fmt: skip
-    space = _dot_space((m, n, k), fast, precision, {"GROUP_M": GROUP_M},
-                       fma=dtype == "float32" and precision == "ieee")  # fmt: skip
+    fast = {
+        "BLOCK_M": clamp_pow2(m, MIN_DOT, hi),
+        "BLOCK_N": clamp_pow2(n, MIN_DOT, hi),
+        "BLOCK_K": clamp_pow2(k, MIN_DOT, hi),
+    }
+    space = _dot_space(
+        (m, n, k),
+        fast,
+        precision,
+        {"GROUP_M": GROUP_M},
+        fma=dtype == "float32" and precision == "ieee",
+    )
     return space + _split_k(space, m, n, k, batch, sms)
 
 
-def _split_k(space: list[LaunchConfig], m: int, n: int, k: int, batch: int,
-             sms: int) -> list[LaunchConfig]:  # fmt: skip
+def _split_k(
+    space: list[LaunchConfig], m: int, n: int, k: int, batch: int, sms: int
+) -> list[LaunchConfig]:
     """Each configuration of ``space`` whose tiles underfill ``sms`` SMs
     again, with SPLIT_K programs per tile for every SPLIT_K that leaves each
     at least MIN_SPLIT_STEPS steps of K."""
@@ -210,77 +240,119 @@ def _split_k(space: list[LaunchConfig], m: int, n: int, k: int, batch: int,
         steps = math.ceil(k / blocks["BLOCK_K"])
         for s in SPLIT_KS:
             if tiles < sms and steps >= MIN_SPLIT_STEPS * s:
-                out.append(LaunchConfig((*c.blocks, ("SPLIT_K", s)), c.num_warps,
-                                        c.num_stages, c.interpret, c.precision))  # fmt: skip
+                out.append(
+                    LaunchConfig(
+                        (*c.blocks, ("SPLIT_K", s)),
+                        c.num_warps,
+                        c.num_stages,
+                        c.interpret,
+                        c.precision,
+                    )
+                )
     return out
 
 
 @_space
 def conv(gemm_m: int, gemm_n: int, gemm_k: int, dtype: str, tf32: bool) -> list[LaunchConfig]:
     """An implicit GEMM of [gemm_m pixels, gemm_k] @ [gemm_k, gemm_n channels]."""
-    fast = {"BLOCK_M": clamp_pow2(gemm_m, MIN_DOT, CONV_INTERPRET_BLOCK_M),
-            "BLOCK_N": clamp_pow2(gemm_n, MIN_DOT, CONV_INTERPRET_BLOCK),
-            "BLOCK_K": clamp_pow2(gemm_k, MIN_DOT, CONV_INTERPRET_BLOCK)}  # fmt: skip
+    fast = {
+        "BLOCK_M": clamp_pow2(gemm_m, MIN_DOT, CONV_INTERPRET_BLOCK_M),
+        "BLOCK_N": clamp_pow2(gemm_n, MIN_DOT, CONV_INTERPRET_BLOCK),
+        "BLOCK_K": clamp_pow2(gemm_k, MIN_DOT, CONV_INTERPRET_BLOCK),
+    }
     precision = _precision(dtype, tf32)
-    return _dot_space((gemm_m, gemm_n, gemm_k), fast, precision, {"GROUP_M": GROUP_M},
-                      fma=dtype == "float32" and precision == "ieee")  # fmt: skip
+    return _dot_space(
+        (gemm_m, gemm_n, gemm_k),
+        fast,
+        precision,
+        {"GROUP_M": GROUP_M},
+        fma=dtype == "float32" and precision == "ieee",
+    )
 
 
-def _dot_space(mnk: tuple[int, int, int], fast: dict, precision: str,
-               extra: dict, fma: bool = False) -> list[LaunchConfig]:  # fmt: skip
+def _dot_space(
+    mnk: tuple[int, int, int], fast: dict, precision: str, extra: dict, fma: bool = False
+) -> list[LaunchConfig]:
     """The dot tiles x warps x stages, clamped to the problem, without repeats;
     the default (64 x 64 x 32, 4 warps, 3 stages, then fewer stages) first,
     and with ``fma`` (IEEE fp32 on CUDA cores) the FMA tiles too."""
     m, n, k = mnk
-    default = (clamp_pow2(m, MIN_DOT, MATMUL_TILE[0]), clamp_pow2(n, MIN_DOT, MATMUL_TILE[1]),
-               clamp_pow2(k, MIN_DOT, MATMUL_TILE[2]))  # fmt: skip
+    default = (
+        clamp_pow2(m, MIN_DOT, MATMUL_TILE[0]),
+        clamp_pow2(n, MIN_DOT, MATMUL_TILE[1]),
+        clamp_pow2(k, MIN_DOT, MATMUL_TILE[2]),
+    )
     out = [(default, NUM_WARPS, stages) for stages in range(NUM_STAGES, 0, -1)]
     for bm, bn, bk in DOT_TILES + (FMA_TILES if fma else ()):
         tile = (clamp_pow2(m, MIN_DOT, bm), clamp_pow2(n, MIN_DOT, bn), clamp_pow2(k, MIN_DOT, bk))
         out += [(tile, dot_warps(*tile[:2]), stages) for stages in DOT_STAGES]
     return [
-        launch_config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, **extra}, fast,
-                      num_warps=warps, num_stages=stages, precision=precision)
+        launch_config(
+            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, **extra},
+            fast,
+            num_warps=warps,
+            num_stages=stages,
+            precision=precision,
+        )
         for (bm, bn, bk), warps, stages in dict.fromkeys(out)
-    ]  # fmt: skip
+    ]
 
 
 @_space
 def window(numel: int) -> list[LaunchConfig]:
     block = min(WINDOW_BLOCK, next_pow2(numel))
-    return [launch_config({"BLOCK": block},
-                   {"BLOCK": min(INTERPRET_WINDOW_BLOCK, max(block, next_pow2(numel)))})]  # fmt: skip
+    return [
+        launch_config(
+            {"BLOCK": block}, {"BLOCK": min(INTERPRET_WINDOW_BLOCK, max(block, next_pow2(numel)))}
+        )
+    ]
 
 
 @_space
-def attention(lq: int, lk: int, d: int, dv: int, batch: int = 1,
-              sms: int = 0) -> list[LaunchConfig]:  # fmt: skip
+def attention(
+    lq: int, lk: int, d: int, dv: int, batch: int = 1, sms: int = 0
+) -> list[LaunchConfig]:
     """Query tiles of BLOCK_M rows, key steps of BLOCK_N: the default 64 x 64
     first, down to 16 x 16 (large head dims need small tiles), then up to
     128 x 128; each with 4 then 8 warps and 3, 2, then 1 stages.  Then, on a
     device of ``sms`` SMs (0: none), split-KV for ``batch`` entries whose
     query tiles underfill it (``_split_kv``)."""
     heads = {"BLOCK_D": max(MIN_DOT, next_pow2(d)), "BLOCK_DV": max(MIN_DOT, next_pow2(dv))}
-    fast = {"BLOCK_M": clamp_pow2(lq, MIN_DOT, ATTENTION_INTERPRET_BLOCK),
-            "BLOCK_N": clamp_pow2(lk, MIN_DOT, ATTENTION_INTERPRET_BLOCK)}  # fmt: skip
+    fast = {
+        "BLOCK_M": clamp_pow2(lq, MIN_DOT, ATTENTION_INTERPRET_BLOCK),
+        "BLOCK_N": clamp_pow2(lk, MIN_DOT, ATTENTION_INTERPRET_BLOCK),
+    }
     bm, bn = ATTENTION_TILE
-    tiles = [(bm, bn), (bm, bn // 2), (bm // 2, bn), (bm // 2, bn // 2), (bm // 2, bn // 4),
-             (bm // 4, bn // 4), (2 * bm, bn), (2 * bm, 2 * bn), (2 * bm, bn // 2),
-             (bm, 2 * bn)]  # fmt: skip
+    tiles = [
+        (bm, bn),
+        (bm, bn // 2),
+        (bm // 2, bn),
+        (bm // 2, bn // 2),
+        (bm // 2, bn // 4),
+        (bm // 4, bn // 4),
+        (2 * bm, bn),
+        (2 * bm, 2 * bn),
+        (2 * bm, bn // 2),
+        (bm, 2 * bn),
+    ]
     out = []
     for m, n in tiles:
         for warps in (NUM_WARPS, 2 * NUM_WARPS):
             for stages in range(NUM_STAGES, 0, -1):
-                gpu = {"BLOCK_M": clamp_pow2(lq, MIN_DOT, m), "BLOCK_N": clamp_pow2(lk, MIN_DOT, n),
-                       **heads}  # fmt: skip
+                gpu = {
+                    "BLOCK_M": clamp_pow2(lq, MIN_DOT, m),
+                    "BLOCK_N": clamp_pow2(lk, MIN_DOT, n),
+                    **heads,
+                }
                 c = launch_config(gpu, fast, num_warps=warps, num_stages=stages)
                 if c not in out:
                     out.append(c)
     return out + _split_kv(out, lq, lk, dv, batch, sms)
 
 
-def _split_kv(space: list[LaunchConfig], lq: int, lk: int, dv: int, batch: int,
-              sms: int) -> list[LaunchConfig]:  # fmt: skip
+def _split_kv(
+    space: list[LaunchConfig], lq: int, lk: int, dv: int, batch: int, sms: int
+) -> list[LaunchConfig]:
     """Split-KV (flash-decoding): each configuration of ``space`` whose
     blocks of query rows underfill ``sms`` SMs again, with SPLIT_K 2, 4 or 8
     programs per block of rows, each walking its share of the key blocks,
@@ -293,8 +365,15 @@ def _split_kv(space: list[LaunchConfig], lq: int, lk: int, dv: int, batch: int,
         steps = math.ceil(lk / blocks["BLOCK_N"])
         for s in SPLIT_KS:
             if tiles < sms and steps >= MIN_SPLIT_STEPS * s and s * batch * lq * (dv + 2) < 2**31:
-                out.append(LaunchConfig((*c.blocks, ("SPLIT_K", s)), c.num_warps,
-                                        c.num_stages, c.interpret, c.precision))  # fmt: skip
+                out.append(
+                    LaunchConfig(
+                        (*c.blocks, ("SPLIT_K", s)),
+                        c.num_warps,
+                        c.num_stages,
+                        c.interpret,
+                        c.precision,
+                    )
+                )
     return out
 
 

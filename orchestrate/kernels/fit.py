@@ -137,9 +137,10 @@ def _tile_loads(graph: Graph, spec: KernelSpec, operand: str, prologue) -> list[
     nodes = (ancestors_within(graph, operand, prologue) | {operand}) & set(prologue)
     return [
         _itemsize(graph, i)
-        for n in nodes for i in graph.producer[n].inputs
+        for n in nodes
+        for i in graph.producer[n].inputs
         if i not in inside and not inlined(graph, i)
-    ]  # fmt: skip
+    ]
 
 
 # per graph: the operand loads of a matmul set, which do not depend on the
@@ -154,8 +155,10 @@ def _operand_loads(graph: Graph, spec: KernelSpec) -> tuple[list[int], list[int]
         roles = spec.roles
         assert isinstance(roles, Anchored)
         a, b = graph.producer[roles.anchor].inputs
-        seen[key] = (_tile_loads(graph, spec, a, roles.prologue),
-                     _tile_loads(graph, spec, b, roles.prologue))  # fmt: skip
+        seen[key] = (
+            _tile_loads(graph, spec, a, roles.prologue),
+            _tile_loads(graph, spec, b, roles.prologue),
+        )
     return seen[key]
 
 
@@ -268,11 +271,18 @@ def _attention(graph: Graph, spec: KernelSpec) -> WorkingSet:
     k_loads = _tile_loads(graph, spec, m1.inputs[1], prologue)
     v_loads = _tile_loads(graph, spec, m2.inputs[1], prologue)
     side = [n for n, op in roles.prologue if op is Operand.SCORES] + list(roles.scores)
-    s_loads = [_itemsize(graph, i) for n in side for i in graph.producer[n].inputs
-               if i not in spec.nodes and not inlined(graph, i)]  # fmt: skip
+    s_loads = [
+        _itemsize(graph, i)
+        for n in side
+        for i in graph.producer[n].inputs
+        if i not in spec.nodes and not inlined(graph, i)
+    ]
     with_prologue = len(k_loads) > 1 or len(v_loads) > 1
-    looped = (sum(k_loads) * bd * bn + sum(v_loads) * bn * bdv
-              + (sum(s_loads) * bm * bn if with_prologue else 0))  # fmt: skip
+    looped = (
+        sum(k_loads) * bd * bn
+        + sum(v_loads) * bn * bdv
+        + (sum(s_loads) * bm * bn if with_prologue else 0)
+    )
     base = (bm * bd + bn * bd + bm * bn) * it + (0 if half else 4 * bm)
     if stages >= 2 and m1.shape[-1] > bn:  # the key loop is pipelined
         smem = base + (stages - 1) * looped
@@ -327,8 +337,11 @@ def _row_reduce(graph: Graph, spec: KernelSpec) -> int:
 def _mixed_widths(graph: Graph, spec: KernelSpec) -> bool:
     """Whether the kernel reads tensors of both 2- and 4-byte elements (a
     half-precision activation next to fp32 parameters)."""
-    sizes = {_itemsize(graph, t) for t in spec.inputs
-             if not inlined(graph, t) and graph.types[t].size > 1}  # fmt: skip
+    sizes = {
+        _itemsize(graph, t)
+        for t in spec.inputs
+        if not inlined(graph, t) and graph.types[t].size > 1
+    }
     return {2, 4} <= sizes
 
 

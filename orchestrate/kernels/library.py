@@ -74,26 +74,31 @@ def _chain(graph: Graph, r: Region, anchor: Node, template: str):
     after = descendants_within(graph, anchor.name, r.inside)
     if len(after) != len(r.names) - 1:
         first = next(n for n in r.names if n != anchor.name and n not in after)
-        return Rejection(f"{first} runs before {anchor.name}: a {template} call takes its "
-                         "operands from memory")  # fmt: skip
+        return Rejection(
+            f"{first} runs before {anchor.name}: a {template} call takes its operands from memory"
+        )
     chain, prev = [], anchor.name
     for n in (graph.producer[x] for x in r.names if x in after):
         if prev not in n.inputs:
-            return Rejection(f"{n.name} does not read {prev}: a {template} call absorbs one "
-                             "chain of scale and bias nodes")  # fmt: skip
+            return Rejection(
+                f"{n.name} does not read {prev}: a {template} call absorbs one "
+                "chain of scale and bias nodes"
+            )
         if n.shape != anchor.shape or n.dtype != anchor.dtype:
             return Rejection(f"{n.name} {n.type} is not shaped like {anchor.name} {anchor.type}")
         chain.append(n)
         prev = n.name
     for n in [anchor, *chain][:-1]:  # all but the result
         if n.name in r.exposed or n.name in r.sinks:  # (a graph output is a sink)
-            return Rejection(f"{n.name} is read outside the kernel; a {template} call writes "
-                             "only its result")  # fmt: skip
+            return Rejection(
+                f"{n.name} is read outside the kernel; a {template} call writes only its result"
+            )
     return chain
 
 
-def _call(graph: Graph, r: Region, chain: Sequence[Node], anchor: Node, template: str,
-          scales: bool) -> LibraryCall | Rejection:  # fmt: skip
+def _call(
+    graph: Graph, r: Region, chain: Sequence[Node], anchor: Node, template: str, scales: bool
+) -> LibraryCall | Rejection:
     """alpha and beta of ``out = alpha * anchor + beta * bias`` for the
     chain's scales (MUL / DIV by a scalar constant) and one bias ADD."""
     alpha, beta, bias, prev = 1.0, 0.0, None, anchor.name
@@ -104,8 +109,13 @@ def _call(graph: Graph, r: Region, chain: Sequence[Node], anchor: Node, template
             alpha, beta = alpha * c, beta * c
         elif scales and n.op is Op.DIV and c is not None and n.inputs[0] == prev and c != 0:
             alpha, beta = alpha / c, beta / c
-        elif n.op is Op.ADD and bias is None and len(other) == 1 and c is None and (
-                other[0] not in r.inside):  # fmt: skip
+        elif (
+            n.op is Op.ADD
+            and bias is None
+            and len(other) == 1
+            and c is None
+            and (other[0] not in r.inside)
+        ):
             bias, beta = other[0], 1.0  # scales before it scaled only the product
             if graph.types[bias].dtype != anchor.dtype:
                 return Rejection(f"{n.name} adds {graph.types[bias].dtype} to {anchor.dtype}")
@@ -120,8 +130,20 @@ def _call(graph: Graph, r: Region, chain: Sequence[Node], anchor: Node, template
 
 def _spec(graph: Graph, template: str, r: Region, roles, space) -> KernelSpec:
     """The library spec: no tiles (the library picks them), no optional outputs."""
-    return with_hash(graph, KernelSpec(template, r.names, r.inputs, r.sinks, (), tuple(space),
-                                       roles, LaunchConfig(), device_checked(graph, r.names)))  # fmt: skip
+    return with_hash(
+        graph,
+        KernelSpec(
+            template,
+            r.names,
+            r.inputs,
+            r.sinks,
+            (),
+            tuple(space),
+            roles,
+            LaunchConfig(),
+            device_checked(graph, r.names),
+        ),
+    )
 
 
 def _float(graph: Graph, anchor: Node, library: str) -> Rejection | None:
@@ -162,8 +184,9 @@ def library_conv(graph: Graph, r: Region, target: Target) -> KernelSpec | Reject
         shape = graph.types[call.bias].shape
         full = (1,) * (len(cv.shape) - len(shape)) + tuple(shape)
         if any(d != 1 for i, d in enumerate(full) if i != 1):
-            return Rejection(f"{call.bias} {list(shape)} is not a per-channel bias of "
-                             f"{cv.name} {list(cv.shape)}")  # fmt: skip
+            return Rejection(
+                f"{call.bias} {list(shape)} is not a per-channel bias of {cv.name} {list(cv.shape)}"
+            )
     return _spec(graph, LIBRARY_CONV, r, call, cv.shape)
 
 
@@ -182,8 +205,10 @@ def sdpa_roles(graph: Graph, r: Region, a: AttentionRoles) -> LibraryAttention |
     attention's score chain, or why SDPA cannot express it."""
     if a.prologue:
         n = a.prologue[0][0]
-        return Rejection(f"{n} ({graph.producer[n].op.value}) computes an operand: a "
-                         "library attention takes Q, K and V from memory")  # fmt: skip
+        return Rejection(
+            f"{n} ({graph.producer[n].op.value}) computes an operand: a "
+            "library attention takes Q, K and V from memory"
+        )
     if a.max_floor is not None or a.sum_floor is not None:
         return Rejection("the softmax floors its max or sum (max(., c)), which SDPA does not")
     m1, m2 = graph.producer[a.m1], graph.producer[a.m2]
@@ -211,8 +236,10 @@ def sdpa_roles(graph: Graph, r: Region, a: AttentionRoles) -> LibraryAttention |
                 return found
             (mask, hides), boolean = found, True
         else:
-            return Rejection(f"{n.name} ({n.op.value}) on the scores is not a scale before one "
-                             "mask, which is what SDPA computes")  # fmt: skip
+            return Rejection(
+                f"{n.name} ({n.op.value}) on the scores is not a scale before one "
+                "mask, which is what SDPA computes"
+            )
         prev = n.name
     if mask is not None and mask in r.names:
         return Rejection(f"mask {mask} is computed in the kernel")
@@ -239,8 +266,10 @@ def _where_mask(graph: Graph, n: Node, prev: str, scores) -> tuple[str, bool] | 
         return Rejection(f"{n.name} {what}, which is not SDPA's -inf mask")
     kept = np.broadcast_to(c != hides, (*c.shape[:-2], *scores) if c.ndim >= 2 else scores)
     if not kept.any(axis=-1).all():
-        return Rejection(f"{n.name} hides every key of some query, where its fill {fill:g} "
-                         "gives a uniform row and SDPA's -inf does not")  # fmt: skip
+        return Rejection(
+            f"{n.name} hides every key of some query, where its fill {fill:g} "
+            "gives a uniform row and SDPA's -inf does not"
+        )
     return cond, hides
 
 
@@ -283,10 +312,26 @@ def _two_matmuls(r: Region) -> bool:
 
 
 RULES = [
-    Rule(LIBRARY_MATMUL, "torch.addmm / baddbmm (cuBLAS): one matmul, a scale and a bias add",
-         _one(Op.MATMUL), library_matmul, backend=BACKEND),
-    Rule(LIBRARY_CONV, "torch.nn.functional.conv1d/2d/3d (cuDNN): one convolution and its bias",
-         _one(Op.CONV), library_conv, backend=BACKEND),
-    Rule(LIBRARY_ATTENTION, "scaled_dot_product_attention: scaled, masked softmax(Q @ K) @ V",
-         _two_matmuls, library_attention, propose, backend=BACKEND),
-]  # fmt: skip
+    Rule(
+        LIBRARY_MATMUL,
+        "torch.addmm / baddbmm (cuBLAS): one matmul, a scale and a bias add",
+        _one(Op.MATMUL),
+        library_matmul,
+        backend=BACKEND,
+    ),
+    Rule(
+        LIBRARY_CONV,
+        "torch.nn.functional.conv1d/2d/3d (cuDNN): one convolution and its bias",
+        _one(Op.CONV),
+        library_conv,
+        backend=BACKEND,
+    ),
+    Rule(
+        LIBRARY_ATTENTION,
+        "scaled_dot_product_attention: scaled, masked softmax(Q @ K) @ V",
+        _two_matmuls,
+        library_attention,
+        propose,
+        backend=BACKEND,
+    ),
+]

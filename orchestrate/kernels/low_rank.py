@@ -101,43 +101,54 @@ def analyse(graph: Graph, r: Region) -> LowRank | Rejection:
         if reason:
             return Rejection(reason)
     if up.shape != mm.shape:
-        return Rejection(f"{up.name} {list(up.shape)} is not aligned with {mm.name} "
-                         f"{list(mm.shape)}")  # fmt: skip
+        return Rejection(
+            f"{up.name} {list(up.shape)} is not aligned with {mm.name} {list(mm.shape)}"
+        )
     if rank > MAX_RANK:
         padded = 1 << (rank - 1).bit_length()
-        return Rejection(f"rank {rank} of {down.inputs[1]} exceeds {MAX_RANK}: each program keeps "
-                         f"x @ A for its rows in registers (BLOCK_M x {padded} fp32 beside the "
-                         "output tile), which leaves room for small tiles only")  # fmt: skip
+        return Rejection(
+            f"rank {rank} of {down.inputs[1]} exceeds {MAX_RANK}: each program keeps "
+            f"x @ A for its rows in registers (BLOCK_M x {padded} fp32 beside the "
+            "output tile), which leaves room for small tiles only"
+        )
     written = set(r.exposed) | set(r.sinks)
     for t in (down.name, up.name):
         if t in written:
-            return Rejection(f"{t} must be written (read outside the set or a graph output), "
-                             "but the kernel keeps the low-rank branch in registers")  # fmt: skip
+            return Rejection(
+                f"{t} must be written (read outside the set or a graph output), "
+                "but the kernel keeps the low-rank branch in registers"
+            )
     scaling, v = _scaling(graph, up.name, r)
     join = next((c for c in graph.consumers.get(v, ()) if c.name in r.inside), None)
     if join is None or join.op is not Op.ADD or join.shape != mm.shape:
         what = "nothing" if join is None else f"{join.name} ({join.op.value})"
-        return Rejection(f"the low-rank term {v} is not added to the matmul's result "
-                         f"({v} feeds {what})")  # fmt: skip
+        return Rejection(
+            f"the low-rank term {v} is not added to the matmul's result ({v} feeds {what})"
+        )
     if v in written:
-        return Rejection(f"{v} must be written (read outside the set or a graph output), but "
-                         "the kernel never forms the low-rank term on its own")  # fmt: skip
+        return Rejection(
+            f"{v} must be written (read outside the set or a graph output), but "
+            "the kernel never forms the low-rank term on its own"
+        )
     p = join.inputs[1] if join.inputs[0] == v else join.inputs[0]
     path = _main_path(graph, mm.name, p, r)
     if isinstance(path, str):
         return Rejection(path)
     exposed = next((t for t in (mm.name, *path) if t in written), None)
     if exposed is not None:
-        return Rejection(f"{exposed} must be written (read outside the set or a graph output), "
-                         "but the kernel forms it only with the low-rank term added")  # fmt: skip
+        return Rejection(
+            f"{exposed} must be written (read outside the set or a graph output), "
+            "but the kernel forms it only with the low-rank term added"
+        )
     branch = {down.name, up.name, *scaling}
     before = {mm.name, *path} | branch
     after = descendants_within(graph, join.name, r.inside)
     for t in sorted(after, key=graph.position.__getitem__):
         node = graph.producer[t]
         if node.op not in ir.ELEMENTWISE or node.shape != mm.shape:
-            return Rejection(f"{t} ({node.op.value}) cannot run in a matmul epilogue aligned "
-                             f"with {mm.name}")  # fmt: skip
+            return Rejection(
+                f"{t} ({node.op.value}) cannot run in a matmul epilogue aligned with {mm.name}"
+            )
         mixed = next((i for i in node.inputs if i in before), None)
         if mixed is not None:
             return Rejection(f"{t} reads {mixed}, which the kernel never forms on its own")
@@ -145,8 +156,9 @@ def analyse(graph: Graph, r: Region) -> LowRank | Rejection:
     stray = next((t for t in r.names if t not in claimed), None)
     if stray is not None:
         op = graph.producer[stray].op.value
-        return Rejection(f"{stray} ({op}) is neither the matmul, its low-rank branch nor its "
-                         "epilogue")  # fmt: skip
+        return Rejection(
+            f"{stray} ({op}) is neither the matmul, its low-rank branch nor its epilogue"
+        )
     big = next((t for t in (*r.inputs, *r.names) if graph.types[t].size >= WIDE), None)
     if big is not None:
         return Rejection(f"{big} has 2**31 elements or more (int32 offsets)")
@@ -162,14 +174,17 @@ def _matmuls(graph: Graph, r: Region) -> tuple[Node, Node, Node] | str:
     names = {a.name for a in r.anchors}
     ups = [a for a in r.anchors if a.inputs[0] in names]
     if len(ups) != 1:
-        return ("the three matmuls are not x @ W, x @ A and (x @ A) @ B "
-                f"({', '.join(sorted(names))})")  # fmt: skip
+        return (
+            f"the three matmuls are not x @ W, x @ A and (x @ A) @ B ({', '.join(sorted(names))})"
+        )
     up = ups[0]
     down = graph.producer[up.inputs[0]]
     mms = [a for a in r.anchors if a is not up and a is not down]
     if len(mms) != 1 or mms[0].inputs[0] != down.inputs[0]:
-        return (f"{up.name}'s branch starts from {down.inputs[0]}, which no other matmul of "
-                "the set multiplies")  # fmt: skip
+        return (
+            f"{up.name}'s branch starts from {down.inputs[0]}, which no other matmul of "
+            "the set multiplies"
+        )
     return mms[0], down, up
 
 
@@ -224,11 +239,16 @@ def _main_path(graph: Graph, mm: str, p: str, r: Region) -> tuple[str, ...] | st
             for i in ins
             if i == mm or i in r.inside and mm in ancestors_within(graph, i, r.inside)
         ]
-        ok = (node.op is Op.ADD or node.op is Op.SUB and chained[:1] == [ins[0]]) and len(
-            chained) == 1 and node.shape == graph.producer[mm].shape  # fmt: skip
+        ok = (
+            (node.op is Op.ADD or node.op is Op.SUB and chained[:1] == [ins[0]])
+            and len(chained) == 1
+            and node.shape == graph.producer[mm].shape
+        )
         if not ok:
-            return (f"{t} ({node.op.value}) lies between {mm} and the join: only adds of values "
-                    "independent of the matmul commute with adding the low-rank term")  # fmt: skip
+            return (
+                f"{t} ({node.op.value}) lies between {mm} and the join: only adds of values "
+                "independent of the matmul commute with adding the low-rank term"
+            )
         path.append(t)
         t = chained[0]
     return tuple(reversed(path))
@@ -289,8 +309,14 @@ def _core(graph: Graph, join: Node, v: str, x: str, allowed: set[str]) -> set[st
             return names if node.inputs[0] == x else None
         if node.op not in (Op.ADD, Op.SUB):
             return None
-        t = next((i for i in node.inputs if i in allowed and graph.producer[i].op in (
-            Op.ADD, Op.SUB, Op.MATMUL)), "")  # fmt: skip
+        t = next(
+            (
+                i
+                for i in node.inputs
+                if i in allowed and graph.producer[i].op in (Op.ADD, Op.SUB, Op.MATMUL)
+            ),
+            "",
+        )
     return None
 
 
@@ -318,5 +344,5 @@ RULES = [
         _judges,
         low_rank,
         propose,
-    ),  # fmt: skip
+    ),
 ]

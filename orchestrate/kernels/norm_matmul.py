@@ -123,8 +123,10 @@ def analyse(graph: Graph, r: Region) -> NormMatmul | Rejection:
     if nt.shape[:-1] != mm.shape[:-1]:
         return Rejection(f"{n} {list(nt.shape)} is broadcast into {mm.name} {list(mm.shape)}")
     if nt.dtype not in DOT_DTYPES or wt.dtype != nt.dtype:
-        return Rejection(f"{mm.name} multiplies {nt.dtype} by {wt.dtype}: norm_matmul runs "
-                         "float16 / bfloat16 / float32 matmuls of one dtype")  # fmt: skip
+        return Rejection(
+            f"{mm.name} multiplies {nt.dtype} by {wt.dtype}: norm_matmul runs "
+            "float16 / bfloat16 / float32 matmuls of one dtype"
+        )
     reason = _check_sums(graph, r, n)
     if reason:
         return Rejection(reason)
@@ -140,8 +142,10 @@ def analyse(graph: Graph, r: Region) -> NormMatmul | Rejection:
         return Rejection(form)
     coefficient, rest = form
     if forms.x is None or len(coefficient) != 1:
-        return Rejection(f"{n} is not x times one row factor and one column factor "
-                         f"(x's coefficient has {len(coefficient)} terms)")  # fmt: skip
+        return Rejection(
+            f"{n} is not x times one row factor and one column factor "
+            f"(x's coefficient has {len(coefficient)} terms)"
+        )
     sums = []
     for s in r.reductions:
         stat = forms.statistic(s.inputs[0])
@@ -163,8 +167,10 @@ def analyse(graph: Graph, r: Region) -> NormMatmul | Rejection:
         return Rejection(f"{bad} ({op}) cannot run on the loaded tiles of {x}")
     unwritten = next((s for s in r.sinks if s not in down and s != mm.name), None)
     if unwritten is not None:
-        return Rejection(f"{unwritten} must be written, but the kernel never forms it "
-                         "(only the matmul and its epilogue are stored)")  # fmt: skip
+        return Rejection(
+            f"{unwritten} must be written, but the kernel never forms it "
+            "(only the matmul and its epilogue are stored)"
+        )
     big = next((t for t in (*r.inputs, *r.names) if graph.types[t].size >= WIDE), None)
     if big is not None:
         return Rejection(f"{big} has 2**31 elements or more (int32 offsets)")
@@ -172,10 +178,16 @@ def analyse(graph: Graph, r: Region) -> NormMatmul | Rejection:
         return Rejection(f"batch of {math.prod(mm.shape[:-2])} exceeds grid axis 1")
     order = graph.position.__getitem__
     return NormMatmul(
-        mm.name, tuple(t for t in r.names if t not in down and t != mm.name),
-        tuple(t for t in r.names if t in down), x, tuple(sorted(feed, key=order)),
-        tuple(sorted(rows, key=order)), tuple(sums), coefficient[0], rest,
-    )  # fmt: skip
+        mm.name,
+        tuple(t for t in r.names if t not in down and t != mm.name),
+        tuple(t for t in r.names if t in down),
+        x,
+        tuple(sorted(feed, key=order)),
+        tuple(sorted(rows, key=order)),
+        tuple(sums),
+        coefficient[0],
+        rest,
+    )
 
 
 def _check_sums(graph: Graph, r: Region, n: str) -> str | None:
@@ -187,8 +199,10 @@ def _check_sums(graph: Graph, r: Region, n: str) -> str | None:
             return f"{s.name} ({s.op.value}) is not a sum: only means and sums normalise rows"
         axes = sorted(a % len(src) for a in s.attrs["axes"])
         if src != shape or axes != [last]:
-            return (f"{s.name} reduces axes {axes} of {list(src)}, not the K axis of the "
-                    f"matmul (axis {last} of {n} {list(shape)})")  # fmt: skip
+            return (
+                f"{s.name} reduces axes {axes} of {list(src)}, not the K axis of the "
+                f"matmul (axis {last} of {n} {list(shape)})"
+            )
         if not s.attrs["keepdims"]:
             return f"{s.name} drops the reduced axis (a norm keeps it to broadcast back)"
     return None
@@ -251,8 +265,10 @@ class _Forms:
                 return ((), ((float(c.reshape(())), (), ()),))
             if self._column(t):
                 if c is None:
-                    return (f"{t} scales the normalised rows but is not a constant "
-                            "(gamma and beta must be)")  # fmt: skip
+                    return (
+                        f"{t} scales the normalised rows but is not a constant "
+                        "(gamma and beta must be)"
+                    )
                 return ((), ((1.0, (), ((t, 1),)),))
             return self._leaf(t)
         node = g.producer[t]
@@ -307,8 +323,12 @@ class _Forms:
     def _column(self, t: str) -> bool:
         """Whether ``t`` varies along the last axis only (a gamma or beta)."""
         s = self.graph.types[t].shape
-        return (len(s) >= 1 and len(s) <= len(self.shape) and s[-1] == self.shape[-1]
-                and all(d == 1 for d in s[:-1]))  # fmt: skip
+        return (
+            len(s) >= 1
+            and len(s) <= len(self.shape)
+            and s[-1] == self.shape[-1]
+            and all(d == 1 for d in s[:-1])
+        )
 
     def _leaf(self, t: str) -> Linear | str:
         if self.graph.types[t].shape != self.shape:
@@ -428,8 +448,11 @@ def _with_epilogue(graph: Graph, mm, allowed: set[str]) -> set[str]:
     names = {mm.name}
     for t in sorted(after, key=graph.position.__getitem__):
         c = graph.producer[t]
-        if c.op in ir.ELEMENTWISE and c.shape == mm.shape and all(
-                i in names or i not in after for i in c.inputs):  # fmt: skip
+        if (
+            c.op in ir.ELEMENTWISE
+            and c.shape == mm.shape
+            and all(i in names or i not in after for i in c.inputs)
+        ):
             names.add(t)
     return names - {mm.name}
 
@@ -441,5 +464,5 @@ RULES = [
         _judges,
         norm_matmul,
         propose,
-    ),  # fmt: skip
+    ),
 ]

@@ -64,14 +64,27 @@ class NormSiblings(Siblings):
     shifts: tuple[Monomial, ...] = ()
 
     def segment_roles(self, g: Segment) -> NormMatmul:
-        return NormMatmul(g.anchor, self.prologue, g.epilogue, self.x, self.feed, self.rows,
-                          self.sums, self.scale, self.shifts)  # fmt: skip
+        return NormMatmul(
+            g.anchor,
+            self.prologue,
+            g.epilogue,
+            self.x,
+            self.feed,
+            self.rows,
+            self.sums,
+            self.scale,
+            self.shifts,
+        )
 
 
 def _judges(r: Region) -> bool:
     mms = [a for a in r.anchors if a.op is Op.MATMUL]
-    return (len(mms) >= 2 and len(mms) == len(r.anchors) and bool(r.reductions)
-            and len({a.inputs[0] for a in mms}) == 1)  # fmt: skip
+    return (
+        len(mms) >= 2
+        and len(mms) == len(r.anchors)
+        and bool(r.reductions)
+        and len({a.inputs[0] for a in mms}) == 1
+    )
 
 
 def norm_merged_matmul(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection:
@@ -85,10 +98,12 @@ def norm_merged_matmul(graph: Graph, r: Region, target: Target) -> KernelSpec | 
     # no split-K (sms 0): every program walks whole rows for their statistics
     configs = config.matmul(m, widest, x.shape[-1], x.dtype, target.tf32, math.prod(batch), 0)
     total = found.segments[-1].stop
-    optional = tuple(e for e in r.exposed if any(e == g.anchor or e in g.epilogue
-                                                 for g in found.segments))  # fmt: skip
-    return accept(graph, NORM_MERGED_MATMUL, r, (*batch, m, total), found, optional, configs,
-                  target)  # fmt: skip
+    optional = tuple(
+        e for e in r.exposed if any(e == g.anchor or e in g.epilogue for g in found.segments)
+    )
+    return accept(
+        graph, NORM_MERGED_MATMUL, r, (*batch, m, total), found, optional, configs, target
+    )
 
 
 def analyse(graph: Graph, r: Region) -> NormSiblings | Rejection:
@@ -100,8 +115,10 @@ def analyse(graph: Graph, r: Region) -> NormSiblings | Rejection:
     norm = ancestors_within(graph, n, r.inside) | {n}
     kept = next((t for t in r.names if t in norm and t in r.sinks), None)
     if kept is not None:
-        return Rejection(f"{kept} must be written, but the kernel never forms it "
-                         "(only the matmuls and their epilogues are stored)")  # fmt: skip
+        return Rejection(
+            f"{kept} must be written, but the kernel never forms it "
+            "(only the matmuls and their epilogues are stored)"
+        )
     first = region(graph, norm | {r.anchors[0].name})
     if isinstance(first, Rejection):
         return first
@@ -114,8 +131,17 @@ def analyse(graph: Graph, r: Region) -> NormSiblings | Rejection:
     merged = siblings.analyse(graph, rest)
     if isinstance(merged, Rejection):
         return merged
-    return NormSiblings(merged.activation, merged.segments, found.prologue, found.x, found.feed,
-                        found.rows, found.sums, found.scale, found.shifts)  # fmt: skip
+    return NormSiblings(
+        merged.activation,
+        merged.segments,
+        found.prologue,
+        found.x,
+        found.feed,
+        found.rows,
+        found.sums,
+        found.scale,
+        found.shifts,
+    )
 
 
 # -- the pattern -------------------------------------------------------------------
@@ -153,5 +179,5 @@ RULES = [
         _judges,
         norm_merged_matmul,
         propose,
-    ),  # fmt: skip
+    ),
 ]

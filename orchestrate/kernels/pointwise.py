@@ -78,5 +78,5 @@ RULES = [
         "elementwise and layout primitives per output element, one shape of outputs",
         _judges_pointwise,
         pointwise,
-    ),  # fmt: skip
+    ),
 ]

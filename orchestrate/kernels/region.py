@@ -52,18 +52,24 @@ def region(graph: Graph, names: Iterable[str]) -> Region | Rejection:
         return any(c.name not in inside for c in consumers.get(n, ()))
 
     sinks = tuple(
-        n for n in names
+        n
+        for n in names
         if n in outputs_of_graph or not any(c.name in inside for c in consumers.get(n, ()))
-    )  # fmt: skip
+    )
     exposed = tuple(
         n for n in names if n not in sinks and (n in outputs_of_graph or read_outside(n))
     )
     inputs = tuple(dict.fromkeys(i for n in nodes for i in n.inputs if i not in inside))
     return Region(
-        names, nodes, inside, inputs, sinks, exposed,
+        names,
+        nodes,
+        inside,
+        inputs,
+        sinks,
+        exposed,
         tuple(n for n in nodes if n.op in ANCHORS),
         tuple(n for n in nodes if n.op in ROW_REDUCTIONS),
-    )  # fmt: skip
+    )
 
 
 def convexity(graph: Graph, inside: frozenset[str] | set[str]) -> str | None:

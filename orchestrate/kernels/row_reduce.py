@@ -42,10 +42,11 @@ def row_reduce(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejectio
         return rows_
     x = rows_.x
     optional = tuple(
-        e for e in r.exposed
+        e
+        for e in r.exposed
         if (e in rows_.row_space and graph.types[e].size == rows_.rows)
         or (e not in rows_.row_space and graph.types[e].shape == x)
-    )  # fmt: skip
+    )
     configs = config.row_reduce(rows_.rows, rows_.length, rows_.looped)
     return accept(graph, ROW_REDUCE, r, x, rows_, optional, configs, target)
 
@@ -106,9 +107,16 @@ def analyse(graph: Graph, r: Region) -> Rows | Rejection:
             from_rows.add(n.name)
     phases = max(depth[red.name] for red in r.reductions)
     return Rows(
-        x, axes, rows, length, tuple(red.name for red in r.reductions), frozenset(row_space),
-        tuple(depth.items()), phases, length > config.SINGLE_PASS_ROW,
-    )  # fmt: skip
+        x,
+        axes,
+        rows,
+        length,
+        tuple(red.name for red in r.reductions),
+        frozenset(row_space),
+        tuple(depth.items()),
+        phases,
+        length > config.SINGLE_PASS_ROW,
+    )
 
 
 RULES = [
@@ -118,5 +126,5 @@ RULES = [
         "epilogue (softmax, layernorm)",
         _judges,
         row_reduce,
-    ),  # fmt: skip
+    ),
 ]

@@ -44,9 +44,15 @@ class Rule:
 
 
 def accept(
-    graph: Graph, template: str, r: Region, space: tuple[int, ...], roles: Roles,
-    optional: tuple[str, ...], configs: Sequence[LaunchConfig], target: Target,
-) -> KernelSpec | Rejection:  # fmt: skip
+    graph: Graph,
+    template: str,
+    r: Region,
+    space: tuple[int, ...],
+    roles: Roles,
+    optional: tuple[str, ...],
+    configs: Sequence[LaunchConfig],
+    target: Target,
+) -> KernelSpec | Rejection:
     """The spec with the best configuration that fits the device (the
     target's ``rank``; without one, the first that fits), or the reason the
     last (smallest) configuration does not fit."""
@@ -61,8 +67,9 @@ def accept(
 COVERING = {ROW_REDUCE: ("BLOCK_COLS",), ATTENTION: ("BLOCK_D", "BLOCK_DV")}
 
 
-def pinned_config(template: str, pin: LaunchConfig, space: Sequence[LaunchConfig],
-                  own_interpret: bool = False) -> LaunchConfig | Rejection:  # fmt: skip
+def pinned_config(
+    template: str, pin: LaunchConfig, space: Sequence[LaunchConfig], own_interpret: bool = False
+) -> LaunchConfig | Rejection:
     """``pin`` for this shape (its interpreter blocks the template's own
     here when ``own_interpret``, else the pin's), when every block in
     ``COVERING`` holds what the template's first configuration holds, on the
@@ -74,19 +81,31 @@ def pinned_config(template: str, pin: LaunchConfig, space: Sequence[LaunchConfig
     if own_interpret:
         pin = replace(pin, interpret=own.interpret)
     for key in COVERING.get(template, ()):
-        for mine, theirs in ((dict(pin.blocks), dict(own.blocks)),
-                             ({**dict(pin.blocks), **dict(pin.interpret)},
-                              {**dict(own.blocks), **dict(own.interpret)})):  # fmt: skip
+        for mine, theirs in (
+            (dict(pin.blocks), dict(own.blocks)),
+            (
+                {**dict(pin.blocks), **dict(pin.interpret)},
+                {**dict(own.blocks), **dict(own.interpret)},
+            ),
+        ):
             if key in theirs and mine.get(key, 0) < theirs[key]:
-                return Rejection(f"{key}={mine.get(key, 0)} of the plan's configuration does not "
-                                 f"cover this shape, which needs {theirs[key]}")  # fmt: skip
+                return Rejection(
+                    f"{key}={mine.get(key, 0)} of the plan's configuration does not "
+                    f"cover this shape, which needs {theirs[key]}"
+                )
     return pin
 
 
 def ranked(
-    graph: Graph, template: str, r: Region, space: tuple[int, ...], roles: Roles,
-    optional: tuple[str, ...], configs: Sequence[LaunchConfig], target: Target,
-) -> list[KernelSpec] | Rejection:  # fmt: skip
+    graph: Graph,
+    template: str,
+    r: Region,
+    space: tuple[int, ...],
+    roles: Roles,
+    optional: tuple[str, ...],
+    configs: Sequence[LaunchConfig],
+    target: Target,
+) -> list[KernelSpec] | Rejection:
     """Every configuration that fits, as unhashed specs, best first: the
     order a tuner measures them in.  A Rejection when none fits."""
     refused: KernelSpec | Rejection = Rejection(f"no {template} configuration")
@@ -98,8 +117,7 @@ def ranked(
     checks = device_checked(graph, r.names)
     fitting: list[KernelSpec] = []
     for c in configs:
-        spec = KernelSpec(template, r.names, r.inputs, r.sinks, optional, space, roles, c,
-                          checks)  # fmt: skip
+        spec = KernelSpec(template, r.names, r.inputs, r.sinks, optional, space, roles, c, checks)
         refused = fits(graph, spec, target.device)
         if isinstance(refused, KernelSpec):
             if target.rank is None:

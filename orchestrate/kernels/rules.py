@@ -84,8 +84,7 @@ def match(graph: Graph, names: Iterable[str], target: Target) -> KernelSpec | Re
     return _admitted(graph, judging[0].match(graph, r, target), target)
 
 
-def _admitted(graph: Graph, spec: KernelSpec | Rejection,
-              target: Target) -> KernelSpec | Rejection:  # fmt: skip
+def _admitted(graph: Graph, spec: KernelSpec | Rejection, target: Target) -> KernelSpec | Rejection:
     """``spec`` as the target's ``admit`` takes it (itself, widened, or refused)."""
     if target.admit is None or isinstance(spec, Rejection):
         return spec
@@ -112,8 +111,10 @@ def _region(graph: Graph, names: Iterable[str]) -> Region | Rejection:
         return r
     empty = next((n for n in r.nodes if n.type.size == 0), None)
     if empty is not None:  # no template emits a loop over nothing
-        return Rejection(f"{empty.name} has no elements (shape {list(empty.shape)}); "
-                         "empty tensors are not supported")  # fmt: skip
+        return Rejection(
+            f"{empty.name} has no elements (shape {list(empty.shape)}); "
+            "empty tensors are not supported"
+        )
     return r
 
 
@@ -129,8 +130,10 @@ def _judging(r: Region, target: Target) -> list[Rule]:
 def _refusal(r: Region, target: Target) -> Rejection:
     barred = next((rule for rule in RULES if rule.judges(r)), None)
     if barred is not None:
-        return Rejection(f"--gemm-backends {','.join(target.gemm_backends)} leaves no kernel "
-                         f"for this set (the {barred.name} rule is {barred.backend})")  # fmt: skip
+        return Rejection(
+            f"--gemm-backends {','.join(target.gemm_backends)} leaves no kernel "
+            f"for this set (the {barred.name} rule is {barred.backend})"
+        )
     return Rejection(_unjudged(r))
 
 
@@ -147,8 +150,11 @@ def pattern_rules(target: Target | None = None) -> list[Rule]:
     allows, when given: none under ``--no-rewrites``)."""
     if target is not None and not target.rewrites:
         return []
-    return [rule for rule in RULES
-            if rule.propose is not None and (target is None or allowed(rule, target))]  # fmt: skip
+    return [
+        rule
+        for rule in RULES
+        if rule.propose is not None and (target is None or allowed(rule, target))
+    ]
 
 
 def listing() -> list[str]:

@@ -80,8 +80,9 @@ def merged_matmul(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejec
     # no split-K (sms 0): the merged grid is what fills the SMs
     configs = config.matmul(m, widest, x.shape[-1], x.dtype, target.tf32, math.prod(batch), 0)
     total = found.segments[-1].stop
-    optional = tuple(e for e in r.exposed if any(e == g.anchor or e in g.epilogue
-                                                 for g in found.segments))  # fmt: skip
+    optional = tuple(
+        e for e in r.exposed if any(e == g.anchor or e in g.epilogue for g in found.segments)
+    )
     return accept(graph, MERGED_MATMUL, r, (*batch, m, total), found, optional, configs, target)
 
 
@@ -90,8 +91,9 @@ def analyse(graph: Graph, r: Region) -> Siblings | Rejection:
     anchors = r.anchors
     x = anchors[0].inputs[0]
     if x in r.inside:
-        return Rejection(f"the shared activation {x} is computed in the set "
-                         "(merged matmuls take no prologue)")  # fmt: skip
+        return Rejection(
+            f"the shared activation {x} is computed in the set (merged matmuls take no prologue)"
+        )
     xt = graph.types[x]
     if xt.dtype not in DOT_DTYPES:
         return Rejection(f"{x} is {xt.dtype}: merged matmuls run float16 / bfloat16 / float32")
@@ -131,8 +133,10 @@ def _check_weight(graph: Graph, a: Node, xt: ir.TensorType, r: Region) -> str | 
     if w not in graph.constants:
         return f"{a.name}'s second operand {w} is not a constant weight"
     if len(wt.shape) != 2:
-        return (f"{a.name}'s weight {w} {list(wt.shape)} has batch dimensions "
-                "(merged matmuls take [K, N] weights)")  # fmt: skip
+        return (
+            f"{a.name}'s weight {w} {list(wt.shape)} has batch dimensions "
+            "(merged matmuls take [K, N] weights)"
+        )
     if wt.shape[0] != xt.shape[-1]:
         return f"{a.name}'s weight {w} has K = {wt.shape[0]}, the activation {xt.shape[-1]}"
     if wt.dtype != xt.dtype:
@@ -143,8 +147,9 @@ def _check_weight(graph: Graph, a: Node, xt: ir.TensorType, r: Region) -> str | 
 def _own(graph: Graph, a: Node, r: Region) -> list[str]:
     """The set's nodes downstream of sibling ``a`` and of no other sibling."""
     mine = descendants_within(graph, a.name, r.inside)
-    others = set().union(*(descendants_within(graph, b.name, r.inside)
-                           for b in r.anchors if b is not a))  # fmt: skip
+    others = set().union(
+        *(descendants_within(graph, b.name, r.inside) for b in r.anchors if b is not a)
+    )
     return [n for n in r.names if n in mine and n not in others]
 
 
@@ -208,8 +213,12 @@ def _with_epilogues(graph: Graph, siblings: Sequence[Node], allowed: set[str]) -
                 break
             c = readers[0]
             others = [i for i in c.inputs if i != t]
-            if (c.name not in allowed or c.op not in ir.ELEMENTWISE or c.shape != a.shape
-                    or any(i in downstream or i in names for i in others)):  # fmt: skip
+            if (
+                c.name not in allowed
+                or c.op not in ir.ELEMENTWISE
+                or c.shape != a.shape
+                or any(i in downstream or i in names for i in others)
+            ):
                 break
             names.add(c.name)
             t = c.name
@@ -223,5 +232,5 @@ RULES = [
         _judges,
         merged_matmul,
         propose,
-    ),  # fmt: skip
+    ),
 ]

@@ -49,8 +49,20 @@ LIBRARY_CONV = "library_conv"
 LIBRARY_ATTENTION = "library_attention"
 LIBRARY = (LIBRARY_MATMUL, LIBRARY_CONV, LIBRARY_ATTENTION)
 # every template a plan may name (the plan reader refuses any other)
-TEMPLATES = (VIEW, POINTWISE, ROW_REDUCE, MATMUL, CONV, WINDOW, ATTENTION, NORM_MATMUL,
-             MERGED_MATMUL, NORM_MERGED_MATMUL, LOW_RANK, *LIBRARY)  # fmt: skip
+TEMPLATES = (
+    VIEW,
+    POINTWISE,
+    ROW_REDUCE,
+    MATMUL,
+    CONV,
+    WINDOW,
+    ATTENTION,
+    NORM_MATMUL,
+    MERGED_MATMUL,
+    NORM_MERGED_MATMUL,
+    LOW_RANK,
+    *LIBRARY,
+)
 # which kernels may run matmuls, convolutions and attention (--gemm-backends):
 # generated Triton, library calls, or both competing in the linear program
 GEMM_BACKENDS = ("triton", "library")
@@ -183,15 +195,18 @@ def split_k_scratch(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
     for d in batch:
         b *= d
     tiles = 0
-    for blocks in (dict(spec.config.blocks), {**dict(spec.config.blocks),
-                                              **dict(spec.config.interpret)}):  # fmt: skip
+    for blocks in (
+        dict(spec.config.blocks),
+        {**dict(spec.config.blocks), **dict(spec.config.interpret)},
+    ):
         bm, bn = blocks["BLOCK_M"], blocks["BLOCK_N"]
         tiles = max(tiles, -(-m // bm) * -(-n // bn))
     return s * b * m * n, b * tiles
 
 
-def launch_config(blocks: Mapping[str, int], interpret: Mapping[str, int] | None = None,
-                  **options) -> LaunchConfig:  # fmt: skip
+def launch_config(
+    blocks: Mapping[str, int], interpret: Mapping[str, int] | None = None, **options
+) -> LaunchConfig:
     """A LaunchConfig from dicts (interpreter block sizes equal to the GPU's
     are left out)."""
     fast = {k: v for k, v in (interpret or {}).items() if blocks.get(k) != v}
@@ -429,10 +444,22 @@ def _rename(value, mapping: Mapping[str, str]):
         return tuple(_rename(v, mapping) for v in value)
     if isinstance(value, frozenset):
         return frozenset(_rename(v, mapping) for v in value)
-    if isinstance(value, (Elementwise, Rows, Anchored, Siblings, Segment, AttentionRoles,
-                          LibraryCall, LibraryAttention)):  # fmt: skip
-        return replace(value, **{f.name: _rename(getattr(value, f.name), mapping)
-                                 for f in fields(value)})  # fmt: skip
+    if isinstance(
+        value,
+        (
+            Elementwise,
+            Rows,
+            Anchored,
+            Siblings,
+            Segment,
+            AttentionRoles,
+            LibraryCall,
+            LibraryAttention,
+        ),
+    ):
+        return replace(
+            value, **{f.name: _rename(getattr(value, f.name), mapping) for f in fields(value)}
+        )
     return value  # numbers, enums, configs
 
 
@@ -466,13 +493,22 @@ def structural_hash(graph: Graph, spec: KernelSpec) -> str:
         parts.append("causal")
     if isinstance(spec.roles, LowRank):  # the branch's matmuls and scales, the join, the rank
         lr = spec.roles
-        parts.append("lr" + ",".join(str(local.get(t, "-")) for t in (
-            lr.down, lr.up, *lr.scaling, lr.main, lr.join)) + f":r{lr.rank}")  # fmt: skip
+        parts.append(
+            "lr"
+            + ",".join(
+                str(local.get(t, "-")) for t in (lr.down, lr.up, *lr.scaling, lr.main, lr.join)
+            )
+            + f":r{lr.rank}"
+        )
     if isinstance(spec.roles, Siblings):  # which columns each sibling takes, and its epilogue
-        parts.append("seg" + ";".join(
-            f"n{local[g.anchor]}:x{ext[g.weight]}:{g.start}-{g.stop}:"
-            + ",".join(str(local[e]) for e in g.epilogue)
-            for g in spec.roles.segments))  # fmt: skip
+        parts.append(
+            "seg"
+            + ";".join(
+                f"n{local[g.anchor]}:x{ext[g.weight]}:{g.start}-{g.stop}:"
+                + ",".join(str(local[e]) for e in g.epilogue)
+                for g in spec.roles.segments
+            )
+        )
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
 
 
@@ -493,9 +529,16 @@ def segment_specs(graph: Graph, spec: KernelSpec) -> tuple[KernelSpec, ...]:
     for g in roles.segments:
         nodes = (*roles.prologue, g.anchor, *g.epilogue)
         inputs = dict.fromkeys(i for n in nodes for i in graph.producer[n].inputs if i not in nodes)
-        out.append(KernelSpec(
-            template, nodes, tuple(inputs), tuple(t for t in spec.outputs if t in nodes),
-            tuple(t for t in spec.optional if t in nodes), graph.producer[g.anchor].shape,
-            roles.segment_roles(g), spec.config,
-        ))  # fmt: skip
+        out.append(
+            KernelSpec(
+                template,
+                nodes,
+                tuple(inputs),
+                tuple(t for t in spec.outputs if t in nodes),
+                tuple(t for t in spec.optional if t in nodes),
+                graph.producer[g.anchor].shape,
+                roles.segment_roles(g),
+                spec.config,
+            )
+        )
     return tuple(out)

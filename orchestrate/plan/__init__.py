@@ -263,8 +263,7 @@ def materialized(graph: Graph, written: Sequence[tuple[str, Sequence[str]]]) -> 
 def _plain(value) -> Any:
     """A dataclass as JSON-able dicts and lists."""
     if hasattr(value, "__dataclass_fields__"):
-        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)
-                if f.name != "config"}  # fmt: skip
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value) if f.name != "config"}
     if isinstance(value, (tuple, list)):
         return [_plain(v) for v in value]
     if isinstance(value, Mapping):
@@ -380,8 +379,10 @@ def _attr(v, where: str):
 def _config(v, where: str) -> LaunchConfig:
     data = _object(v, where)
     interpret = data.get("interpret", {})
-    for k, x in {**{k: x for k, x in data.items() if k != "interpret"},
-                 **_object(interpret, f"{where}.interpret")}.items():  # fmt: skip
+    for k, x in {
+        **{k: x for k, x in data.items() if k != "interpret"},
+        **_object(interpret, f"{where}.interpret"),
+    }.items():
         if k != "precision" and (isinstance(x, bool) or not isinstance(x, int) or x <= 0):
             raise _Malformed(f"{where}.{k}: expected a positive integer, found {x!r}")
     if data.get("precision", "ieee") not in ("ieee", "tf32"):

@@ -26,9 +26,12 @@ def load(path: str | os.PathLike) -> onnx.ModelProto:
 
 
 def fission_model(
-    model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None, source: str,
-    *, option: str = "--shape",
-) -> ir.Graph:  # fmt: skip
+    model: onnx.ModelProto,
+    shapes: Mapping[str, tuple[int, ...]] | None,
+    source: str,
+    *,
+    option: str = "--shape",
+) -> ir.Graph:
     """``option`` names ``shapes`` in errors: ``--shape``, or the API's ``shapes``."""
     return fission(frontend.prepare(model, shapes, source, option=option), source, consume=True)
 
@@ -78,8 +81,9 @@ def write_primitive_onnx(graph: ir.Graph, output: str | os.PathLike, name: str =
     write_atomic(Path(output), data)
 
 
-def check_output_path(path: str | os.PathLike, source: str | os.PathLike | None = None,
-                      what: str = "the input model") -> None:  # fmt: skip
+def check_output_path(
+    path: str | os.PathLike, source: str | os.PathLike | None = None, what: str = "the input model"
+) -> None:
     """Fail early, before any long work, when ``path`` cannot be written, or
     would overwrite ``source``, the file the command reads (symlinks resolved)."""
     path = Path(path)
@@ -87,8 +91,9 @@ def check_output_path(path: str | os.PathLike, source: str | os.PathLike | None 
     check_not_input(path, source, what)
 
 
-def write_atomic(path: Path, data: bytes, source: str | os.PathLike | None = None,
-                 what: str = "the input model") -> None:  # fmt: skip
+def write_atomic(
+    path: Path, data: bytes, source: str | os.PathLike | None = None, what: str = "the input model"
+) -> None:
     """Write ``data`` to ``path`` so that a failure or a signal leaves nothing
     behind; the file gets the user's umask."""
     check_output_path(path, source, what)

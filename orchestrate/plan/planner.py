@@ -101,8 +101,11 @@ class PlanOptions:
             object.__setattr__(self, "memory_budget", int(b))
         t = self.time_limit
         if t is not None:
-            if not isinstance(t, numbers.Real) or isinstance(t, bool) or not (
-                    math.isfinite(t) and t > 0):  # fmt: skip
+            if (
+                not isinstance(t, numbers.Real)
+                or isinstance(t, bool)
+                or not (math.isfinite(t) and t > 0)
+            ):
                 raise PlanOptionError("time_limit", t, "must be a finite number of seconds > 0")
             object.__setattr__(self, "time_limit", float(t))
         for name in ("tf32", "recompute", "reproducible", "rewrites"):
@@ -114,12 +117,16 @@ class PlanOptions:
             raise PlanOptionError("dtype", self.dtype, precision.unsupported(self.dtype))
         g = self.gemm_backends
         names = g.split(",") if isinstance(g, str) else g
-        if not isinstance(names, (tuple, list)) or not names or any(
-                n not in GEMM_BACKENDS for n in names) or len(set(names)) != len(names):  # fmt: skip
-            raise PlanOptionError("gemm_backends", g, "expected one or both of "
-                                  f"{', '.join(GEMM_BACKENDS)}, each once")  # fmt: skip
-        object.__setattr__(self, "gemm_backends",
-                           tuple(b for b in GEMM_BACKENDS if b in names))  # fmt: skip
+        if (
+            not isinstance(names, (tuple, list))
+            or not names
+            or any(n not in GEMM_BACKENDS for n in names)
+            or len(set(names)) != len(names)
+        ):
+            raise PlanOptionError(
+                "gemm_backends", g, f"expected one or both of {', '.join(GEMM_BACKENDS)}, each once"
+            )
+        object.__setattr__(self, "gemm_backends", tuple(b for b in GEMM_BACKENDS if b in names))
         if not isinstance(self.limits, Limits):
             raise PlanOptionError(
                 "limits", self.limits, "expected an orchestrate.kernels.enumerate.Limits"
@@ -138,13 +145,25 @@ class PlanOptions:
     def target(self) -> Target:
         """The rules' target: configurations ranked by predicted time."""
         device = get_device(self.device)
-        return Target(device, self.tf32, rank=Ranker(device), gemm_backends=self.gemm_backends,
-                      rewrites=self.rewrites)  # fmt: skip
+        return Target(
+            device,
+            self.tf32,
+            rank=Ranker(device),
+            gemm_backends=self.gemm_backends,
+            rewrites=self.rewrites,
+        )
 
     def record(self) -> Options:
-        return Options(self.memory_budget, self.time_limit, self.tf32, self.recompute,
-                       self.limits.max_nodes, self.dtype, self.gemm_backends,
-                       self.rewrites)  # fmt: skip
+        return Options(
+            self.memory_budget,
+            self.time_limit,
+            self.tf32,
+            self.recompute,
+            self.limits.max_nodes,
+            self.dtype,
+            self.gemm_backends,
+            self.rewrites,
+        )
 
 
 def plan(
@@ -171,8 +190,9 @@ def plan(
         every = (k for f in found.values() for k in f.kernels)
         tuned = tuner.tune(graph, every, target, tune, report, options.reproducible)
     prices = Prices(graph, target.device, tuned.measured if tuned is not None else None)
-    problems: dict[int, Problem] = {rep.index: problem(graph, rep, found[rep.index], prices)
-                                    for rep in groups}  # fmt: skip
+    problems: dict[int, Problem] = {
+        rep.index: problem(graph, rep, found[rep.index], prices) for rep in groups
+    }
     unfused_plan = unfused(graph, target, prices)
     part_of = {n: p.index for p in parts for n in p.nodes}
     greedy_plan: list[Priced] = []
@@ -185,8 +205,9 @@ def plan(
         prob.warm = prob.include(prices, done)
         for p in copies:  # identical partitions fuse identically
             moved = transplant(rep, p, [(g.kernel, g.writes) for g in done])
-            greedy_plan += [Priced(k, w, g.time_us, g.bytes, g.flops)
-                            for (k, w), g in zip(moved, done)]  # fmt: skip
+            greedy_plan += [
+                Priced(k, w, g.time_us, g.bytes, g.flops) for (k, w), g in zip(moved, done)
+            ]
     stats = program.Stats()
     fastest: dict[int, program.Solution] = {}
     solutions: dict[int, Chosen] = {}
@@ -197,36 +218,63 @@ def plan(
         sol = prob.solve(prices, time_limit=options.time_limit, recompute=options.recompute)
         stats.add(sol)
         fastest[rep.index] = sol
-        fired += [(f, len(copies)) for f in alternatives.fired(
-            prob, sol, prices, time_limit=options.time_limit, recompute=options.recompute)]  # fmt: skip
+        fired += [
+            (f, len(copies))
+            for f in alternatives.fired(
+                prob, sol, prices, time_limit=options.time_limit, recompute=options.recompute
+            )
+        ]
         for p in copies:
             solutions[p.index] = transplant(rep, p, prob.chosen(sol))
     written = [(k.template, ws) for sol in solutions.values() for k, ws in sol]
     if options.memory_budget is not None and materialized(graph, written) > options.memory_budget:
         # (a fastest plan that fits is the optimum under the budget too)
-        solutions = budget.within_budget(graph, groups, problems, fastest, prices, options, stats,
-                                         report)  # fmt: skip
+        solutions = budget.within_budget(
+            graph, groups, problems, fastest, prices, options, stats, report
+        )
     # under --tune, each kernel at the fastest configuration measured
-    chosen = [(k if tuned is None else tuned.apply(k), ws, p.index)
-              for p in parts for k, ws in solutions[p.index]]  # fmt: skip
+    chosen = [
+        (k if tuned is None else tuned.apply(k), ws, p.index)
+        for p in parts
+        for k, ws in solutions[p.index]
+    ]
     seconds = 0.0 if options.reproducible else round(time.perf_counter() - started, 1)
     solver = Solver(
-        stats.status, _r(stats.gap), seconds, len(parts), len(groups),
+        stats.status,
+        _r(stats.gap),
+        seconds,
+        len(parts),
+        len(groups),
         sum(len(p.kernels) for p in problems.values()),
         sum(p.found.examined for p in problems.values()),
         sum(p.found.rejected for p in problems.values()),
         sum(p.found.pruned for p in problems.values()),
-        sum(1 for p in problems.values() if p.found.truncated), stats.rounds,
-    )  # fmt: skip
+        sum(1 for p in problems.values() if p.found.truncated),
+        stats.rounds,
+    )
     declined = tuple(Declined(*d) for p in problems.values() for d in p.found.declined)
     baselines = {"unfused": _totals(unfused_plan), "greedy": _totals(greedy_plan)}
     uses = _rule_uses(fired, lambda k: k if tuned is None else tuned.apply(k))
-    return assemble(graph, chosen, target, prices, options.record(), solver, baselines, declined,
-                    uses, tuning=tuned.report if tuned is not None else None)  # fmt: skip
+    return assemble(
+        graph,
+        chosen,
+        target,
+        prices,
+        options.record(),
+        solver,
+        baselines,
+        declined,
+        uses,
+        tuning=tuned.report if tuned is not None else None,
+    )
 
 
-def plan_sets(graph: ir.Graph, sets: Sequence[Sequence[str]], options: PlanOptions = PlanOptions(),
-              writes_all: bool = True) -> Planned:  # fmt: skip
+def plan_sets(
+    graph: ir.Graph,
+    sets: Sequence[Sequence[str]],
+    options: PlanOptions = PlanOptions(),
+    writes_all: bool = True,
+) -> Planned:
     """A plan whose kernels are exactly ``sets``, in order, each writing what
     is read outside it (``writes_all``) or only its sinks.  For tests and for
     plans made by hand; InputError names a set that is no kernel."""
@@ -239,52 +287,90 @@ def plan_sets(graph: ir.Graph, sets: Sequence[Sequence[str]], options: PlanOptio
             raise InputError(f"set {i} is not a kernel: {k.reason}")
         inside = set(k.nodes)
         exposed = tuple(
-            n for n in k.nodes if n not in k.outputs and (
-                n in graph.outputs or any(c.name not in inside for c in graph.consumers.get(n, ())))
-        )  # fmt: skip
+            n
+            for n in k.nodes
+            if n not in k.outputs
+            and (
+                n in graph.outputs or any(c.name not in inside for c in graph.consumers.get(n, ()))
+            )
+        )
         if writes_all and any(n not in k.optional for n in exposed):
             bad = next(n for n in exposed if n not in k.optional)
-            raise InputError(f"set {i}: {bad} is read outside but the {k.template} kernel "
-                             "cannot write it")  # fmt: skip
+            raise InputError(
+                f"set {i}: {bad} is read outside but the {k.template} kernel cannot write it"
+            )
         chosen.append((k, k.outputs + (exposed if writes_all else ()), 0))
     solver = Solver("fixed", 0.0, 0.0, 1, 1, len(sets), len(sets), 0, 0, 0, 0)
     return assemble(graph, chosen, target, prices, options.record(), solver, {}, ())
 
 
-def assemble(graph: ir.Graph, chosen: Sequence[tuple[KernelSpec, tuple[str, ...], int]],
-             target: Target, prices: Prices, options: Options, solver: Solver,
-             baselines: dict[str, Totals], declined: tuple[Declined, ...],
-             uses: Sequence[tuple[RuleUse, frozenset[str]]] = (),
-             tuning: Tuning | None = None) -> Planned:  # fmt: skip
+def assemble(
+    graph: ir.Graph,
+    chosen: Sequence[tuple[KernelSpec, tuple[str, ...], int]],
+    target: Target,
+    prices: Prices,
+    options: Options,
+    solver: Solver,
+    baselines: dict[str, Totals],
+    declined: tuple[Declined, ...],
+    uses: Sequence[tuple[RuleUse, frozenset[str]]] = (),
+    tuning: Tuning | None = None,
+) -> Planned:
     """Name, price and check the chosen kernels; the plan around them."""
     kernels, raw_us = [], []
     for i, (spec, writes, part) in enumerate(chosen):
         p = prices.price(spec, writes)
         raw_us.append(p.time_us)
-        kernels.append(PlannedKernel(
-            kernel_name(i, spec.template), spec.template, spec.nodes, spec.inputs, writes,
-            spec.anchor, p.bytes, p.flops, _r(p.time_us), p.bound, part, spec.hash, spec.config,
-        ))  # fmt: skip
+        kernels.append(
+            PlannedKernel(
+                kernel_name(i, spec.template),
+                spec.template,
+                spec.nodes,
+                spec.inputs,
+                writes,
+                spec.anchor,
+                p.bytes,
+                p.flops,
+                _r(p.time_us),
+                p.bound,
+                part,
+                spec.hash,
+                spec.config,
+            )
+        )
     check_plan(graph, kernels)
     real = [k for k in kernels if k.template != VIEW]
     summary = Summary(
-        len(real), len(kernels) - len(real), sum(k.bytes for k in kernels),
-        sum(k.flops for k in kernels), _r(sum(raw_us)),
+        len(real),
+        len(kernels) - len(real),
+        sum(k.bytes for k in kernels),
+        sum(k.flops for k in kernels),
+        _r(sum(raw_us)),
         materialized(graph, [(k.template, k.outputs) for k in kernels]),
-    )  # fmt: skip
+    )
     result = Plan(
-        target.device.name, options, graph_info(graph), tuple(kernels), summary, baselines,
-        solver, unfused_neighbours(graph, kernels, target, prices), declined,
+        target.device.name,
+        options,
+        graph_info(graph),
+        tuple(kernels),
+        summary,
+        baselines,
+        solver,
+        unfused_neighbours(graph, kernels, target, prices),
+        declined,
         tuple(primitive(n) for n in graph.nodes),
-        tuple(replace(u, kernels=tuple(k.name for k in kernels if k.hash in hashes))
-              for u, hashes in uses),
+        tuple(
+            replace(u, kernels=tuple(k.name for k in kernels if k.hash in hashes))
+            for u, hashes in uses
+        ),
         tuning,
-    )  # fmt: skip
+    )
     return Planned(result, tuple(spec for spec, _, _ in chosen))
 
 
-def _rule_uses(fired: Sequence[tuple[alternatives.Fired, int]],
-               final: Callable[[KernelSpec], KernelSpec]) -> list[tuple[RuleUse, frozenset[str]]]:  # fmt: skip
+def _rule_uses(
+    fired: Sequence[tuple[alternatives.Fired, int]], final: Callable[[KernelSpec], KernelSpec]
+) -> list[tuple[RuleUse, frozenset[str]]]:
     """Per rule: the predicted time of the partitions it fired in (each
     distinct partition times its copies), with and without it, and the
     hashes its kernels have in the plan (``final``: as tuning configured them)."""
@@ -292,8 +378,17 @@ def _rule_uses(fired: Sequence[tuple[alternatives.Fired, int]],
     for rule in sorted({f.rule for f, _ in fired}):
         mine = [(f, n) for f, n in fired if f.rule == rule]
         hashes = frozenset(final(k).hash for f, _ in mine for k in f.specs)
-        out.append((RuleUse(rule, (), _r(sum(f.with_us * n for f, n in mine)),
-                            _r(sum(f.without_us * n for f, n in mine))), hashes))  # fmt: skip
+        out.append(
+            (
+                RuleUse(
+                    rule,
+                    (),
+                    _r(sum(f.with_us * n for f, n in mine)),
+                    _r(sum(f.without_us * n for f, n in mine)),
+                ),
+                hashes,
+            )
+        )
     return out
 
 

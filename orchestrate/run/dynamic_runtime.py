@@ -65,8 +65,10 @@ def binding_of(family: Family, shapes: Mapping[str, tuple[int, ...]]) -> Binding
             dim = family.dims[k]
             if k in seen and seen[k][0] != v:
                 other, o_axis = seen[k][1], seen[k][2]
-                raise InputError(f"input {name!r}: axis {axis} is {dim.shown}={v}, but axis "
-                                 f"{o_axis} of input {other!r} gives {dim.shown}={seen[k][0]}")  # fmt: skip
+                raise InputError(
+                    f"input {name!r}: axis {axis} is {dim.shown}={v}, but axis "
+                    f"{o_axis} of input {other!r} gives {dim.shown}={seen[k][0]}"
+                )
             seen.setdefault(k, (v, name, axis))
     missing = [d.name for k, d in enumerate(family.dims) if k not in seen]
     if missing:  # pragma: no cover - binding.py gives every dimension an input axis
@@ -74,25 +76,37 @@ def binding_of(family: Family, shapes: Mapping[str, tuple[int, ...]]) -> Binding
     for k, (v, name, axis) in sorted(seen.items()):
         r = family.dims[k].range
         if v not in r:
-            raise InputError(f"input {name!r}: axis {axis} is {family.dims[k].shown}={v}, outside "
-                             f"the bundle's range {r.min}..{r.max}")  # fmt: skip
+            raise InputError(
+                f"input {name!r}: axis {axis} is {family.dims[k].shown}={v}, outside "
+                f"the bundle's range {r.min}..{r.max}"
+            )
     return tuple(seen[k][0] for k in range(len(family.dims)))
 
 
 def binding_of_inputs(family: Family, inputs: Mapping[str, object]) -> Binding:
     """``binding_of`` the shapes of ``inputs`` (arrays or tensors by name)."""
     if not isinstance(inputs, Mapping):
-        raise InputError(f"inputs: expected a dict of arrays by input name, got "
-                         f"{type(inputs).__name__}")  # fmt: skip
+        raise InputError(
+            f"inputs: expected a dict of arrays by input name, got {type(inputs).__name__}"
+        )
     return binding_of(family, {k: tuple(np.shape(v)) for k, v in inputs.items()})
 
 
 class DynamicProgram:
     """A dynamic plan's Programs, one per binding in use (see the module doc)."""
 
-    def __init__(self, plan: Plan, family: Family, constants: Mapping[str, np.ndarray],
-                 kernels_module, source: str, *, interpret: bool, cuda_graph: bool = True,
-                 cache: int = DEFAULT_CACHE):  # fmt: skip
+    def __init__(
+        self,
+        plan: Plan,
+        family: Family,
+        constants: Mapping[str, np.ndarray],
+        kernels_module,
+        source: str,
+        *,
+        interpret: bool,
+        cuda_graph: bool = True,
+        cache: int = DEFAULT_CACHE,
+    ):
         if not isinstance(cache, int) or isinstance(cache, bool) or cache < 1:
             raise InputError(f"cache={cache!r}: expected a number of shapes >= 1")
         self.plan, self.family, self.constants = plan, family, constants
@@ -110,9 +124,15 @@ class DynamicProgram:
                 return found
         inst = instance(self.plan, self.family, self.constants, binding, self.source)
         codes = dict(zip(self.family.codes, binding))
-        made = Program(inst.planned, inst.graph, self.module, interpret=self.interpret,
-                       cuda_graph=self.cuda_graph, indices=IndexChecks(inst.graph, inst.planned),
-                       dims=codes)  # fmt: skip
+        made = Program(
+            inst.planned,
+            inst.graph,
+            self.module,
+            interpret=self.interpret,
+            cuda_graph=self.cuda_graph,
+            indices=IndexChecks(inst.graph, inst.planned),
+            dims=codes,
+        )
         with self._lock:
             self.made += 1
             self._programs[binding] = made

@@ -77,20 +77,24 @@ def interpreter_refusal(graph: ir.Graph, specs: Sequence[KernelSpec] | None = No
     their bit patterns, so a bf16 matmul or conv computes nonsense there.
     Given the plan's ``specs``, only generated kernels count: a library call
     multiplies bf16 through torch, which the CPU runs."""
-    generated = None if specs is None else {
-        n for s in specs if s.template not in LIBRARY for n in s.nodes}  # fmt: skip
+    generated = (
+        None if specs is None else {n for s in specs if s.template not in LIBRARY for n in s.nodes}
+    )
     for n in graph.nodes:
         if generated is not None and n.name not in generated:
             continue
         if n.op in (ir.Op.MATMUL, ir.Op.CONV) and graph.types[n.inputs[0]].dtype == "bfloat16":
-            return (f"{n.op.value} {n.name!r} multiplies bfloat16 tiles, which Triton's "
-                    "interpreter computes as integers (no bf16 tl.dot on a CPU); bf16 matmul "
-                    "and conv kernels run on a GPU only")  # fmt: skip
+            return (
+                f"{n.op.value} {n.name!r} multiplies bfloat16 tiles, which Triton's "
+                "interpreter computes as integers (no bf16 tl.dot on a CPU); bf16 matmul "
+                "and conv kernels run on a GPU only"
+            )
     return None
 
 
-def check_runnable(graph: ir.Graph, interpret: bool,
-                   specs: Sequence[KernelSpec] | None = None) -> None:  # fmt: skip
+def check_runnable(
+    graph: ir.Graph, interpret: bool, specs: Sequence[KernelSpec] | None = None
+) -> None:
     """OrchestrateError when ``graph``'s kernels (``specs``, when given) cannot
     run where asked."""
     if interpret and (why := interpreter_refusal(graph, specs)) is not None:
@@ -136,8 +140,11 @@ def load_kernels(source: str, interpret: bool):
         os.environ["TRITON_INTERPRET"] = "1"
         if not _WARNED.is_set():
             _WARNED.set()
-            print("orchestrate: no GPU found; running the Triton kernels in the interpreter "
-                  "(correct but slow)", file=sys.stderr)  # fmt: skip
+            print(
+                "orchestrate: no GPU found; running the Triton kernels in the interpreter "
+                "(correct but slow)",
+                file=sys.stderr,
+            )
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     name = f"orchestrate_kernels_{digest}"
     filename = f"<orchestrate kernels {digest}>"
@@ -156,8 +163,9 @@ def check_inputs(
     input is a torch tensor (then every input must be one).  InputError
     naming the first bad one."""
     if not isinstance(inputs, Mapping):
-        raise InputError(f"inputs: expected a dict of arrays by input name, got "
-                         f"{type(inputs).__name__}")  # fmt: skip
+        raise InputError(
+            f"inputs: expected a dict of arrays by input name, got {type(inputs).__name__}"
+        )
     names = list(types)
     unknown = sorted(set(inputs) - set(names), key=str)
     if unknown:
@@ -171,8 +179,10 @@ def check_inputs(
         value = inputs[name]
         if tensors:
             if not isinstance(value, torch.Tensor):
-                raise InputError(f"input {name!r}: a {type(value).__name__} among torch tensors; "
-                                 "give every input as a torch tensor or every one as an array")  # fmt: skip
+                raise InputError(
+                    f"input {name!r}: a {type(value).__name__} among torch tensors; "
+                    "give every input as a torch tensor or every one as an array"
+                )
             got = str(value.dtype).removeprefix("torch.")
         else:
             value = np.asarray(value)
@@ -250,10 +260,18 @@ class Program:
     launchers in order and copies the outputs out of the program's buffers.
     """
 
-    def __init__(self, planned: Planned, graph: ir.Graph, kernels_module, *,
-                 interpret: bool | None = None, cuda_graph: bool = True,
-                 indices: IndexChecks | None = None,
-                 dims: Mapping[str, int] | None = None, gpu_blocks: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        planned: Planned,
+        graph: ir.Graph,
+        kernels_module,
+        *,
+        interpret: bool | None = None,
+        cuda_graph: bool = True,
+        indices: IndexChecks | None = None,
+        dims: Mapping[str, int] | None = None,
+        gpu_blocks: bool = False,
+    ):
         import torch
 
         self.torch = torch
@@ -281,11 +299,13 @@ class Program:
         # partials, and arrival counters zeroed once (each kernel leaves them zero)
         scratch = [split_k_scratch(graph, s) for s in planned.specs if split_k(s.config) > 1]
         self._scratch = {
-            SPLIT_K_PARTIALS: torch.empty(max((p for p, _ in scratch), default=0),
-                                          dtype=torch.float32, device=self.device),
-            SPLIT_K_COUNTERS: torch.zeros(max((c for _, c in scratch), default=0),
-                                          dtype=torch.int32, device=self.device),
-        }  # fmt: skip
+            SPLIT_K_PARTIALS: torch.empty(
+                max((p for p, _ in scratch), default=0), dtype=torch.float32, device=self.device
+            ),
+            SPLIT_K_COUNTERS: torch.zeros(
+                max((c for _, c in scratch), default=0), dtype=torch.int32, device=self.device
+            ),
+        }
         self._lifetimes()
         self._bind()
         self.use_cuda_graph = cuda_graph and not self.interpret
@@ -404,8 +424,10 @@ class Program:
         device = self._flags.device
         for name, t in feeds.items():
             if t.device != device:
-                raise InputError(f"input {name!r}: a tensor on {t.device}, expected one on "
-                                 f"{device} (where this program runs)")  # fmt: skip
+                raise InputError(
+                    f"input {name!r}: a tensor on {t.device}, expected one on "
+                    f"{device} (where this program runs)"
+                )
             feeds[name] = (t.detach() if t.requires_grad else t).contiguous()
         return feeds
 
@@ -469,8 +491,9 @@ class Program:
         one (``bench``'s per-kernel records); a kernel rewrites its outputs
         whole each launch, so repeated calls leave the run's values."""
         feeds = self.check_inputs(inputs)
-        feeds = {k: v if isinstance(v, self.torch.Tensor) else self._tensor(v)
-                 for k, v in feeds.items()}  # fmt: skip
+        feeds = {
+            k: v if isinstance(v, self.torch.Tensor) else self._tensor(v) for k, v in feeds.items()
+        }
         values = self._values(feeds)
         interpret, dims = self.interpreter_blocks, self.dims
         names = [k.name for k in self.plan.kernels if not k.is_view]
@@ -486,8 +509,10 @@ class Program:
         at the first call, on its own copy of the inputs)."""
         torch = self.torch
         if self._graph is None:
-            static_in = {k: self._tensor(v) if isinstance(v, np.ndarray) else v.clone()
-                         for k, v in feeds.items()}  # fmt: skip
+            static_in = {
+                k: self._tensor(v) if isinstance(v, np.ndarray) else v.clone()
+                for k, v in feeds.items()
+            }
             self._execute(static_in)  # warm: every kernel compiled
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()

@@ -21,8 +21,9 @@ from orchestrate.kernels.rules import match_all
 from orchestrate.kernels.spec import VIEW, KernelSpec, LaunchConfig, Rejection, Target
 
 
-def range_admit(graphs: Mapping[str, ir.Graph],
-                target: Target) -> Callable[[ir.Graph, KernelSpec], KernelSpec | Rejection]:  # fmt: skip
+def range_admit(
+    graphs: Mapping[str, ir.Graph], target: Target
+) -> Callable[[ir.Graph, KernelSpec], KernelSpec | Rejection]:
     """The check of a kernel ``spec`` matched on a graph (at OPT) against
     each of ``graphs`` (by where it is: ``batch=8, seq=64``)."""
     plain = replace(target, rank=None, admit=None)
@@ -31,8 +32,10 @@ def range_admit(graphs: Mapping[str, ir.Graph],
         found = match_all(graph, spec.nodes, replace(plain, pin=pin and (spec.template, pin, True)))
         if isinstance(found, Rejection):
             return found
-        return next((s for s in found if s.template == spec.template),
-                    Rejection(f"no {spec.template} kernel there"))  # fmt: skip
+        return next(
+            (s for s in found if s.template == spec.template),
+            Rejection(f"no {spec.template} kernel there"),
+        )
 
     def admit(graph: ir.Graph, spec: KernelSpec) -> KernelSpec | Rejection:
         if spec.template == VIEW:
@@ -50,8 +53,10 @@ def range_admit(graphs: Mapping[str, ir.Graph],
                 return Rejection(f"legal at OPT, not at {where}: {there.reason}")
             looped = getattr(spec.roles, "looped", None)
             if looped is not None and getattr(there.roles, "looped", None) != looped:
-                return Rejection(f"rows are {'looped' if looped else 'one pass'} at OPT but not "
-                                 f"at {where}: the range crosses the single-pass row limit")  # fmt: skip
+                return Rejection(
+                    f"rows are {'looped' if looped else 'one pass'} at OPT but not "
+                    f"at {where}: the range crosses the single-pass row limit"
+                )
         if pin is None or pin == replace(spec.config, interpret=()):
             return spec
         here = same(graph, spec, pin)  # the widened kernel, fitted and hashed at OPT

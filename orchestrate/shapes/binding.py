@@ -40,8 +40,9 @@ def bind_inputs(
     for symbol in dims:
         if symbol not in params:
             known = ", ".join(sorted(params)) or "none"
-            raise InputError(f"--dim {symbol}=...: the model has no dimension {symbol!r} "
-                             f"(dimensions: {known})")  # fmt: skip
+            raise InputError(
+                f"--dim {symbol}=...: the model has no dimension {symbol!r} (dimensions: {known})"
+            )
     ranges: dict[str, DimRange] = {}
     out: dict[str, Shape] = {}
     # inputs given by --shape first, so that their dim_params bind the same
@@ -56,8 +57,9 @@ def bind_inputs(
             and vi.type.tensor_type.HasField("shape")
             and len(model_dims) != len(given)
         ):
-            raise InputError(f"--shape {name}=...: input {name!r} has rank {len(model_dims)}, "
-                             f"not {len(given)}")  # fmt: skip
+            raise InputError(
+                f"--shape {name}=...: input {name!r} has rank {len(model_dims)}, not {len(given)}"
+            )
         if given is None and not vi.type.tensor_type.HasField("shape"):
             raise InputError(f"{source}: input {name!r} has unknown rank; pass --shape {name}=...")
         shape = []
@@ -79,8 +81,10 @@ def _bind_one(name, k, d, r, dims, ranges, source) -> Affine:
             )
         symbol = d.dim_param if d is not None and d.dim_param else f"{name}_{k}"
         if symbol in dims and dims[symbol] != r:
-            raise InputError(f"--shape {name}=...: axis {k} is {symbol!r}, given {dims[symbol]} by --dim "
-                             f"and {r} by --shape")  # fmt: skip
+            raise InputError(
+                f"--shape {name}=...: axis {k} is {symbol!r}, given {dims[symbol]} by --dim "
+                f"and {r} by --shape"
+            )
         return _declare(symbol, r, ranges, f"--shape {name}=...")
     if fixed:
         return Affine.of(d.dim_value)

@@ -120,8 +120,9 @@ class Family:
             new = replace(new, attrs=ir.Attrs(merged))
         return new
 
-    def constants_at(self, constants: Mapping[str, np.ndarray],
-                     binding: Binding) -> dict[str, np.ndarray]:  # fmt: skip
+    def constants_at(
+        self, constants: Mapping[str, np.ndarray], binding: Binding
+    ) -> dict[str, np.ndarray]:
         """The constants at ``binding``: the sliced ones cut from their MAX value."""
         out = dict(constants)
         for name, shape in self.sliced.items():
@@ -154,29 +155,32 @@ class Family:
                     "opt": d.range.opt,
                 }
                 for d in self.dims
-            ],  # fmt: skip
+            ],
             "grid": [list(v) for v in self.grid.values],
             "inputs": {k: [p.to_json() for p in v] for k, v in sorted(self.inputs.items())},
             "shapes": {k: [p.to_json() for p in v] for k, v in sorted(self.shapes.items())},
             "attrs": {
                 k: {a: _value_json(x) for a, x in sorted(v.items())}
                 for k, v in sorted(self.attrs.items())
-            },  # fmt: skip
+            },
             "sliced": {k: [p.to_json() for p in v] for k, v in sorted(self.sliced.items())},
             "computed": {
                 k: {"shape": list(shape), "dtype": dtype, "values": [p.to_json() for p in polys]}
                 for k, (shape, dtype, polys) in sorted(self.computed.items())
-            },  # fmt: skip
+            },
         }
 
     @staticmethod
     def from_json(data: Mapping, source: str) -> Family:
         try:
             dims = tuple(
-                Dim(str(d["name"]), _code(d["code"], i), DimRange(int(d["min"]), int(d["max"]),
-                                                                  int(d["opt"])))
+                Dim(
+                    str(d["name"]),
+                    _code(d["code"], i),
+                    DimRange(int(d["min"]), int(d["max"]), int(d["opt"])),
+                )
                 for i, d in enumerate(data["dims"])
-            )  # fmt: skip
+            )
             grid = Grid(tuple(tuple(int(x) for x in v) for v in data["grid"]))
             n = len(dims)
             if grid.rank != n:
@@ -187,8 +191,10 @@ class Family:
                     str(k): tuple(Poly.from_json(p, n, f"{k}") for p in v) for k, v in d.items()
                 }
 
-            attrs = {str(k): {str(a): _value_from_json(x, n, f"{k}.{a}") for a, x in v.items()}
-                     for k, v in data["attrs"].items()}  # fmt: skip
+            attrs = {
+                str(k): {str(a): _value_from_json(x, n, f"{k}.{a}") for a, x in v.items()}
+                for k, v in data["attrs"].items()
+            }
             computed = {}
             for k, v in data.get("computed", {}).items():
                 shape = tuple(int(d) for d in v["shape"])
@@ -199,8 +205,15 @@ class Family:
                 if len(polys) != int(np.prod(shape, dtype=np.int64)):
                     raise ValueError(f"{k}: {len(polys)} values for shape {list(shape)}")
                 computed[str(k)] = (shape, dtype, polys)
-            return Family(dims, grid, shapes(data["inputs"]), shapes(data["shapes"]), attrs,
-                          shapes(data["sliced"]), computed)  # fmt: skip
+            return Family(
+                dims,
+                grid,
+                shapes(data["inputs"]),
+                shapes(data["shapes"]),
+                attrs,
+                shapes(data["sliced"]),
+                computed,
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise InputError(f"{source}: malformed dimensions ({e})") from None
 
@@ -241,8 +254,14 @@ def _value_from_json(data, rank: int, where: str):
 # -- lifting ---------------------------------------------------------------------
 
 
-def lift_family(dims: Sequence[Dim], grid: Grid, graphs: Mapping[Binding, ir.Graph],
-                checks: Mapping[Binding, ir.Graph], top: Binding, source: str) -> Family:  # fmt: skip
+def lift_family(
+    dims: Sequence[Dim],
+    grid: Grid,
+    graphs: Mapping[Binding, ir.Graph],
+    checks: Mapping[Binding, ir.Graph],
+    top: Binding,
+    source: str,
+) -> Family:
     """The family of ``graphs`` (one per grid point), checked against
     ``checks`` (other bindings: MIN, OPT, MAX); ``top`` is the binding whose
     constants are kept for slicing (MAX, which must be in ``checks``)."""
@@ -254,8 +273,9 @@ def lift_family(dims: Sequence[Dim], grid: Grid, graphs: Mapping[Binding, ir.Gra
     where = _Where(dims, source)
     inputs = {}
     for i, inp in enumerate(first.inputs):
-        lifted = _lift_shape([graphs[p].inputs[i].type.shape for p in points], grid,
-                             where.of(f"input {inp.name!r}"))  # fmt: skip
+        lifted = _lift_shape(
+            [graphs[p].inputs[i].type.shape for p in points], grid, where.of(f"input {inp.name!r}")
+        )
         if lifted is not None:
             inputs[inp.name] = lifted
     shapes, attrs = {}, {}
@@ -350,21 +370,26 @@ def _lift_value(values: Sequence[Any], grid: Grid, at: str):
     raise InputError(f"{at}: it changes with the shape ({first!r}, {values[-1]!r})")
 
 
-def _same_structure(a: ir.Graph, b: ir.Graph, dims: Sequence[Dim], binding: Binding,
-                    source: str) -> None:  # fmt: skip
+def _same_structure(
+    a: ir.Graph, b: ir.Graph, dims: Sequence[Dim], binding: Binding, source: str
+) -> None:
     at = named(dims, binding)
     if len(a.nodes) != len(b.nodes) or [n.name for n in a.nodes] != [n.name for n in b.nodes]:
         only = sorted({n.name for n in a.nodes} ^ {n.name for n in b.nodes})
         what = f"primitive {only[0]!r} exists at one binding only" if only else "the order differs"
-        raise InputError(f"{source}: the model's primitives change at {at}: {what}; "
-                         "narrow the range with --shape or --dim")  # fmt: skip
+        raise InputError(
+            f"{source}: the model's primitives change at {at}: {what}; "
+            "narrow the range with --shape or --dim"
+        )
     for x, y in zip(a.nodes, b.nodes):
         same_inputs = len(x.inputs) == len(y.inputs) and all(
             i == j or _same_constant(a, i, b, j) for i, j in zip(x.inputs, y.inputs)
         )
         if x.op != y.op or not same_inputs or x.dtype != y.dtype or set(x.attrs) != set(y.attrs):
-            raise InputError(f"{source}: node {x.name!r} ({x.op.value}) differs at {at} "
-                             f"({y.op.value}, inputs {list(y.inputs)}); narrow the range")  # fmt: skip
+            raise InputError(
+                f"{source}: node {x.name!r} ({x.op.value}) differs at {at} "
+                f"({y.op.value}, inputs {list(y.inputs)}); narrow the range"
+            )
     if [(i.name, i.type.dtype) for i in a.inputs] != [(i.name, i.type.dtype) for i in b.inputs]:
         raise InputError(f"{source}: the graph inputs differ at {at}")
     if a.outputs != b.outputs:
@@ -384,40 +409,51 @@ def same_array(a: np.ndarray, b: np.ndarray) -> bool:
     return a is b or (a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b)))
 
 
-def _check_instance(family: Family, g: ir.Graph, binding: Binding, top: ir.Graph,
-                    source: str) -> None:  # fmt: skip
+def _check_instance(
+    family: Family, g: ir.Graph, binding: Binding, top: ir.Graph, source: str
+) -> None:
     """``g`` (the graph made at ``binding``) is what the family gives there."""
     at = family.named(binding)
     for i in g.inputs:
         if i.name in family.inputs and family.input_shape(i.name, binding) != i.type.shape:
-            raise InputError(f"{source}: input {i.name!r} at {at} is {list(i.type.shape)}, not "
-                             f"{list(family.input_shape(i.name, binding))}")  # fmt: skip
+            raise InputError(
+                f"{source}: input {i.name!r} at {at} is {list(i.type.shape)}, not "
+                f"{list(family.input_shape(i.name, binding))}"
+            )
     for n in g.nodes:
         shape = family.shapes.get(n.name)
         want = tuple(d(binding) for d in shape) if shape is not None else None
         if want is not None and want != n.shape:
-            raise InputError(f"{source}: node {n.name!r} ({n.op.value}) at {at} has shape "
-                             f"{list(n.shape)}, not {list(want)}: the range's formula does not "
-                             "hold there; narrow the range")  # fmt: skip
+            raise InputError(
+                f"{source}: node {n.name!r} ({n.op.value}) at {at} has shape "
+                f"{list(n.shape)}, not {list(want)}: the range's formula does not "
+                "hold there; narrow the range"
+            )
         for a, v in family.attrs.get(n.name, {}).items():
             if _evaluate(v, binding) != n.attrs[a]:
-                raise InputError(f"{source}: node {n.name!r} ({n.op.value}) at {at}: attribute "
-                                 f"{a!r} is {n.attrs[a]!r}, not {_evaluate(v, binding)!r}; "
-                                 "narrow the range")  # fmt: skip
+                raise InputError(
+                    f"{source}: node {n.name!r} ({n.op.value}) at {at}: attribute "
+                    f"{a!r} is {n.attrs[a]!r}, not {_evaluate(v, binding)!r}; "
+                    "narrow the range"
+                )
     if not family.contains(binding):
         return  # a grid point above MAX: its graph only prints code (shapes/probes.py)
     cut = family.constants_at({k: top.constants[k] for k in family.sliced}, binding)
     for name, arr in cut.items():
         mine = g.constants[name]
         if mine.shape != arr.shape or not np.array_equal(mine, arr):
-            raise InputError(f"{source}: constant {name!r} at {at} is not the first "
-                             f"{list(mine.shape)} of its value at MAX; narrow the range")  # fmt: skip
+            raise InputError(
+                f"{source}: constant {name!r} at {at} is not the first "
+                f"{list(mine.shape)} of its value at MAX; narrow the range"
+            )
     for name, arr in g.constants.items():
         if name in family.computed:
             want = family.computed_at(name, binding)
             if want.shape != arr.shape or not np.array_equal(want, arr):
-                raise InputError(f"{source}: constant {name!r} at {at} is {arr.tolist()}, not "
-                                 f"{want.tolist()}: the range's formula does not hold there")  # fmt: skip
+                raise InputError(
+                    f"{source}: constant {name!r} at {at} is {arr.tolist()}, not "
+                    f"{want.tolist()}: the range's formula does not hold there"
+                )
             continue
         kept = top.constants.get(name)  # (a name only here is a renamed scalar: _same_constant)
         if kept is not None and name not in family.sliced and not np.array_equal(arr, kept):

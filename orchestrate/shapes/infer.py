@@ -98,9 +98,12 @@ def infer_shapes(
             if name:
                 values[name] = v
     return SymbolicShapes(
-        ranges=dict(ranges), inputs=tuple(vi.name for vi in inputs),
-        outputs=tuple(o.name for o in g.output), values=values, declined=tuple(declined),
-    )  # fmt: skip
+        ranges=dict(ranges),
+        inputs=tuple(vi.name for vi in inputs),
+        outputs=tuple(o.name for o in g.output),
+        values=values,
+        declined=tuple(declined),
+    )
 
 
 class _Node:

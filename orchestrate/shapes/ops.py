@@ -106,9 +106,13 @@ def _elementwise(r: Rules, op: str, a: Affine, b: Affine) -> Affine | None:
         return None
     if op in ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"):
         lo, hi = r.bounds(a - b)
-        tests = {"Equal": (lo == hi == 0, lo > 0 or hi < 0), "Less": (hi < 0, lo >= 0),
-                 "Greater": (lo > 0, hi <= 0), "LessOrEqual": (hi <= 0, lo > 0),
-                 "GreaterOrEqual": (lo >= 0, hi < 0)}  # fmt: skip
+        tests = {
+            "Equal": (lo == hi == 0, lo > 0 or hi < 0),
+            "Less": (hi < 0, lo >= 0),
+            "Greater": (lo > 0, hi <= 0),
+            "LessOrEqual": (hi <= 0, lo > 0),
+            "GreaterOrEqual": (lo >= 0, hi < 0),
+        }
         yes, no = tests[op]
         return Affine.of(int(yes)) if yes or no else None
     if op in ("And", "Or") and a.is_const and b.is_const:
@@ -218,8 +222,10 @@ def _quotient(num, den) -> Affine:
         else:
             raise Decline(f"the target's dim {d} is not a dim of the input, so -1 cannot be solved")
     if len(top) > 1:
-        raise Decline(f"-1 would be the product {' * '.join(f'({d})' for d in top)} "
-                      "of symbolic axes (merging them is not affine)")  # fmt: skip
+        raise Decline(
+            f"-1 would be the product {' * '.join(f'({d})' for d in top)} "
+            "of symbolic axes (merging them is not affine)"
+        )
     if den_c == 0:
         raise Decline("the Reshape target has a 0 next to -1")
     if not top:
@@ -541,13 +547,36 @@ def one_hot(r: Rules, node, ins):
 
 
 RULES = {
-    **{op: same_shape for op in SAME_SHAPE}, **{op: broadcast for op in BROADCAST},
-    **{op: reduce for op in REDUCE}, **{op: window for op in POOL},
-    "MatMul": matmul, "Gemm": gemm, "Transpose": transpose, "Shape": shape, "Size": size,
-    "Reshape": reshape, "Flatten": flatten, "Unsqueeze": unsqueeze, "Squeeze": squeeze,
-    "Concat": concat, "Gather": gather, "GatherElements": gather_elements, "GatherND": gather_nd,
-    "Slice": slice_, "Expand": expand, "ConstantOfShape": constant_of_shape, "Range": range_,
-    "Split": split, "GlobalAveragePool": global_pool, "GlobalMaxPool": global_pool, "Pad": pad,
-    "Tile": tile, "TopK": topk, "GlobalLpPool": global_pool, "Einsum": einsum,
-    "DepthToSpace": depth_space, "SpaceToDepth": depth_space, "OneHot": one_hot,
-}  # fmt: skip
+    **{op: same_shape for op in SAME_SHAPE},
+    **{op: broadcast for op in BROADCAST},
+    **{op: reduce for op in REDUCE},
+    **{op: window for op in POOL},
+    "MatMul": matmul,
+    "Gemm": gemm,
+    "Transpose": transpose,
+    "Shape": shape,
+    "Size": size,
+    "Reshape": reshape,
+    "Flatten": flatten,
+    "Unsqueeze": unsqueeze,
+    "Squeeze": squeeze,
+    "Concat": concat,
+    "Gather": gather,
+    "GatherElements": gather_elements,
+    "GatherND": gather_nd,
+    "Slice": slice_,
+    "Expand": expand,
+    "ConstantOfShape": constant_of_shape,
+    "Range": range_,
+    "Split": split,
+    "GlobalAveragePool": global_pool,
+    "GlobalMaxPool": global_pool,
+    "Pad": pad,
+    "Tile": tile,
+    "TopK": topk,
+    "GlobalLpPool": global_pool,
+    "Einsum": einsum,
+    "DepthToSpace": depth_space,
+    "SpaceToDepth": depth_space,
+    "OneHot": one_hot,
+}

@@ -131,8 +131,10 @@ class Grid:
         for exps, c in zip(itertools.product(*(range(len(v)) for v in self.values)), coeffs):
             if c.denominator != 1:
                 shown = ", ".join(str(y) for y in ys[:6])
-                return NotLifted(f"values {shown}{', ...' if len(ys) > 6 else ''} are no "
-                                 f"polynomial with integer coefficients")  # fmt: skip
+                return NotLifted(
+                    f"values {shown}{', ...' if len(ys) > 6 else ''} are no "
+                    f"polynomial with integer coefficients"
+                )
             if c:
                 terms.append((exps, int(c)))
         return Poly(tuple(sorted(terms)))
@@ -166,8 +168,10 @@ def _inverse_vandermonde(vals: Sequence[int]) -> list[list[Fraction]]:
     """``inv`` with ``sum_j inv[e][j] * y_j`` the coefficient of ``x**e`` of
     the polynomial through ``(vals[j], y_j)``."""
     n = len(vals)
-    m = [[Fraction(v) ** e for e in range(n)] + [Fraction(int(r == i)) for r in range(n)]
-         for i, v in enumerate(vals)]  # fmt: skip
+    m = [
+        [Fraction(v) ** e for e in range(n)] + [Fraction(int(r == i)) for r in range(n)]
+        for i, v in enumerate(vals)
+    ]
     for col in range(n):
         pivot = next(r for r in range(col, n) if m[r][col] != 0)
         m[col], m[pivot] = m[pivot], m[col]

@@ -19,8 +19,16 @@ from orchestrate.shapes.dims import DimRange
 
 Shape = tuple[Affine, ...]
 DATA_LIMIT = 64  # integer tensors up to this many elements keep their contents
-INT_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT8,
-                       onnx.TensorProto.INT16, onnx.TensorProto.UINT8, onnx.TensorProto.BOOL})  # fmt: skip
+INT_TYPES = frozenset(
+    {
+        onnx.TensorProto.INT64,
+        onnx.TensorProto.INT32,
+        onnx.TensorProto.INT8,
+        onnx.TensorProto.INT16,
+        onnx.TensorProto.UINT8,
+        onnx.TensorProto.BOOL,
+    }
+)
 BOOL = onnx.TensorProto.BOOL
 INT64 = onnx.TensorProto.INT64
 

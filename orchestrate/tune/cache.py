@@ -96,9 +96,11 @@ class Cache:
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 self._db.close()
-                raise InputError(f"{self.path}: a measurement cache of schema {version}, "
-                                 "written by a newer orchestrate (this one reads "
-                                 f"{SCHEMA_VERSION})")  # fmt: skip
+                raise InputError(
+                    f"{self.path}: a measurement cache of schema {version}, "
+                    "written by a newer orchestrate (this one reads "
+                    f"{SCHEMA_VERSION})"
+                )
             self._db.execute("PRAGMA journal_mode = WAL")
             self._write(self._create)
         except (OSError, sqlite3.Error) as e:
@@ -145,9 +147,21 @@ class Cache:
         """Store ``rows`` in one transaction (a row with a key already there replaces it)."""
         if not rows:
             return
-        values = [(r.key.spec_hash, r.key.device, r.key.dtype, r.key.triton, r.key.driver,
-                   r.measured_us, r.predicted_us, int(r.fake), r.created,
-                   json.dumps(r.record, sort_keys=True)) for r in rows]  # fmt: skip
+        values = [
+            (
+                r.key.spec_hash,
+                r.key.device,
+                r.key.dtype,
+                r.key.triton,
+                r.key.driver,
+                r.measured_us,
+                r.predicted_us,
+                int(r.fake),
+                r.created,
+                json.dumps(r.record, sort_keys=True),
+            )
+            for r in rows
+        ]
         insert = "INSERT OR REPLACE INTO measurements VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         try:
             self._write(lambda db: db.executemany(insert, values))
@@ -157,11 +171,28 @@ class Cache:
     def rows(self) -> list[Row]:
         """Every row, oldest first."""
         out = []
-        for (h, dev, dtype, triton, driver, measured, predicted, fake, created,
-             record) in self._db.execute(
-                 "SELECT * FROM measurements ORDER BY created, spec_hash, device"):  # fmt: skip
-            out.append(Row(Key(h, dev, dtype, triton, driver), float(measured), float(predicted),
-                           bool(fake), created, json.loads(record)))  # fmt: skip
+        for (
+            h,
+            dev,
+            dtype,
+            triton,
+            driver,
+            measured,
+            predicted,
+            fake,
+            created,
+            record,
+        ) in self._db.execute("SELECT * FROM measurements ORDER BY created, spec_hash, device"):
+            out.append(
+                Row(
+                    Key(h, dev, dtype, triton, driver),
+                    float(measured),
+                    float(predicted),
+                    bool(fake),
+                    created,
+                    json.loads(record),
+                )
+            )
         return out
 
     def count(self) -> int:

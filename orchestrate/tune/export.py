@@ -13,8 +13,9 @@ from orchestrate.tune.cache import Cache, default_path
 from orchestrate.tune.records import line
 
 
-def export(out: str | os.PathLike, device: str | None = None,
-           cache_path: str | os.PathLike | None = None) -> int:  # fmt: skip
+def export(
+    out: str | os.PathLike, device: str | None = None, cache_path: str | os.PathLike | None = None
+) -> int:
     """Write every measurement (of ``device``: a GPU's name or a
     ``devices.py`` row, any case) to ``out`` as JSON lines; how many.
     InputError, nothing written, when there is none or ``out`` cannot be
@@ -23,8 +24,9 @@ def export(out: str | os.PathLike, device: str | None = None,
     pipeline.check_output_path(out)
     path = Path(cache_path) if cache_path is not None else default_path()
     if not path.is_file():
-        raise InputError(f"{path}: no measurement cache (orchestrate optimize --tune on a GPU "
-                         "makes one)")  # fmt: skip
+        raise InputError(
+            f"{path}: no measurement cache (orchestrate optimize --tune on a GPU makes one)"
+        )
     with Cache(path) as cache:
         rows = cache.rows()
     if not rows:
@@ -35,8 +37,9 @@ def export(out: str | os.PathLike, device: str | None = None,
         chosen = [r for r in rows if want in (r.key.device.lower(), row_of[id(r)])]
         if not chosen:
             have = sorted({f"{r.key.device} ({row_of[id(r)]})" for r in rows})
-            raise InputError(f"--device {device}: no measurements of it in {path} (it holds "
-                             f"{', '.join(have)})")  # fmt: skip
+            raise InputError(
+                f"--device {device}: no measurements of it in {path} (it holds {', '.join(have)})"
+            )
         rows = chosen
     text = "".join(json.dumps(line(r), sort_keys=True) + "\n" for r in rows)
     pipeline.write_atomic(out, text.encode())

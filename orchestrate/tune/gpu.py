@@ -91,8 +91,12 @@ def driver_version() -> str:
     except OSError:
         pass
     try:
-        run = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        run = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         if run.returncode == 0 and run.stdout.strip():
             return run.stdout.split()[0]
     except (OSError, subprocess.SubprocessError):
@@ -100,8 +104,9 @@ def driver_version() -> str:
     return "unknown"
 
 
-def _compile(source: str, dtypes: dict[str, str], arch: int,
-             only: set[str] | None = None) -> str | None:  # fmt: skip
+def _compile(
+    source: str, dtypes: dict[str, str], arch: int, only: set[str] | None = None
+) -> str | None:
     """In a worker process: compile the module's functions (``only`` those
     named) for ``arch``; the error, if any."""
     os.environ.pop("TRITON_INTERPRET", None)
@@ -115,8 +120,9 @@ def _compile(source: str, dtypes: dict[str, str], arch: int,
     return None
 
 
-def compile_ahead(jobs: Sequence[tuple], arch: int, workers: int,
-                  progress: Callable[[str, int, int], None]) -> list[str | None]:  # fmt: skip
+def compile_ahead(
+    jobs: Sequence[tuple], arch: int, workers: int, progress: Callable[[str, int, int], None]
+) -> list[str | None]:
     """Compile each (module source, tensor dtypes[, the names of the
     functions to compile]) for ``arch`` in a pool of ``workers`` fresh
     processes (spawned: CUDA does not survive a fork); each job's error, or
@@ -124,8 +130,7 @@ def compile_ahead(jobs: Sequence[tuple], arch: int, workers: int,
     the pool (a bundle's, compiled ahead of its first run)."""
     errors: list[str | None] = [None] * len(jobs)
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(_compile, *job[:2], arch, *job[2:]): i
-                   for i, job in enumerate(jobs)}  # fmt: skip
+        futures = {pool.submit(_compile, *job[:2], arch, *job[2:]): i for i, job in enumerate(jobs)}
         for n, done in enumerate(as_completed(futures)):
             errors[futures[done]] = done.result()
             progress("compile", n + 1, len(futures))
@@ -135,10 +140,18 @@ def compile_ahead(jobs: Sequence[tuple], arch: int, workers: int,
 class GpuTimer:
     """Times specs on the GPU present (see the module docstring)."""
 
-    def __init__(self, *, workers: int | None = None, warmup_ms: int = WARMUP_MS,
-                 rep_ms: int = REP_MS, progress: Callable[[str, int, int], None] | None = None,
-                 device: str = "cuda", bench: Callable | None = None, info: TimerInfo | None = None,
-                 arch: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        workers: int | None = None,
+        warmup_ms: int = WARMUP_MS,
+        rep_ms: int = REP_MS,
+        progress: Callable[[str, int, int], None] | None = None,
+        device: str = "cuda",
+        bench: Callable | None = None,
+        info: TimerInfo | None = None,
+        arch: int | None = None,
+    ):
         import torch
 
         self.torch, self.device = torch, device
@@ -146,8 +159,10 @@ class GpuTimer:
         if self.interpret and bench is None:
             raise ValueError("GpuTimer(device='cpu') times nothing by itself: give it a bench")
         if not self.interpret and not torch.cuda.is_available():
-            raise NoGPU("--tune: no CUDA GPU here (torch.cuda.is_available() is false); "
-                        "tuning times kernels on a GPU")  # fmt: skip
+            raise NoGPU(
+                "--tune: no CUDA GPU here (torch.cuda.is_available() is false); "
+                "tuning times kernels on a GPU"
+            )
         self.workers = workers or max(1, (os.cpu_count() or 2) - 1)
         self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
         self.progress = progress or (lambda stage, i, n: None)
@@ -155,9 +170,13 @@ class GpuTimer:
         if info is None:
             import triton
 
-            info = TimerInfo(torch.cuda.get_device_name(0), driver_version(), triton.__version__,
-                             f"triton.testing.do_bench: median, {warmup_ms} ms warm-up, "
-                             f"{rep_ms} ms of calls, L2 flushed before each")  # fmt: skip
+            info = TimerInfo(
+                torch.cuda.get_device_name(0),
+                driver_version(),
+                triton.__version__,
+                f"triton.testing.do_bench: median, {warmup_ms} ms warm-up, "
+                f"{rep_ms} ms of calls, L2 flushed before each",
+            )
         self.info = info
         if arch is None and not self.interpret:
             major, minor = torch.cuda.get_device_capability(0)
@@ -183,12 +202,19 @@ class GpuTimer:
                 continue  # time() says why
         if self.interpret or not jobs:
             return
-        errors = compile_ahead([(src, tensor_dtypes(graph, s)) for s, src in jobs], self.arch,
-                               self.workers, self.progress)  # fmt: skip
+        errors = compile_ahead(
+            [(src, tensor_dtypes(graph, s)) for s, src in jobs],
+            self.arch,
+            self.workers,
+            self.progress,
+        )
         failed = sum(e is not None for e in errors)
         if failed:
-            print(f"orchestrate: tune: {failed} of {len(jobs)} kernels did not compile ahead; "
-                  "the JIT tries them again", file=sys.stderr)  # fmt: skip
+            print(
+                f"orchestrate: tune: {failed} of {len(jobs)} kernels did not compile ahead; "
+                "the JIT tries them again",
+                file=sys.stderr,
+            )
 
     def time(self, graph: Graph, spec: KernelSpec) -> float:
         """Microseconds of one launch of ``spec`` (do_bench's median)."""
@@ -208,8 +234,9 @@ class GpuTimer:
             return float(self.bench(call)) * 1e3
         import triton.testing
 
-        ms = triton.testing.do_bench(call, warmup=self.warmup_ms, rep=self.rep_ms,
-                                     return_mode="median")  # fmt: skip
+        ms = triton.testing.do_bench(
+            call, warmup=self.warmup_ms, rep=self.rep_ms, return_mode="median"
+        )
         return float(ms) * 1e3
 
     def _tensor(self, graph: Graph, spec: KernelSpec, name: str):

@@ -66,9 +66,15 @@ def describe(graph: Graph, spec: KernelSpec, device: Device, rank: int) -> dict[
     for n in spec.nodes:
         node = graph.producer[n]
         refs = [f"n{local[i]}" if i in local else f"x{ext[i]}" for i in node.inputs]
-        nodes.append({"op": node.op.value, "inputs": refs,
-                      "shape": list(node.shape), "dtype": node.dtype,
-                      "attrs": {k: _plain(v) for k, v in sorted(node.attrs.items())}})  # fmt: skip
+        nodes.append(
+            {
+                "op": node.op.value,
+                "inputs": refs,
+                "shape": list(node.shape),
+                "dtype": node.dtype,
+                "attrs": {k: _plain(v) for k, v in sorted(node.attrs.items())},
+            }
+        )
     c = cost(graph, spec, device)
     dots, _ = split_flops(graph, spec)
     return {
@@ -105,8 +111,11 @@ def describe(graph: Graph, spec: KernelSpec, device: Device, rank: int) -> dict[
 def _input(graph: Graph, t: str) -> dict[str, Any]:
     """A tensor the kernel reads: a weight's scalar value is written into
     the kernel's source, so it is part of the record."""
-    out = {"shape": list(graph.types[t].shape), "dtype": graph.types[t].dtype,
-           "weight": t in graph.constants}  # fmt: skip
+    out = {
+        "shape": list(graph.types[t].shape),
+        "dtype": graph.types[t].dtype,
+        "weight": t in graph.constants,
+    }
     if inlined(graph, t):
         out["value"] = _plain(graph.constants[t].reshape(()).item())
     return out
@@ -116,10 +125,19 @@ def line(row: Row) -> dict[str, Any]:
     """The exported record of one cache row."""
     rec = dict(row.record)
     device = {**rec.pop("device", {}), "gpu": row.key.device}
-    return {"schema": RECORDS_SCHEMA, "spec_hash": row.key.spec_hash, **rec, "device": device,
-            "predicted_us": row.predicted_us, "measured_us": row.measured_us,
-            "method": rec.get("method", ""), "fake": row.fake, "triton": row.key.triton,
-            "driver": row.key.driver, "timestamp": row.created}  # fmt: skip
+    return {
+        "schema": RECORDS_SCHEMA,
+        "spec_hash": row.key.spec_hash,
+        **rec,
+        "device": device,
+        "predicted_us": row.predicted_us,
+        "measured_us": row.measured_us,
+        "method": rec.get("method", ""),
+        "fake": row.fake,
+        "triton": row.key.triton,
+        "driver": row.key.driver,
+        "timestamp": row.created,
+    }
 
 
 def _plain(v):

@@ -51,12 +51,19 @@ class FakeTimer:
     """Figures from ``figure(graph, spec) -> µs``; counts what it timed.
     ``fail``: hashes whose timing raises (a configuration that does not run)."""
 
-    def __init__(self, figure: Callable[[Graph, KernelSpec], float], *, device: str = "fake GPU",
-                 driver: str = "fake", triton: str = "fake",
-                 fail: frozenset[str] = frozenset()):  # fmt: skip
+    def __init__(
+        self,
+        figure: Callable[[Graph, KernelSpec], float],
+        *,
+        device: str = "fake GPU",
+        driver: str = "fake",
+        triton: str = "fake",
+        fail: frozenset[str] = frozenset(),
+    ):
         self.figure = figure
-        self.info = TimerInfo(device, driver, triton, "fake: figures from a function, not measured",
-                              fake=True)  # fmt: skip
+        self.info = TimerInfo(
+            device, driver, triton, "fake: figures from a function, not measured", fake=True
+        )
         self.fail = fail
         self.timed: list[str] = []  # spec hashes, in the order timed
         self.prepared: list[str] = []

@@ -83,8 +83,9 @@ class _Spec:
     times: dict[str, float] = field(default_factory=dict)  # option hash -> µs
 
 
-def alternatives(graph: Graph, spec: KernelSpec, target: Target, n: int
-                 ) -> list[tuple[KernelSpec, float]]:  # fmt: skip
+def alternatives(
+    graph: Graph, spec: KernelSpec, target: Target, n: int
+) -> list[tuple[KernelSpec, float]]:
     """The ``n`` configurations of ``spec`` the cost model ranks first, as
     (hashed spec, predicted µs), best first: the rule table asked again for
     the same node set, every fitting configuration of the spec's template
@@ -104,8 +105,14 @@ def alternatives(graph: Graph, spec: KernelSpec, target: Target, n: int
     return [(with_hash(graph, s), us) for us, _, s in best] or [(spec, model(graph, spec))]
 
 
-def tune(graph: Graph, candidates: Iterable[KernelSpec], target: Target, settings: Tune,
-         progress: Progress | None = None, reproducible: bool = False) -> Tuned:  # fmt: skip
+def tune(
+    graph: Graph,
+    candidates: Iterable[KernelSpec],
+    target: Target,
+    settings: Tune,
+    progress: Progress | None = None,
+    reproducible: bool = False,
+) -> Tuned:
     """Time the candidates' best configurations (cache first); the prices they make."""
     started = time.perf_counter()
     report = progress or (lambda stage, i, n: None)
@@ -121,8 +128,11 @@ def tune(graph: Graph, candidates: Iterable[KernelSpec], target: Target, setting
             continue
         specs[k.hash] = _Spec(k, alternatives(graph, k, target, settings.configs))
     for template, (why, hashes) in sorted(refused.items()):
-        print(f"orchestrate: tune: {len(hashes)} {template} specs not timed ({why}): the "
-              "model's time, scaled", file=sys.stderr)  # fmt: skip
+        print(
+            f"orchestrate: tune: {len(hashes)} {template} specs not timed ({why}): the "
+            "model's time, scaled",
+            file=sys.stderr,
+        )
     dtypes = {h: spec_dtype(graph, s.spec) for h, s in specs.items()}
 
     def key(h: str, option: KernelSpec) -> Key:
@@ -156,9 +166,12 @@ def tune(graph: Graph, candidates: Iterable[KernelSpec], target: Target, setting
                     us = float(timer.time(graph, option))
                 except Exception as e:  # noqa: BLE001 - one configuration, reported and left out
                     broken.add(option.hash)
-                    print(f"orchestrate: tune: {option.template} {option.hash} "
-                          f"{option.config.to_json()}: left out: {type(e).__name__}: "
-                          f"{str(e)[:200]}", file=sys.stderr)  # fmt: skip
+                    print(
+                        f"orchestrate: tune: {option.template} {option.hash} "
+                        f"{option.config.to_json()}: left out: {type(e).__name__}: "
+                        f"{str(e)[:200]}",
+                        file=sys.stderr,
+                    )
                     continue
                 s.times[option.hash] = now[option.hash] = us
                 measured += 1
@@ -182,9 +195,21 @@ def tune(graph: Graph, candidates: Iterable[KernelSpec], target: Target, setting
     scales, overall = calibrate(ratios)
     seconds = 0.0 if reproducible else round(time.perf_counter() - started, 1)
     skipped = sum(len(h) for _, h in refused.values())
-    summary = Tuning(seconds, len(specs), settings.configs, measured, cached, len(broken), skipped,
-                     info.device, info.driver, info.triton, info.fake,
-                     {t: round(v, 4) for t, v in scales.items()}, round(overall, 4))  # fmt: skip
+    summary = Tuning(
+        seconds,
+        len(specs),
+        settings.configs,
+        measured,
+        cached,
+        len(broken),
+        skipped,
+        info.device,
+        info.driver,
+        info.triton,
+        info.fake,
+        {t: round(v, 4) for t, v in scales.items()},
+        round(overall, 4),
+    )
     return Tuned(Measured(times, scales, overall), fastest, summary)
 
 

@@ -29,15 +29,17 @@ HOST_MB_PER_S = Figure(2000.0, "assumed: MB/s from numpy or torch host memory on
 # JIT should find that compile in Triton's cache, but no GPU has shown that
 # it does, so the bundle's step is priced as if it compiled every function
 # again, one after another
-COMPILE_FUNCTION = Figure(2.0, "assumed where the run did not compile: one Triton function "
-                               "for sm_90 on one core")  # fmt: skip
+COMPILE_FUNCTION = Figure(
+    2.0, "assumed where the run did not compile: one Triton function for sm_90 on one core"
+)
 # the per-kernel records: triton.testing.do_bench's 10 ms warm-up + 40 ms
 # of calls, its L2 flushes, and the launch around them
 RECORD_KERNEL = Figure(0.15, "assumed: do_bench's 50 ms per kernel, with its flushes")
 # torch.compile of a whole model (Inductor, cold caches), per mode
 TORCH_COMPILE = Figure(45.0, "assumed: Inductor's cold compile of one model (mode default)")
-MAX_AUTOTUNE = Figure(240.0, "assumed: Inductor's max-autotune, which benchmarks every "
-                             "candidate GEMM configuration")  # fmt: skip
+MAX_AUTOTUNE = Figure(
+    240.0, "assumed: Inductor's max-autotune, which benchmarks every candidate GEMM configuration"
+)
 # eager runs every launch from the host: a model's kernels take this each
 EAGER_LAUNCH_MS = Figure(0.01, "assumed: ms of host time per eager kernel launch")
 # the last step: the chart (matplotlib's import), records and files

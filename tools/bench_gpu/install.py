@@ -39,19 +39,35 @@ def wheels_for(names, folder: Path) -> list[Path]:
     found = {normal(w.name.split("-")[0]): w for w in sorted(folder.glob("*.whl"))}
     missing = [n for n in names if normal(n) not in found]
     if missing:
-        raise SystemExit(f"bench-gpu: no wheel for {', '.join(missing)} in {folder} "
-                         "(make gpu-wheels, on a machine with the registry)")  # fmt: skip
+        raise SystemExit(
+            f"bench-gpu: no wheel for {', '.join(missing)} in {folder} "
+            "(make gpu-wheels, on a machine with the registry)"
+        )
     return [found[normal(n)] for n in names]
 
 
 def install(wheels: list[Path], target: Path) -> None:
     target.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-           "--no-compile", "--upgrade", "--target", str(target), *map(str, wheels)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-index",
+        "--no-deps",
+        "--no-compile",
+        "--upgrade",
+        "--target",
+        str(target),
+        *map(str, wheels),
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
-        raise SystemExit(f"bench-gpu: pip could not install {', '.join(w.name for w in wheels)}: "
-                         f"{run.stderr.strip()[-300:]}")  # fmt: skip
+        raise SystemExit(
+            f"bench-gpu: pip could not install {', '.join(w.name for w in wheels)}: "
+            f"{run.stderr.strip()[-300:]}"
+        )
 
 
 def ensure(folder: Path = WHEELS, target: Path = ROOT / "out/site") -> str:
@@ -79,25 +95,37 @@ def prove(folder: Path = WHEELS) -> dict:
     install(wheels, target)
     # onnx2torch imports torchvision, which this machine must not have: the
     # benchmark imports it as orchestrate.bench.torch_side does
-    script = ("import sys; sys.path.insert(0, sys.argv[1]); sys.path.append(sys.argv[2])\n"
-              "import pulp\n"
-              "from orchestrate.bench.torch_side import import_onnx2torch\n"
-              "onnx2torch = import_onnx2torch()\n"
-              "for m in (pulp, onnx2torch): assert m.__file__.startswith(sys.argv[1]), m.__file__\n"
-              "print('pulp', pulp.__version__, 'and onnx2torch imported from', sys.argv[1])\n")  # fmt: skip
-    r = subprocess.run([sys.executable, "-c", script, str(target), str(ROOT)],
-                       cwd=tempfile.gettempdir(),
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); sys.path.append(sys.argv[2])\n"
+        "import pulp\n"
+        "from orchestrate.bench.torch_side import import_onnx2torch\n"
+        "onnx2torch = import_onnx2torch()\n"
+        "for m in (pulp, onnx2torch): assert m.__file__.startswith(sys.argv[1]), m.__file__\n"
+        "print('pulp', pulp.__version__, 'and onnx2torch imported from', sys.argv[1])\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", script, str(target), str(ROOT)],
+        cwd=tempfile.gettempdir(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     top = sorted(p.name for p in target.iterdir() if not p.name.endswith((".dist-info", "bin")))
     shutil.rmtree(target, ignore_errors=True)
     mb = sum(w.stat().st_size for w in folder.glob("*.whl")) / 2**20
-    return {"ok": r.returncode == 0, "wheels": [w.name for w in wheels], "wheels_mb": round(mb, 1),
-            "installed": top, "import": (r.stdout if r.returncode == 0 else r.stderr).strip()[-300:]}  # fmt: skip
+    return {
+        "ok": r.returncode == 0,
+        "wheels": [w.name for w in wheels],
+        "wheels_mb": round(mb, 1),
+        "installed": top,
+        "import": (r.stdout if r.returncode == 0 else r.stderr).strip()[-300:],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m tools.bench_gpu.install",
-                                description=__doc__.split("\n")[0])  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python3 -m tools.bench_gpu.install", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--wheels", type=Path, default=WHEELS)
     p.add_argument("--target", type=Path, default=ROOT / "out/site")
     p.add_argument(

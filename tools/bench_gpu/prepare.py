@@ -76,11 +76,14 @@ def main(argv: list[str] | None = None) -> int:
 
     out = args.work / f"{name}.orch"
     started = time.perf_counter()
-    made = orchestrate.optimize(src, out, dtype=args.dtype, device=args.device, trials=0,
-                                time_limit=20)  # fmt: skip
+    made = orchestrate.optimize(
+        src, out, dtype=args.dtype, device=args.device, trials=0, time_limit=20
+    )
     optimize_s = time.perf_counter() - started
-    say(f"optimized in {optimize_s:.1f} s: {made.plan.summary.kernels} kernels, predicted "
-        f"{made.plan.summary.predicted_us:.1f} us on {made.plan.device}")  # fmt: skip
+    say(
+        f"optimized in {optimize_s:.1f} s: {made.plan.summary.kernels} kernels, predicted "
+        f"{made.plan.summary.predicted_us:.1f} us on {made.plan.device}"
+    )
     # 3. loaded again, counted, the input sets
     started = time.perf_counter()
     bundle = orchestrate.load(out, interpret=True)  # nothing runs here: no kernel is loaded
@@ -113,31 +116,46 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     build_model(name, args.size)
     build_s = time.perf_counter() - started
-    say(f"loaded in {load_s:.1f} s, onnxruntime's check {verify_s:.1f} s, torch build "
-        f"{build_s:.1f} s; {functions} distinct Triton functions")  # fmt: skip
+    say(
+        f"loaded in {load_s:.1f} s, onnxruntime's check {verify_s:.1f} s, torch build "
+        f"{build_s:.1f} s; {functions} distinct Triton functions"
+    )
     # 5. compiled ahead
     compile_s, failed = None, 0
     if args.arch is not None and not args.counts_only:
         compile_s, failed = compile_bundle_ahead(out, args.arch, args.workers)
-        say(f"compiled {functions} functions for sm_{args.arch} in {compile_s:.1f} s on "
-            f"{args.workers} workers" + (f" ({failed} failed: the JIT tries again)" if failed
-                                         else ""))  # fmt: skip
+        say(
+            f"compiled {functions} functions for sm_{args.arch} in {compile_s:.1f} s on "
+            f"{args.workers} workers"
+            + (f" ({failed} failed: the JIT tries again)" if failed else "")
+        )
     counts = {
-        "name": name, "nodes": len(model.graph.node),
+        "name": name,
+        "nodes": len(model.graph.node),
         "weights_mb": round((out / "weights.npz").stat().st_size / 2**20, 1),
-        "kernels": sum(1 for k in bundle.plan.kernels if not k.is_view), "functions": functions,
-        "predicted_ms": bundle.plan.summary.predicted_us / 1e3, "export_s": round(export_s, 2),
-        "optimize_s": round(optimize_s, 2), "load_s": round(load_s, 2),
-        "verify_s": round(verify_s, 2), "build_s": round(build_s, 2),
+        "kernels": sum(1 for k in bundle.plan.kernels if not k.is_view),
+        "functions": functions,
+        "predicted_ms": bundle.plan.summary.predicted_us / 1e3,
+        "export_s": round(export_s, 2),
+        "optimize_s": round(optimize_s, 2),
+        "load_s": round(load_s, 2),
+        "verify_s": round(verify_s, 2),
+        "build_s": round(build_s, 2),
         "compile_s": None if compile_s is None else round(compile_s, 2),
-    }  # fmt: skip
+    }
     prepared = {
-        "counts": counts, "dtype": bundle.plan.options.dtype, "bundle": str(out), "model": str(src), "size": args.size,
-        "inputs": None if args.counts_only else str(inputs), "sets": len(feeds),
+        "counts": counts,
+        "dtype": bundle.plan.options.dtype,
+        "bundle": str(out),
+        "model": str(src),
+        "size": args.size,
+        "inputs": None if args.counts_only else str(inputs),
+        "sets": len(feeds),
         "input_names": [i.name for i in graph.inputs],
-        "optimize_s": optimize_s, "compile_failed": failed,
+        "optimize_s": optimize_s,
+        "compile_failed": failed,
         "floor": dataclasses.asdict(floor),
-    }  # fmt: skip
+    }
     (args.work / f"{name}.prepared.json").write_text(json.dumps(prepared, indent=1) + "\n")
     return 0
 
@@ -153,16 +171,19 @@ def compile_bundle_ahead(folder: Path, arch: int, workers: int) -> tuple[float, 
     from orchestrate.tune.gpu import compile_ahead
 
     contents = bundle.read(folder)
-    source = regenerate.regenerate(contents.plan, contents.constants,
-                                   contents.manifest["model"]["file"], str(folder)).source  # fmt: skip
+    source = regenerate.regenerate(
+        contents.plan, contents.constants, contents.manifest["model"]["file"], str(folder)
+    ).source
     module = load_kernels(source, interpret=False)  # read for its names: nothing is compiled
     library = set(library_launchers(module))
-    names = sorted({launch.__name__.removeprefix("launch_") for launch, _ in
-                    module.KERNELS.values()} - library)  # fmt: skip
+    names = sorted(
+        {launch.__name__.removeprefix("launch_") for launch, _ in module.KERNELS.values()} - library
+    )
     dtypes = tensor_dtypes(folder)
     started = time.perf_counter()
-    errors = compile_ahead([(source, dtypes, {n}) for n in names], arch, workers,
-                           lambda stage, i, n: None)  # fmt: skip
+    errors = compile_ahead(
+        [(source, dtypes, {n}) for n in names], arch, workers, lambda stage, i, n: None
+    )
     for n, e in zip(names, errors):
         if e is not None:
             print(f"compile ahead: {n}: {e}", file=sys.stderr, flush=True)

@@ -85,8 +85,14 @@ class Projection:
                 left -= x.seconds
             else:
                 if left >= costs.OPTIONAL_LEAST_S:
-                    out.append(replace(x, seconds=left, cap=left,
-                                       basis=f"what is left of the budget ({x.basis})"))  # fmt: skip
+                    out.append(
+                        replace(
+                            x,
+                            seconds=left,
+                            cap=left,
+                            basis=f"what is left of the budget ({x.basis})",
+                        )
+                    )
                 break
         return tuple(out)
 
@@ -108,38 +114,55 @@ class Projection:
                 mark = " (optional)" if x.what in reached else " (NOT REACHED)"
             rows.append(f"{x.what + mark:<36}{x.seconds:>12.1f}{x.cap:>8.0f}  {x.basis}")
         rows.append(f"{'required':<36}{self.required:>12.1f}")
-        rows.append(f"{'total projected':<36}{self.total:>12.1f}   of a {self.budget:.0f} s budget"
-                    + ("" if self.fits else ": OVER, the run is refused"))  # fmt: skip
+        rows.append(
+            f"{'total projected':<36}{self.total:>12.1f}   of a {self.budget:.0f} s budget"
+            + ("" if self.fits else ": OVER, the run is refused")
+        )
         return rows
 
     def to_json(self) -> dict:
-        return {"budget_s": self.budget, "required_s": round(self.required, 1),
-                "total_s": round(self.total, 1), "fits": self.fits,
-                "lines": [asdict(x) | {"reached": not x.optional} for x in self.lines
-                          if not x.optional] + [asdict(x) | {"reached": True} for x in self.reached]
-                + [asdict(x) | {"reached": False} for x in self.lines
-                   if x.optional and x.what not in {r.what for r in self.reached}]}  # fmt: skip
+        return {
+            "budget_s": self.budget,
+            "required_s": round(self.required, 1),
+            "total_s": round(self.total, 1),
+            "fits": self.fits,
+            "lines": [asdict(x) | {"reached": not x.optional} for x in self.lines if not x.optional]
+            + [asdict(x) | {"reached": True} for x in self.reached]
+            + [
+                asdict(x) | {"reached": False}
+                for x in self.lines
+                if x.optional and x.what not in {r.what for r in self.reached}
+            ],
+        }
 
 
-def prepare_seconds(counts: Sequence[Counts], workers: int,
-                    compile_unit: costs.Figure) -> tuple[float, str]:  # fmt: skip
+def prepare_seconds(
+    counts: Sequence[Counts], workers: int, compile_unit: costs.Figure
+) -> tuple[float, str]:
     """The prepare step: every model at once (export, plan, load, check,
     build), each then compiling its functions ahead on its share of the
     workers; the slowest model's time."""
     share = max(1, workers // max(1, len(counts)))
     worst, basis = 0.0, ""
     for c in counts:
-        compile_s = c.compile_s if c.compile_s is not None else (
-            c.functions * compile_unit.seconds / share)  # fmt: skip
+        compile_s = (
+            c.compile_s if c.compile_s is not None else (c.functions * compile_unit.seconds / share)
+        )
         s = c.export_s + c.optimize_s + c.load_s + c.verify_s + c.build_s + compile_s
         if s >= worst:
             worst = s
-            basis = (f"{c.name}, the slowest: export {c.export_s:.0f} + plan {c.optimize_s:.0f} "
-                     f"+ load {c.load_s:.0f} + check {c.verify_s:.0f} + build {c.build_s:.0f} "
-                     f"+ compile {c.functions} functions {compile_s:.0f} (measured"
-                     + ("" if c.compile_s is not None else
-                        f"; compile {compile_unit.seconds:.2g} s a function x {share} workers: "
-                        f"{compile_unit.source}") + ")")  # fmt: skip
+            basis = (
+                f"{c.name}, the slowest: export {c.export_s:.0f} + plan {c.optimize_s:.0f} "
+                f"+ load {c.load_s:.0f} + check {c.verify_s:.0f} + build {c.build_s:.0f} "
+                f"+ compile {c.functions} functions {compile_s:.0f} (measured"
+                + (
+                    ""
+                    if c.compile_s is not None
+                    else f"; compile {compile_unit.seconds:.2g} s a function x {share} workers: "
+                    f"{compile_unit.source}"
+                )
+                + ")"
+            )
     return costs.PROCESS.seconds + worst, basis
 
 
@@ -151,8 +174,11 @@ def compile_unit(counts: Sequence[Counts], share: int) -> costs.Figure:
     if not done:
         return costs.COMPILE_FUNCTION
     seconds = sum(c.compile_s * share for c in done) / sum(c.functions for c in done)
-    return costs.Figure(seconds, f"measured: the compile ahead of {sum(c.functions for c in done)} "
-                                 f"functions on {share} worker(s) a model")  # fmt: skip
+    return costs.Figure(
+        seconds,
+        f"measured: the compile ahead of {sum(c.functions for c in done)} "
+        f"functions on {share} worker(s) a model",
+    )
 
 
 def step_seconds(step: Step, c: Counts, runs: Runs, unit: costs.Figure) -> tuple[float, str]:
@@ -165,12 +191,17 @@ def step_seconds(step: Step, c: Counts, runs: Runs, unit: costs.Figure) -> tuple
         timed = calls * c.predicted_ms / 1e3
         records = c.functions * costs.RECORD_KERNEL.seconds
         s = start + c.load_s + upload + jit + timed + c.verify_s + records
-        return s, (f"load {c.load_s:.1f} + JIT of {c.functions} functions {jit:.1f} + {calls} "
-                   f"calls {timed:.1f} + check {c.verify_s:.1f} + {c.functions} kernel records "
-                   f"{records:.1f}")  # fmt: skip
+        return s, (
+            f"load {c.load_s:.1f} + JIT of {c.functions} functions {jit:.1f} + {calls} "
+            f"calls {timed:.1f} + check {c.verify_s:.1f} + {c.functions} kernel records "
+            f"{records:.1f}"
+        )
     upload = 2 * c.weights_mb / costs.HOST_MB_PER_S.seconds  # built at fp32, then cast
-    extra = {TORCH_EAGER: costs.Figure(0.0, ""), TORCH_COMPILE: costs.TORCH_COMPILE,
-             TORCH_MAX_AUTOTUNE: costs.MAX_AUTOTUNE}[step.runtime]  # fmt: skip
+    extra = {
+        TORCH_EAGER: costs.Figure(0.0, ""),
+        TORCH_COMPILE: costs.TORCH_COMPILE,
+        TORCH_MAX_AUTOTUNE: costs.MAX_AUTOTUNE,
+    }[step.runtime]
     timed = calls * (3 * c.predicted_ms + c.nodes * costs.EAGER_LAUNCH_MS.seconds) / 1e3
     s = start + c.build_s + upload + extra.seconds + timed
     basis = f"build {c.build_s:.1f} + {calls} calls {timed:.1f}"
@@ -179,9 +210,16 @@ def step_seconds(step: Step, c: Counts, runs: Runs, unit: costs.Figure) -> tuple
     return s, basis
 
 
-def project(steps: Sequence[Step], counts: Mapping[str, Counts], runs: Runs, budget: float, *,
-            workers: int, unit: costs.Figure = costs.COMPILE_FUNCTION,
-            prepare_s: float | None = None) -> Projection:  # fmt: skip
+def project(
+    steps: Sequence[Step],
+    counts: Mapping[str, Counts],
+    runs: Runs,
+    budget: float,
+    *,
+    workers: int,
+    unit: costs.Figure = costs.COMPILE_FUNCTION,
+    prepare_s: float | None = None,
+) -> Projection:
     """The run's projection: its prepare step (``prepare_s`` when it is
     done already), every step, and the end."""
     if prepare_s is None:
@@ -191,7 +229,8 @@ def project(steps: Sequence[Step], counts: Mapping[str, Counts], runs: Runs, bud
         lines = [Line("prepare (every model at once)", prepare_s, prepare_s, "measured: done")]
     for step in steps:
         seconds, basis = step_seconds(step, counts[step.model], runs, unit)
-        lines.append(Line(f"{step.model} {step.runtime}", seconds, costs.cap(seconds), basis,
-                          step.optional))  # fmt: skip
+        lines.append(
+            Line(f"{step.model} {step.runtime}", seconds, costs.cap(seconds), basis, step.optional)
+        )
     lines.append(Line("finish", costs.FINISH.seconds, costs.FINISH.seconds, costs.FINISH.source))
     return Projection(tuple(lines), budget)

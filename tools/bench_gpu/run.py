@@ -112,19 +112,31 @@ class Run:
             st = self.state[m.name]
             if st.prepared is None:
                 continue
-            measured = [st.measured.get(rt) or Measured(rt, rt, reason=st.pending[rt])
-                        for rt in st.runtimes]  # fmt: skip
-            result = ModelResult(m.name, scope.DTYPE, measured, Floor(**st.prepared["floor"]),
-                                 st.prepared["counts"]["kernels"], st.verified, st.verify_note,
-                                 st.errors)  # fmt: skip
+            measured = [
+                st.measured.get(rt) or Measured(rt, rt, reason=st.pending[rt]) for rt in st.runtimes
+            ]
+            result = ModelResult(
+                m.name,
+                scope.DTYPE,
+                measured,
+                Floor(**st.prepared["floor"]),
+                st.prepared["counts"]["kernels"],
+                st.verified,
+                st.verify_note,
+                st.errors,
+            )
             rec = report.model_record(result)
             rec["label"] = m.label + (" (tiny variant)" if self.dry else "")
             rec["records"] = st.records
             records.append(rec)
-        doc = report.document(records, device=self.device, clock=clock.clock_name(not self.dry),
-                              interpreter=self.dry, skipped=self.skipped)  # fmt: skip
-        doc.update(budget_s=self.budget, wall_s=round(time.time() - self.started, 1),
-                   **self.extra)  # fmt: skip
+        doc = report.document(
+            records,
+            device=self.device,
+            clock=clock.clock_name(not self.dry),
+            interpreter=self.dry,
+            skipped=self.skipped,
+        )
+        doc.update(budget_s=self.budget, wall_s=round(time.time() - self.started, 1), **self.extra)
         return doc
 
     def write(self) -> dict:
@@ -152,8 +164,11 @@ class Run:
                 got = Measured(**m)
                 st.measured[got.key] = got
                 st.pending.pop(got.key, None)
-                shown = (f"median {got.stats.median:.4g} ms" if got.stats
-                         else f"unavailable: {got.reason}")  # fmt: skip
+                shown = (
+                    f"median {got.stats.median:.4g} ms"
+                    if got.stats
+                    else f"unavailable: {got.reason}"
+                )
                 self.log(f"{model} {got.key}: {shown}")
             elif "verified" in message:
                 v = message["verified"]
@@ -165,9 +180,11 @@ class Run:
                     self.log(f"{model}: its kernels could not be timed alone: {r['error']}")
                     self.write()
                     return
-                self.log(f"{model}: {r['kernels']} kernels timed alone: {r['measured_us']:.1f} us "
-                         f"in all, predicted {r['predicted_us']:.1f} us"
-                         + (" (FAKE: interpreter times)" if r["fake"] else ""))  # fmt: skip
+                self.log(
+                    f"{model}: {r['kernels']} kernels timed alone: {r['measured_us']:.1f} us "
+                    f"in all, predicted {r['predicted_us']:.1f} us"
+                    + (" (FAKE: interpreter times)" if r["fake"] else "")
+                )
             self.write()
 
 
@@ -177,14 +194,27 @@ def _replace(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def run_child(run: Run, label: str, cmd: list[str], cap: float, model: str | None = None,
-              env: dict | None = None) -> tuple[int | None, float]:  # fmt: skip
+def run_child(
+    run: Run,
+    label: str,
+    cmd: list[str],
+    cap: float,
+    model: str | None = None,
+    env: dict | None = None,
+) -> tuple[int | None, float]:
     """Run ``cmd`` with a hard cap of ``cap`` seconds, its output into the
     log and its ``@@bench`` lines into the run; (exit status, or None when
     cut off; seconds)."""
     started = time.time()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     cut = threading.Event()
 
     def kill():
@@ -224,9 +254,20 @@ def child_env(dry: bool, interpret: bool = False) -> dict:
 # -- the stages ----------------------------------------------------------------------------------
 
 
-def prepare_all(run: Run, models, work: Path, models_dir: Path, *, size_of, device: str,
-                arch: int | None, workers: int, jobs: int, counts_only: bool,
-                cap: float) -> dict[str, dict]:  # fmt: skip
+def prepare_all(
+    run: Run,
+    models,
+    work: Path,
+    models_dir: Path,
+    *,
+    size_of,
+    device: str,
+    arch: int | None,
+    workers: int,
+    jobs: int,
+    counts_only: bool,
+    cap: float,
+) -> dict[str, dict]:
     """Every model's prepare step, ``jobs`` at once; the prepared records."""
     work.mkdir(parents=True, exist_ok=True)
     todo, done = list(models), {}
@@ -238,9 +279,25 @@ def prepare_all(run: Run, models, work: Path, models_dir: Path, *, size_of, devi
                 if not todo:
                     return
                 m = todo.pop(0)
-            cmd = [sys.executable, "-m", "tools.bench_gpu.prepare", "--model", m.name,
-                   "--size", size_of(m), "--models", str(models_dir), "--work", str(work),
-                   "--dtype", scope.DTYPE, "--device", device, "--workers", str(workers)]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "tools.bench_gpu.prepare",
+                "--model",
+                m.name,
+                "--size",
+                size_of(m),
+                "--models",
+                str(models_dir),
+                "--work",
+                str(work),
+                "--dtype",
+                scope.DTYPE,
+                "--device",
+                device,
+                "--workers",
+                str(workers),
+            ]
             if arch is not None:
                 cmd += ["--arch", str(arch)]
             if counts_only:
@@ -281,26 +338,49 @@ def run_steps(run: Run, steps, work: Path, runs: Runs, projection: Projection) -
         left = run.left() - reserve
         if step.optional and line.seconds > left and left >= costs.OPTIONAL_LEAST_S and not tried:
             tried, line = True, dataclasses.replace(line, seconds=left, cap=left)
-            run.log(f"{step.model} {step.runtime}: projected beyond what is left; given the "
-                    f"{left:.0f} s left")  # fmt: skip
+            run.log(
+                f"{step.model} {step.runtime}: projected beyond what is left; given the "
+                f"{left:.0f} s left"
+            )
         if line.seconds > left:
-            st.pending[step.runtime] = (f"not run: projected {line.seconds:.0f} s, {max(0, left):.0f} "
-                                        "s of the budget left")  # fmt: skip
+            st.pending[step.runtime] = (
+                f"not run: projected {line.seconds:.0f} s, {max(0, left):.0f} s of the budget left"
+            )
             run.log(f"{step.model} {step.runtime}: {st.pending[step.runtime]}")
             run.write()
             continue
         cap = min(cap, left)
         st.pending[step.runtime] = "running (cut off before it printed a figure)"
-        cmd = [sys.executable, "-m", "tools.bench_gpu.step", "--prepared",
-               str(work / f"{step.model}.prepared.json"), "--runtime", step.runtime,
-               "--runs", str(runs.runs), "--warmup", str(runs.warmup),
-               "--records", str(run.out / "records.jsonl")]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "tools.bench_gpu.step",
+            "--prepared",
+            str(work / f"{step.model}.prepared.json"),
+            "--runtime",
+            step.runtime,
+            "--runs",
+            str(runs.runs),
+            "--warmup",
+            str(runs.warmup),
+            "--records",
+            str(run.out / "records.jsonl"),
+        ]
         run.log(f"{step.model} {step.runtime}: projected {line.seconds:.0f} s, cap {cap:.0f} s")
-        rc, seconds = run_child(run, f"{step.model} {step.runtime}", cmd, cap, step.model,
-                                child_env(run.dry, interpret=True))  # fmt: skip
+        rc, seconds = run_child(
+            run,
+            f"{step.model} {step.runtime}",
+            cmd,
+            cap,
+            step.model,
+            child_env(run.dry, interpret=True),
+        )
         if step.runtime in st.pending:  # it printed no figure
-            st.pending[step.runtime] = (f"not finished within its cap of {cap:.0f} s" if rc is None
-                                        else f"the step failed (exit status {rc}): see bench.log")  # fmt: skip
+            st.pending[step.runtime] = (
+                f"not finished within its cap of {cap:.0f} s"
+                if rc is None
+                else f"the step failed (exit status {rc}): see bench.log"
+            )
         elif rc is None:
             run.log(
                 f"{step.model} {step.runtime}: cut off at its cap of {cap:.0f} s after its timing"
@@ -313,11 +393,15 @@ def run_steps(run: Run, steps, work: Path, runs: Runs, projection: Projection) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m tools.bench_gpu",
-                                description=__doc__.split("\n")[0])  # fmt: skip
-    p.add_argument("--out", type=Path, default=None,
-                   help="folder for the files (default $OUT, else out/bench-gpu; dry run "
-                        "out/bench-dry)")  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python3 -m tools.bench_gpu", description=__doc__.split("\n")[0]
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for the files (default $OUT, else out/bench-gpu; dry run out/bench-dry)",
+    )
     p.add_argument(
         "--budget",
         type=float,
@@ -327,16 +411,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="+", metavar="NAME", help="part of the fixed scope")
     p.add_argument("--dry-run", action="store_true", help="the same steps on this CPU, tiny models")
     p.add_argument("--wheels", type=Path, default=install.WHEELS)
-    p.add_argument("--work", type=Path, default=None, help="folder for bundles and inputs "
-                   "(default: a new temporary folder, removed at the end)")  # fmt: skip
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="folder for bundles and inputs (default: a new temporary folder, removed at the end)",
+    )
     p.add_argument(
         "--models",
         type=Path,
         default=ROOT / "out/models",
         help="where the ONNX models are exported (kept: a second run reuses them)",
     )
-    p.add_argument("--jobs", type=int, default=None, help="models prepared at once (default: "
-                   "all of them on a GPU machine, 2 in the dry run)")  # fmt: skip
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="models prepared at once (default: all of them on a GPU machine, 2 in the dry run)",
+    )
     args = p.parse_args(argv)
     try:
         models = scope.select(args.only)
@@ -344,15 +436,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench-gpu: error: {e}", file=sys.stderr)
         return 2
     dry = args.dry_run
-    out = args.out or Path(os.environ.get("OUT") or (ROOT / ("out/bench-dry" if dry else
-                                                             "out/bench-gpu")))  # fmt: skip
+    out = args.out or Path(
+        os.environ.get("OUT") or (ROOT / ("out/bench-dry" if dry else "out/bench-gpu"))
+    )
     out.mkdir(parents=True, exist_ok=True)
     for name in FILES:  # this run's files, not an earlier run's
         (out / name).unlink(missing_ok=True)
     run = Run(out, dry, models, DRY_BUDGET_S if dry else args.budget)
-    run.log(f"bench-gpu: {'dry run on this CPU' if dry else 'one GPU run'}: "
-            f"{', '.join(m.name for m in models)} at {scope.DTYPE}, batch {scope.BATCH}; "
-            f"files into {out}")  # fmt: skip
+    run.log(
+        f"bench-gpu: {'dry run on this CPU' if dry else 'one GPU run'}: "
+        f"{', '.join(m.name for m in models)} at {scope.DTYPE}, batch {scope.BATCH}; "
+        f"files into {out}"
+    )
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-gpu-work-"))
     try:
         return _main(run, args, models, work)
@@ -368,8 +463,10 @@ def _main(run: Run, args, models, work: Path) -> int:
     if dry:
         proof = install.prove(args.wheels)
         run.extra["offline_install"] = proof
-        run.log(f"offline install {'ok' if proof['ok'] else 'FAILED'}: {', '.join(proof['wheels'])} "
-                f"({proof['wheels_mb']} MiB) into a folder holding only {proof['installed']}")  # fmt: skip
+        run.log(
+            f"offline install {'ok' if proof['ok'] else 'FAILED'}: {', '.join(proof['wheels'])} "
+            f"({proof['wheels_mb']} MiB) into a folder holding only {proof['installed']}"
+        )
     else:
         run.log(install.ensure(args.wheels, ROOT / "out/site"))
     from orchestrate.bench import clock
@@ -392,17 +489,32 @@ def _main(run: Run, args, models, work: Path) -> int:
     jobs = args.jobs or (len(models) if not dry else min(2, cores))
     workers = max(1, (cores - 1) // len(models))
     # every model prepared at once: exported, planned, counted, compiled ahead
-    prepared = prepare_all(run, models, work, args.models if not dry else work / "models",
-                           size_of=lambda m: "tiny" if dry else m.size, device=device, arch=arch,
-                           workers=1 if dry else workers, jobs=jobs, counts_only=False,
-                           cap=PREPARE_CAP_S[dry])  # fmt: skip
+    prepared = prepare_all(
+        run,
+        models,
+        work,
+        args.models if not dry else work / "models",
+        size_of=lambda m: "tiny" if dry else m.size,
+        device=device,
+        arch=arch,
+        workers=1 if dry else workers,
+        jobs=jobs,
+        counts_only=False,
+        cap=PREPARE_CAP_S[dry],
+    )
     prepare_s = time.time() - run.started
     for m in models:
         if "failed" not in prepared[m.name]:
             run.state[m.name].prepared = prepared[m.name]
         else:
-            run.skipped.append({"name": m.name, "dtype": scope.DTYPE, "reason": "its prepare "
-                                f"step failed ({prepared[m.name]['failed']}): see bench.log"})  # fmt: skip
+            run.skipped.append(
+                {
+                    "name": m.name,
+                    "dtype": scope.DTYPE,
+                    "reason": "its prepare "
+                    f"step failed ({prepared[m.name]['failed']}): see bench.log",
+                }
+            )
     for step in steps:
         run.state[step.model].runtimes.append(step.runtime)
         run.state[step.model].pending[step.runtime] = "not run yet"
@@ -414,8 +526,15 @@ def _main(run: Run, args, models, work: Path) -> int:
             return 2
     counts = {n: Counts.from_json(p["counts"]) for n, p in ok.items()}
     unit = compile_unit(list(counts.values()), 1 if dry else workers)
-    mine = project([s for s in steps if s.model in counts], counts, runs, run.budget,
-                   workers=workers, unit=unit, prepare_s=prepare_s)  # fmt: skip
+    mine = project(
+        [s for s in steps if s.model in counts],
+        counts,
+        runs,
+        run.budget,
+        workers=workers,
+        unit=unit,
+        prepare_s=prepare_s,
+    )
     if not dry:
         publish(run, mine, "this run, from the counts measured here")
         publish(run, projection, "this run, from the counts measured here")
@@ -429,22 +548,41 @@ def dry_projection(run: Run, args, models, work: Path, tiny: dict) -> Projection
     ``--models``) and planned here; the compile of a function measured on
     the tiny models' compile ahead."""
     run.log("counting the real run: the full-size models exported and planned here")
-    full = prepare_all(run, models, work / "full-size", args.models,
-                       size_of=lambda m: m.size, device="h200", arch=None, workers=1,
-                       jobs=args.jobs or min(2, os.cpu_count() or 2), counts_only=True,
-                       cap=PREPARE_CAP_S[True])  # fmt: skip
+    full = prepare_all(
+        run,
+        models,
+        work / "full-size",
+        args.models,
+        size_of=lambda m: m.size,
+        device="h200",
+        arch=None,
+        workers=1,
+        jobs=args.jobs or min(2, os.cpu_count() or 2),
+        counts_only=True,
+        cap=PREPARE_CAP_S[True],
+    )
     failed = [n for n, p in full.items() if "failed" in p]
     if failed:
         run.log(f"bench-gpu: cannot project the real run: {', '.join(failed)} did not prepare")
         return None
     unit = compile_unit([Counts.from_json(p["counts"]) for p in tiny.values()], 1)
-    unit = dataclasses.replace(unit, source=unit.source + " (the tiny models', for sm_90 on this "
-                                                          "CPU)")  # fmt: skip
+    unit = dataclasses.replace(
+        unit, source=unit.source + " (the tiny models', for sm_90 on this CPU)"
+    )
     gpu_steps = scope.steps(models, dry=False)
-    projection = project(gpu_steps, {n: Counts.from_json(p["counts"]) for n, p in full.items()},
-                         Runs(10, 50), BUDGET_S, workers=15, unit=unit)  # fmt: skip
-    publish(run, projection, "the real run on a 16-core GPU machine, from the full-size models "
-                             "counted on this CPU")  # fmt: skip
+    projection = project(
+        gpu_steps,
+        {n: Counts.from_json(p["counts"]) for n, p in full.items()},
+        Runs(10, 50),
+        BUDGET_S,
+        workers=15,
+        unit=unit,
+    )
+    publish(
+        run,
+        projection,
+        "the real run on a 16-core GPU machine, from the full-size models counted on this CPU",
+    )
     run.extra["full_size_counts"] = {n: p["counts"] for n, p in full.items()}
     return projection
 
@@ -454,8 +592,10 @@ def publish(run: Run, projection: Projection, what: str) -> None:
     for line in projection.table():
         run.log("  " + line)
     if not projection.fits:
-        run.log(f"bench-gpu: REFUSED: the required steps are projected at "
-                f"{projection.required:.0f} s, over the {projection.budget:.0f} s budget")  # fmt: skip
+        run.log(
+            f"bench-gpu: REFUSED: the required steps are projected at "
+            f"{projection.required:.0f} s, over the {projection.budget:.0f} s budget"
+        )
     run.extra["projection"] = {"of": what, **projection.to_json()}
     _replace(run.out / "projection.json", json.dumps(run.extra["projection"], indent=1) + "\n")
 
@@ -472,17 +612,24 @@ def finish(run: Run) -> int:
     for line in problems:
         run.log(f"bench-gpu: schema: {line}")
     files = sorted(p for p in run.out.iterdir() if p.is_file() and not p.name.startswith("."))
-    big = [f"{p.name} ({p.stat().st_size / 2**20:.1f} MiB)" for p in files
-           if p.stat().st_size > MAX_FILE_MB * 2**20]  # fmt: skip
+    big = [
+        f"{p.name} ({p.stat().st_size / 2**20:.1f} MiB)"
+        for p in files
+        if p.stat().st_size > MAX_FILE_MB * 2**20
+    ]
     if len(files) > MAX_FILES or big:
-        problems.append(f"{len(files)} files in {run.out} (at most {MAX_FILES}), over "
-                        f"{MAX_FILE_MB} MiB: {', '.join(big) or 'none'}")  # fmt: skip
+        problems.append(
+            f"{len(files)} files in {run.out} (at most {MAX_FILES}), over "
+            f"{MAX_FILE_MB} MiB: {', '.join(big) or 'none'}"
+        )
         run.log(f"bench-gpu: {problems[-1]}")
     timed = [m["name"] for m in doc["models"] if m["latency_ms"].get("orchestrate") is not None]
     missing = [m.name for m in run.models if m.name not in timed]
-    run.log(f"bench-gpu: wrote {', '.join(p.name for p in files)} into {run.out} in "
-            f"{doc['wall_s']:.0f} s; the bundle timed for {len(timed)} of {len(run.models)} models"
-            + (f" (not {', '.join(missing)})" if missing else ""))  # fmt: skip
+    run.log(
+        f"bench-gpu: wrote {', '.join(p.name for p in files)} into {run.out} in "
+        f"{doc['wall_s']:.0f} s; the bundle timed for {len(timed)} of {len(run.models)} models"
+        + (f" (not {', '.join(missing)})" if missing else "")
+    )
     proof = run.extra.get("offline_install")
     if proof is not None and not proof["ok"]:
         problems.append(f"the offline install failed: {proof['import']}")

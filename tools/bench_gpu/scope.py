@@ -34,8 +34,11 @@ FIXED = (
 DTYPE = "fp16"
 BATCH = 1  # every model of the suite is exported at batch 1
 # (runtimes, optional): an optional phase runs in what the budget leaves
-PHASES = (((ORCHESTRATE, TORCH_EAGER), False), ((TORCH_COMPILE,), False),
-          ((TORCH_MAX_AUTOTUNE,), True))  # fmt: skip
+PHASES = (
+    ((ORCHESTRATE, TORCH_EAGER), False),
+    ((TORCH_COMPILE,), False),
+    ((TORCH_MAX_AUTOTUNE,), True),
+)
 # the dry run proves torch.compile once: one model, both modes
 DRY_COMPILED = ("bert",)
 

@@ -76,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return build_model(name, size)[0], f"torch source (examples {name} {size})"
 
-    make = torch_runtimes(module, prepared["input_names"], feeds, [args.runtime],
-                          prepared["dtype"], on_gpu)  # fmt: skip
+    make = torch_runtimes(
+        module, prepared["input_names"], feeds, [args.runtime], prepared["dtype"], on_gpu
+    )
     emit("measured", dataclasses.asdict(measure(args.runtime, make, len(feeds), settings, on_gpu)))
     return 0
 
@@ -91,21 +92,39 @@ def orchestrate_step(prepared: dict, feeds, settings, args, on_gpu: bool) -> int
     from orchestrate.plan import pipeline
 
     bundle = orchestrate.load(prepared["bundle"])
-    made = measure(ORCHESTRATE, lambda key: orchestrate_runtime(bundle, feeds, prepared["optimize_s"]),
-                   len(feeds), settings, on_gpu)  # fmt: skip
+    made = measure(
+        ORCHESTRATE,
+        lambda key: orchestrate_runtime(bundle, feeds, prepared["optimize_s"]),
+        len(feeds),
+        settings,
+        on_gpu,
+    )
     emit("measured", dataclasses.asdict(made))
     # the answer, next to its timing
     src = prepared["model"]
     options = bundle.plan.options
     try:
-        report = verify.verify(pipeline.load(src), bundle.graph, bundle.run, trials=1,
-                               rtol=api.default_rtol(options.dtype, options.tf32), source=src)  # fmt: skip
+        report = verify.verify(
+            pipeline.load(src),
+            bundle.graph,
+            bundle.run,
+            trials=1,
+            rtol=api.default_rtol(options.dtype, options.tf32),
+            source=src,
+        )
     except Exception as e:  # noqa: BLE001 - a bundle that cannot answer did not verify
-        emit("verified", {"ok": False, "note": f"the bundle failed to run: {type(e).__name__}: "
-                                               f"{str(e)[:300]}", "errors": {}})  # fmt: skip
+        emit(
+            "verified",
+            {
+                "ok": False,
+                "note": f"the bundle failed to run: {type(e).__name__}: {str(e)[:300]}",
+                "errors": {},
+            },
+        )
     else:
-        errors = {n: {"rel": c.rel, "max_abs": c.max_abs, "ok": c.ok}
-                  for n, c in report.worst().items()}  # fmt: skip
+        errors = {
+            n: {"rel": c.rel, "max_abs": c.max_abs, "ok": c.ok} for n, c in report.worst().items()
+        }
         bad = report.first_failure()
         note = report.verdict(1) + (f": output {bad.name!r}: {bad.detail}" if bad else "")
         emit("verified", {"ok": report.ok, "note": note, "errors": errors})
@@ -135,12 +154,16 @@ def kernel_records(bundle, feeds, path: Path, on_gpu: bool) -> dict:
         import triton.testing
 
         gpu, driver = torch.cuda.get_device_name(0), driver_version()
-        method = (f"triton.testing.do_bench: median, {WARMUP_MS} ms warm-up, {REP_MS} ms of "
-                  "calls, L2 flushed before each; the kernel in place in the plan's buffers")  # fmt: skip
+        method = (
+            f"triton.testing.do_bench: median, {WARMUP_MS} ms warm-up, {REP_MS} ms of "
+            "calls, L2 flushed before each; the kernel in place in the plan's buffers"
+        )
 
         def timed(call) -> float:
-            return triton.testing.do_bench(call, warmup=WARMUP_MS, rep=REP_MS,
-                                           return_mode="median") * 1e3  # fmt: skip
+            return (
+                triton.testing.do_bench(call, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
+                * 1e3
+            )
     else:
         gpu, driver = "CPU (Triton interpreter)", "none"
         method = "host clock around the Triton interpreter on a CPU: not a GPU time"
@@ -166,9 +189,13 @@ def kernel_records(bundle, feeds, path: Path, on_gpu: bool) -> dict:
     with open(path, "a") as f:
         for rec in lines:
             f.write(json.dumps(rec, sort_keys=True) + "\n")
-    return {"kernels": len(lines), "measured_us": round(total, 3),
-            "predicted_us": round(sum(r["predicted_us"] for r in lines), 3),
-            "fake": not on_gpu, "method": method}  # fmt: skip
+    return {
+        "kernels": len(lines),
+        "measured_us": round(total, 3),
+        "predicted_us": round(sum(r["predicted_us"] for r in lines), 3),
+        "fake": not on_gpu,
+        "method": method,
+    }
 
 
 if __name__ == "__main__":

@@ -13,9 +13,14 @@ from orchestrate.errors import InputError
 from orchestrate.plan import pipeline
 
 
-def verify_exact(out_dir: str | os.PathLike, model_path: str | os.PathLike,
-                 shapes: Mapping[str, tuple[int, ...]] | None = None, *,
-                 seed: int | None = None, option: str = "--shape") -> Result:  # fmt: skip
+def verify_exact(
+    out_dir: str | os.PathLike,
+    model_path: str | os.PathLike,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    *,
+    seed: int | None = None,
+    option: str = "--shape",
+) -> Result:
     """The plan as the bundle's plan.json and weights rebuild it (the graph
     type-checked, every kernel matched again by the rules, as
     ``orchestrate.bundle.regenerate`` does to load it) against fission of the
@@ -25,18 +30,22 @@ def verify_exact(out_dir: str | os.PathLike, model_path: str | os.PathLike,
     made = regenerate.planned(contents.plan, plan_graph, str(out_dir))
     if shapes is None:
         shapes = {k: tuple(v) for k, v in contents.manifest.get("shapes", {}).items()}
-    original = pipeline.fission_model(pipeline.load(model_path), shapes, str(model_path),
-                                      option=option)  # fmt: skip
+    original = pipeline.fission_model(
+        pipeline.load(model_path), shapes, str(model_path), option=option
+    )
     mine = [(i.name, i.type) for i in original.inputs]
     theirs = [(i.name, i.type) for i in plan_graph.inputs]
     if mine != theirs or tuple(original.outputs) != tuple(plan_graph.outputs):
-        raise InputError(f"{model_path} does not match the bundle {out_dir}: their inputs or "
-                         "outputs differ (pass the shapes the bundle was built with)")  # fmt: skip
+        raise InputError(
+            f"{model_path} does not match the bundle {out_dir}: their inputs or "
+            "outputs differ (pass the shapes the bundle was built with)"
+        )
     return check(original, plan_graph, kernels_of(made.plan, plan_graph, made.specs), seed=seed)
 
 
-def verify_exact_range(out_dir: str | os.PathLike, model_path: str | os.PathLike,
-                       *, seed: int | None = None) -> list[tuple[str, Result]]:  # fmt: skip
+def verify_exact_range(
+    out_dir: str | os.PathLike, model_path: str | os.PathLike, *, seed: int | None = None
+) -> list[tuple[str, Result]]:
     """A dynamic bundle's plan, checked as ``verify_exact`` at MIN, OPT and
     MAX of its range: (binding, result) for each, against fission of the
     model at that binding."""

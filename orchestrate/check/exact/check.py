@@ -96,14 +96,20 @@ class Result:
         return self.mismatch is None and self.bound < TARGET
 
     def lines(self) -> list[str]:
-        out = [f"exact check: {len(self.compared)} tensors compared over {self.trials} trials "
-               f"in Z_p x Z_q (p < 2^31, q | p-1); false-pass bound {self.bound:.3g}"]  # fmt: skip
+        out = [
+            f"exact check: {len(self.compared)} tensors compared over {self.trials} trials "
+            f"in Z_p x Z_q (p < 2^31, q | p-1); false-pass bound {self.bound:.3g}"
+        ]
         if self.unchecked:
-            out.append("outputs outside the fragment (left to the random-input check): "
-                       + ", ".join(self.unchecked))  # fmt: skip
+            out.append(
+                "outputs outside the fragment (left to the random-input check): "
+                + ", ".join(self.unchecked)
+            )
         if self.regions:
-            out.append(f"{len(self.regions)} regions outside the fragment (left to the "
-                       "random-input check):")  # fmt: skip
+            out.append(
+                f"{len(self.regions)} regions outside the fragment (left to the "
+                "random-input check):"
+            )
             out += [f"  {r}" for r in self.regions]
         return out
 
@@ -120,15 +126,27 @@ def kernels_of(plan, graph: ir.Graph, specs=()) -> tuple[Kernel, ...]:
     ``specs`` (the plan's, in order)."""
     pos = graph.position
     roles = [s.roles for s in specs] or [None] * len(plan.kernels)
-    return tuple(Kernel(k.name, tuple(sorted(k.primitives, key=lambda n: pos.get(n, -1))),
-                        tuple(k.inputs), tuple(k.outputs),
-                        r if isinstance(r, Siblings) else None,
-                        r if isinstance(r, LowRank) else None)
-                 for k, r in zip(plan.kernels, roles))  # fmt: skip
+    return tuple(
+        Kernel(
+            k.name,
+            tuple(sorted(k.primitives, key=lambda n: pos.get(n, -1))),
+            tuple(k.inputs),
+            tuple(k.outputs),
+            r if isinstance(r, Siblings) else None,
+            r if isinstance(r, LowRank) else None,
+        )
+        for k, r in zip(plan.kernels, roles)
+    )
 
 
-def check(original: ir.Graph, plan_graph: ir.Graph, kernels: Sequence[Kernel], *,
-          seed: int | None = None, target: float = TARGET) -> Result:  # fmt: skip
+def check(
+    original: ir.Graph,
+    plan_graph: ir.Graph,
+    kernels: Sequence[Kernel],
+    *,
+    seed: int | None = None,
+    target: float = TARGET,
+) -> Result:
     """The fingerprint check of ``kernels`` over ``plan_graph`` against
     ``original``; ``seed`` None draws fresh primes, roots and points."""
     rng = random.Random(seed) if seed is not None else random.SystemRandom()
@@ -158,12 +176,16 @@ def _compared(original, plan_graph, kernels, fo: Fragment, fp: Fragment) -> tupl
     wanted = set(original.outputs) | {t for k in kernels for t in k.outputs}
     wanted |= {t for n in plan_graph.nodes if n.name in fp.outside for t in n.inputs}
     wanted |= {t for n in original.nodes if n.name in fo.outside for t in n.inputs}
-    return tuple(n.name for n in original.nodes
-                 if n.name in wanted and n.name in fo.inside and n.name in fp.inside)  # fmt: skip
+    return tuple(
+        n.name
+        for n in original.nodes
+        if n.name in wanted and n.name in fo.inside and n.name in fp.inside
+    )
 
 
-def _structure(original: ir.Graph, plan_graph: ir.Graph, fo: Fragment,
-               fp: Fragment) -> Mismatch | None:  # fmt: skip
+def _structure(
+    original: ir.Graph, plan_graph: ir.Graph, fo: Fragment, fp: Fragment
+) -> Mismatch | None:
     """Same inputs and outputs, and every node outside the fragment the
     original's (so the variables standing for them mean the same)."""
     if [(i.name, i.type) for i in original.inputs] != [(i.name, i.type) for i in plan_graph.inputs]:
@@ -175,15 +197,21 @@ def _structure(original: ir.Graph, plan_graph: ir.Graph, fo: Fragment,
             continue
         o = original.producer.get(n.name)
         if o is None:
-            return Mismatch(n.name, -1, f"outside the fragment ({fp.outside[n.name]}) and not in "
-                                        "the original")  # fmt: skip
+            return Mismatch(
+                n.name, -1, f"outside the fragment ({fp.outside[n.name]}) and not in the original"
+            )
         if (o.op, o.attrs, o.inputs, o.type) != (n.op, n.attrs, n.inputs, n.type):
-            return Mismatch(n.name, -1, f"outside the fragment ({fp.outside[n.name]}), and not "
-                                        f"the original's node: {n} vs {o}")  # fmt: skip
+            return Mismatch(
+                n.name,
+                -1,
+                f"outside the fragment ({fp.outside[n.name]}), and not "
+                f"the original's node: {n} vs {o}",
+            )
     for name, why in fo.outside.items():
         if name in fp.inside:
-            return Mismatch(name, -1, f"outside the fragment in the original ({why}) but not in "
-                                      "the plan")  # fmt: skip
+            return Mismatch(
+                name, -1, f"outside the fragment in the original ({why}) but not in the plan"
+            )
     return None
 
 
@@ -199,8 +227,9 @@ def _run_original(graph: ir.Graph, frag: Fragment, trial: Trial) -> dict[str, Va
     return env
 
 
-def _run_plan(graph: ir.Graph, kernels: Sequence[Kernel], frag: Fragment,
-              trial: Trial) -> dict[str, Value]:  # fmt: skip
+def _run_plan(
+    graph: ir.Graph, kernels: Sequence[Kernel], frag: Fragment, trial: Trial
+) -> dict[str, Value]:
     """Each kernel from what it reads; only what it writes survives it."""
     written: dict[str, Value] = {i.name: trial.values[i.name] for i in graph.inputs}
     seen: dict[str, Value] = {}
@@ -225,21 +254,26 @@ def _run_plan(graph: ir.Graph, kernels: Sequence[Kernel], frag: Fragment,
     return {**seen, **written}
 
 
-def _node(graph: ir.Graph, k: Kernel, name: str, local, written, frag: Fragment,
-          trial: Trial) -> Value:  # fmt: skip
+def _node(
+    graph: ir.Graph, k: Kernel, name: str, local, written, frag: Fragment, trial: Trial
+) -> Value:
     n = graph.producer.get(name)
     if n is None:
         raise _Wrong(name, f"kernel {k.name} runs {name!r}, which the plan's graph lacks")
     args = [_read(graph, k, t, local, written, trial) for t in n.inputs]
     try:
-        return (trial.variable(name, n.shape) if name in frag.outside
-                else evaluate(n, args, graph, trial))  # fmt: skip
+        return (
+            trial.variable(name, n.shape)
+            if name in frag.outside
+            else evaluate(n, args, graph, trial)
+        )
     except (ValueError, IndexError, KeyError, TypeError) as e:
         raise _Wrong(name, f"kernel {k.name} cannot compute it ({e})") from None
 
 
-def _run_merged(graph: ir.Graph, k: Kernel, frag: Fragment, written,
-                trial: Trial) -> dict[str, Value]:  # fmt: skip
+def _run_merged(
+    graph: ir.Graph, k: Kernel, frag: Fragment, written, trial: Trial
+) -> dict[str, Value]:
     """A merged matmul as its roles say: activation @ concat(weights), split
     by the recorded columns, each segment's epilogue on its own columns."""
     roles = k.merged
@@ -250,8 +284,11 @@ def _run_merged(graph: ir.Graph, k: Kernel, frag: Fragment, written,
     for g in roles.segments:  # the roles describe the plan's own matmuls
         n = graph.producer.get(g.anchor)
         if n is None or n.op is not ir.Op.MATMUL or n.inputs != (roles.activation, g.weight):
-            raise _Wrong(g.anchor, f"kernel {k.name}: segment {g.anchor!r} is not "
-                                   f"{roles.activation} @ {g.weight} in the plan's graph")  # fmt: skip
+            raise _Wrong(
+                g.anchor,
+                f"kernel {k.name}: segment {g.anchor!r} is not "
+                f"{roles.activation} @ {g.weight} in the plan's graph",
+            )
     before: dict[str, Value] = {}  # the activation's own nodes (a norm), as the kernel's
     for name in roles.prologue:
         before[name] = _node(graph, k, name, before, written, frag, trial)
@@ -259,11 +296,14 @@ def _run_merged(graph: ir.Graph, k: Kernel, frag: Fragment, written,
     weights = [_read(graph, k, g.weight, {}, written, trial) for g in roles.segments]
     f = trial.field
     try:
-        y = tuple(F.matmul(x[i], np.concatenate([w[i] for w in weights], axis=-1), m)
-                  for i, m in ((0, f.p), (1, f.q)))  # fmt: skip
+        y = tuple(
+            F.matmul(x[i], np.concatenate([w[i] for w in weights], axis=-1), m)
+            for i, m in ((0, f.p), (1, f.q))
+        )
     except ValueError as e:
-        raise _Wrong(roles.anchor, f"kernel {k.name} cannot multiply its merged weights ({e})"
-                     ) from None  # fmt: skip
+        raise _Wrong(
+            roles.anchor, f"kernel {k.name} cannot multiply its merged weights ({e})"
+        ) from None
     local: dict[str, Value] = dict(before)
     for g in roles.segments:
         mine: dict[str, Value] = {
@@ -275,15 +315,19 @@ def _run_merged(graph: ir.Graph, k: Kernel, frag: Fragment, written,
                 (t for t in (n.inputs if n else ()) if t in claimed and t not in mine), None
             )
             if other is not None:
-                raise _Wrong(name, f"kernel {k.name} computes {name!r} in the segment of "
-                                   f"{g.anchor!r} from {other!r}, another segment's")  # fmt: skip
+                raise _Wrong(
+                    name,
+                    f"kernel {k.name} computes {name!r} in the segment of "
+                    f"{g.anchor!r} from {other!r}, another segment's",
+                )
             mine[name] = _node(graph, k, name, mine, written, frag, trial)
         local.update(mine)
     return local
 
 
-def _run_low_rank(graph: ir.Graph, k: Kernel, frag: Fragment, written,
-                  trial: Trial) -> dict[str, Value]:  # fmt: skip
+def _run_low_rank(
+    graph: ir.Graph, k: Kernel, frag: Fragment, written, trial: Trial
+) -> dict[str, Value]:
     """A low-rank branch as its roles say: [x | alpha (x @ A)[:, :rank]] @
     [W ; B[:rank]], P's adds on it, P as the join, then the join's readers."""
     roles = k.low_rank
@@ -293,23 +337,40 @@ def _run_low_rank(graph: ir.Graph, k: Kernel, frag: Fragment, written,
         raise _Wrong(stray, f"kernel {k.name} runs {stray!r} in none of its roles")
     mm = graph.producer.get(roles.anchor)
     if mm is None or mm.op is not ir.Op.MATMUL or mm.inputs[0] != roles.x:
-        raise _Wrong(roles.anchor, f"kernel {k.name}: {roles.anchor!r} is not {roles.x} @ W "
-                                   "in the plan's graph")  # fmt: skip
+        raise _Wrong(
+            roles.anchor,
+            f"kernel {k.name}: {roles.anchor!r} is not {roles.x} @ W in the plan's graph",
+        )
     down = graph.producer.get(roles.down)
     if roles.down and (down is None or down.op is not ir.Op.MATMUL or down.inputs[0] != roles.x):
-        raise _Wrong(roles.down, f"kernel {k.name}: {roles.down!r} is not {roles.x} @ A in the "
-                                 "plan's graph")  # fmt: skip
+        raise _Wrong(
+            roles.down, f"kernel {k.name}: {roles.down!r} is not {roles.x} @ A in the plan's graph"
+        )
     join = graph.producer.get(roles.join)
     if join is None or join.op is not ir.Op.ADD or roles.main not in join.inputs:
-        raise _Wrong(roles.join, f"kernel {k.name}: {roles.join!r} does not add the low-rank "
-                                 f"branch to {roles.main!r} in the plan's graph")  # fmt: skip
+        raise _Wrong(
+            roles.join,
+            f"kernel {k.name}: {roles.join!r} does not add the low-rank "
+            f"branch to {roles.main!r} in the plan's graph",
+        )
     f = trial.field
     x = _read(graph, k, roles.x, {}, written, trial)
     w = _read(graph, k, mm.inputs[1], {}, written, trial)
     # B applied to (x @ A), or to x itself where the roles name no A
-    t = x if not roles.down else tuple(
-        F.matmul(x[i], _read(graph, k, _weight(graph, k, roles.down), {}, written, trial)[i]
-                 [..., : roles.rank], m) for i, m in ((0, f.p), (1, f.q)))  # fmt: skip
+    t = (
+        x
+        if not roles.down
+        else tuple(
+            F.matmul(
+                x[i],
+                _read(graph, k, _weight(graph, k, roles.down), {}, written, trial)[i][
+                    ..., : roles.rank
+                ],
+                m,
+            )
+            for i, m in ((0, f.p), (1, f.q))
+        )
+    )
     b = _read(graph, k, _weight(graph, k, roles.up), {}, written, trial)
     alpha = [1, 1]
     for name in roles.scaling:
@@ -323,13 +384,19 @@ def _run_low_rank(graph: ir.Graph, k: Kernel, frag: Fragment, written,
             alpha[i] = alpha[i] * (pow(s, -1, m) if n.op is ir.Op.DIV else s) % m
     try:
         y = tuple(
-            F.matmul(np.concatenate([x[i], F.mulmod(t[i][..., : roles.rank], F.U64(alpha[i]), m)],
-                                    axis=-1),
-                     np.concatenate([w[i], b[i][: roles.rank]], axis=0), m)
-            for i, m in ((0, f.p), (1, f.q)))  # fmt: skip
+            F.matmul(
+                np.concatenate(
+                    [x[i], F.mulmod(t[i][..., : roles.rank], F.U64(alpha[i]), m)], axis=-1
+                ),
+                np.concatenate([w[i], b[i][: roles.rank]], axis=0),
+                m,
+            )
+            for i, m in ((0, f.p), (1, f.q))
+        )
     except ValueError as e:
-        raise _Wrong(roles.anchor, f"kernel {k.name} cannot multiply its concatenated operands "
-                     f"({e})") from None  # fmt: skip
+        raise _Wrong(
+            roles.anchor, f"kernel {k.name} cannot multiply its concatenated operands ({e})"
+        ) from None
     local: dict[str, Value] = {roles.anchor: y}
     for name in roles.epilogue:
         if name == roles.join:
@@ -338,8 +405,9 @@ def _run_low_rank(graph: ir.Graph, k: Kernel, frag: Fragment, written,
             n = graph.producer.get(name)
             other = next((i for i in (n.inputs if n else ()) if i in branch), None)
             if other is not None:
-                raise _Wrong(name, f"kernel {k.name} reads the branch's {other!r}, which it "
-                                   "never forms")  # fmt: skip
+                raise _Wrong(
+                    name, f"kernel {k.name} reads the branch's {other!r}, which it never forms"
+                )
             local[name] = _node(graph, k, name, local, written, frag, trial)
     return local
 
@@ -364,8 +432,9 @@ def _read(graph: ir.Graph, k: Kernel, t: str, local, written, trial: Trial) -> V
     return written[t]
 
 
-def _compare(original, plan_graph, kernels, fo: Fragment, fp: Fragment, compared, trial: Trial,
-             index: int) -> Mismatch | None:  # fmt: skip
+def _compare(
+    original, plan_graph, kernels, fo: Fragment, fp: Fragment, compared, trial: Trial, index: int
+) -> Mismatch | None:
     want = _run_original(original, fo, trial)
     try:
         got = _run_plan(plan_graph, kernels, fp, trial)

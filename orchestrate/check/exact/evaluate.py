@@ -53,16 +53,20 @@ class Trial:
 
     def fresh(self, shape: tuple[int, ...]) -> Value:
         f = self.field
-        return (self.rng.integers(0, f.p, size=shape, dtype=F.U64),
-                self.rng.integers(0, f.q, size=shape, dtype=F.U64))  # fmt: skip
+        return (
+            self.rng.integers(0, f.p, size=shape, dtype=F.U64),
+            self.rng.integers(0, f.q, size=shape, dtype=F.U64),
+        )
 
     def constant(self, name: str, arr: np.ndarray) -> Value:
         """A constant's image (by array: each side reads its own constants)."""
         key = f"constant:{name}:{id(arr)}"
         if key not in self.values:
             f = self.field
-            self.values[key] = (F.residues(arr, f.p, self.special),
-                                 F.residues(arr, f.q, self.special))  # fmt: skip
+            self.values[key] = (
+                F.residues(arr, f.p, self.special),
+                F.residues(arr, f.q, self.special),
+            )
         return self.values[key]
 
     def variable(self, name: str, shape: tuple[int, ...]) -> Value:
@@ -102,8 +106,11 @@ def evaluate(node: ir.Node, args: list[Value], graph: ir.Graph, trial: Trial) ->
         return each(lambda x, m: F.matmul(x[0], x[1], m))
     if op is Op.SUM:
         axes = tuple(attrs["axes"])
-        return each(lambda x, m: np.sum(x[0], axis=axes, keepdims=bool(attrs["keepdims"]),
-                                        dtype=F.U64) % F.U64(m))  # fmt: skip
+        return each(
+            lambda x, m: (
+                np.sum(x[0], axis=axes, keepdims=bool(attrs["keepdims"]), dtype=F.U64) % F.U64(m)
+            )
+        )
     if op is Op.EXP:
         return f.exp(qs[0]), np.zeros(qs[0].shape, F.U64)
     if op is Op.CAST:

@@ -95,8 +95,11 @@ def analyse(graph: ir.Graph) -> Fragment:
     outside: dict[str, str] = {}
     for n in graph.nodes:
         early = next((i for i in n.inputs if i not in info), None)
-        why = (f"reads {early!r} before it is computed" if early is not None
-               else why_outside(graph, n, info))  # fmt: skip
+        why = (
+            f"reads {early!r} before it is computed"
+            if early is not None
+            else why_outside(graph, n, info)
+        )
         if why is not None:
             outside[n.name] = why
             info[n.name] = Info(0, 1, 0)  # a fresh variable
