@@ -180,6 +180,17 @@ def test_expand(shape, data):
     check_decomposition(m, {"x": x})
 
 
+def test_an_expand_that_does_not_broadcast_is_refused_naming_it():
+    """[2, 3] against [4, 3]: one error naming Expand and the shapes (it was
+    an AttributeError inside the error path)."""
+    x = rand((2, 3))
+    m = node_model("Expand", {"x": x}, constants={"shape": i64([4, 3])})
+    with pytest.raises(
+        UnsupportedError, match=r"Expand: \(2, 3\) does not broadcast with \[4, 3\]"
+    ):
+        fission(prepare(m, None, "m.onnx"), "m.onnx")
+
+
 @FEW
 @given(shapes, st.data())
 def test_tile(shape, data):

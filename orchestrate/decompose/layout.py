@@ -17,7 +17,7 @@ import numpy as np
 
 from orchestrate import ir
 from orchestrate.decompose.builder import Builder, Value, onnx_dtype
-from orchestrate.errors import UnsupportedError
+from orchestrate.errors import GraphError, UnsupportedError
 from orchestrate.ir import type_rules
 
 # -- helpers -------------------------------------------------------------------
@@ -145,7 +145,7 @@ def Expand(b: Builder, x: Value, shape: Value) -> Value:
     dims = _ints(shape, "Expand", "shape")
     try:
         out = type_rules.broadcast_shapes(x.shape, tuple(dims))
-    except ir.GraphError:
+    except GraphError:
         raise _invalid("Expand", f"{x.shape} does not broadcast with {dims}") from None
     return b.expand(x, out)
 
