@@ -255,8 +255,9 @@ def optimize(
                 bad = result.first_failure()
                 what = "the plan, simulated in numpy," if refusal else "the generated kernels"
                 raise VerificationError(
-                    f"{model_path}: {what} do not match onnxruntime on output "
-                    f"{bad.name!r} (trial {bad.trial}): {bad.detail}",
+                    f"{model_path}: {what} do not match the model (its float64 reference, "
+                    f"onnxruntime beside it) on output {bad.name!r} (trial {bad.trial}): "
+                    f"{bad.detail}",
                     result,
                 )
         path = staging.commit()
@@ -304,8 +305,9 @@ def _optimize_range(
         if not result.ok:
             bad = result.first_failure()
             raise VerificationError(
-                f"{model_path}: the generated kernels do not match onnxruntime on output "
-                f"{bad.name!r} at {result.bindings[bad.trial]}: {bad.detail}",
+                f"{model_path}: the generated kernels do not match the model (its float64 "
+                f"reference, onnxruntime beside it) on output {bad.name!r} at "
+                f"{result.bindings[bad.trial]}: {bad.detail}",
                 result,
             )
         path = staging.commit()

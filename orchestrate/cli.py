@@ -923,11 +923,13 @@ def verify(bundle_dir: Path, model: Path, shapes, trials, rtol, atol, exact) -> 
         )
     if report.bindings:
         click.echo(
-            f"OK: {len(report.worst())} outputs match onnxruntime at "
+            f"OK: {len(report.worst())} outputs match the float64 reference at "
             f"{len(report.bindings)} shapes: {'; '.join(report.bindings)}"
         )
     else:
-        click.echo(f"OK: {len(report.worst())} outputs match onnxruntime over {trials} trials")
+        click.echo(
+            f"OK: {len(report.worst())} outputs match the float64 reference over {trials} trials"
+        )
 
 
 def _verify_exact_range(bundle_dir: Path, model: Path, shapes) -> None:

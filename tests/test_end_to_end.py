@@ -42,7 +42,7 @@ def test_demo_model_through_the_cli(tmp_path):
     out = tmp_path / "tiny_bert.orch"
     r = CliRunner().invoke(cli.main, ["optimize", src, "-o", str(out)])
     assert r.exit_code == 0, r.output
-    assert "orchestrate" in r.output and "verified against onnxruntime" in r.output
+    assert "orchestrate" in r.output and "verified against the float64 reference" in r.output
     r = CliRunner().invoke(cli.main, ["verify", str(out), "--model", src])
     assert r.exit_code == 0, r.output
     assert r.output.strip().splitlines()[-1].startswith("OK: 2 outputs match")

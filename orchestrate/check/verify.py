@@ -1,18 +1,26 @@
 """Does a bundle compute what the ONNX model computes?
 
-Random inputs over several seeds, every output compared with onnxruntime on
-the original model.  Floating-point inputs are standard normal; an integer
-input that (through casts and layout ops) indexes a Gather is drawn in the
-valid range of the axis it indexes; one that reaches the divisor of an
-integer Div or Mod is 1 or 2 (integer division by zero is an error, not a
-value to compare); other integer inputs are 0 or 1 (masks); booleans are
-random.
+The truth is the float64 reference executor (``ir.reference``, every float
+carried in float64) on the primitive graph the bundle runs; onnxruntime's
+fp32 answer on the original model stands beside it, as the error that a
+trusted runtime makes on the same inputs.  Random inputs over several seeds:
+floating-point inputs are standard normal; an integer input that (through
+casts and layout ops) indexes a Gather is drawn in the valid range of the
+axis it indexes; one that reaches the divisor of an integer Div or Mod is 1
+or 2 (integer division by zero is an error, not a value to compare); other
+integer inputs are 0 or 1 (masks); booleans are random.
 
-An output passes when, elementwise, ``|got - want| <= atol + rtol * |want|``
-with NaN matching NaN.  By default ``atol = rtol * max|want|``: errors are
-judged against the output's scale, so values near zero are not held to an
-impossible relative bound.  The reported "relative error" is
-``max|got - want| / max|want|``.
+An output passes when it is within tolerance of the truth, elementwise
+``|got - truth| <= atol + rtol * |truth|`` (by default ``atol = rtol *
+max|truth|``: errors are judged against the output's scale, so values near
+zero are not held to an impossible relative bound), or when its largest
+error is no worse than ``ORT_MULTIPLE`` times onnxruntime's own largest
+error against the truth: a bundle closer to the truth than onnxruntime is
+never refused, and one close to neither never passes.  Its NaN and infinity
+pattern must be the truth's or onnxruntime's (an fp32 overflow that the
+float64 truth does not have is what any fp32 runtime gives).  Integer and
+boolean outputs must equal the truth or onnxruntime.  The reported
+"relative error" is ``max|got - truth| / max|truth|``, onnxruntime's beside it.
 """
 
 from __future__ import annotations
@@ -28,9 +36,12 @@ import onnx
 from orchestrate import ir
 from orchestrate.errors import InputError
 from orchestrate.frontend import onnxrt
-from orchestrate.ir import Op
+from orchestrate.ir import Op, reference
 
 RTOL = {"float16": 1e-2, "bfloat16": 4e-2, "float32": 1e-4, "float64": 1e-7}
+# a bundle whose largest error against the truth is at most this many times
+# onnxruntime's passes, whatever the tolerance says
+ORT_MULTIPLE = 2.0
 _PASS_THROUGH = {Op.CAST, Op.RESHAPE, Op.EXPAND, Op.IDENTITY, Op.TRANSPOSE, Op.SLICE, Op.CONCAT}
 
 
@@ -39,14 +50,18 @@ class OutputCheck:
     trial: int
     name: str
     ok: bool
-    max_abs: float
+    max_abs: float  # against the truth (or the one reference ``compare`` was given)
     rel: float
     detail: str = ""
+    # onnxruntime's own error against the truth on the same inputs (NaN: not compared)
+    ort_max_abs: float = math.nan
+    ort_rel: float = math.nan
 
 
 @dataclass(frozen=True)
 class Report:
-    """Every output of every trial against onnxruntime.  ``simulated`` is
+    """Every output of every trial against the float64 truth, onnxruntime's
+    error beside it.  ``simulated`` is
     empty when the bundle's kernels computed the outputs; otherwise it says
     why they could not run here, and the outputs are the reference
     executor's on the plan's primitive graph (``reference.run``: its dtypes,
@@ -70,30 +85,34 @@ class Report:
         return out
 
     def lines(self) -> list[str]:
-        rows = [f"{'output':<32}{'worst rel. error':>18}{'max abs error':>16}  result"]
+        rows = [
+            f"{'output':<32}{'rel. error':>12}{'max abs':>11}{'onnxruntime rel.':>18}"
+            f"{'max abs':>11}  result (errors against the float64 truth)"
+        ]
         for name, c in self.worst().items():
             rows.append(
-                f"{name[:31]:<32}{c.rel:>18.3g}{c.max_abs:>16.3g}  "
-                f"{'ok' if c.ok else 'MISMATCH ' + c.detail}"
+                f"{name[:31]:<32}{c.rel:>12.3g}{c.max_abs:>11.3g}{c.ort_rel:>18.3g}"
+                f"{c.ort_max_abs:>11.3g}  {('ok' if c.ok else 'MISMATCH') + (': ' + c.detail if c.detail else '')}"
             )
         return rows
 
     def verdict(self, trials: int) -> str:
         """One line: what was compared with onnxruntime over ``trials``, and
         the outcome.  A simulated report never says verified."""
+        truth = "the float64 reference, onnxruntime beside it,"
         if self.bindings:
             outcome = "verified" if self.ok else "FAILED"
             return (
-                f"{outcome} against onnxruntime at {len(self.bindings)} shapes across the "
+                f"{outcome} against {truth} at {len(self.bindings)} shapes across the "
                 f"range: {'; '.join(self.bindings)}"
             )
         if not self.simulated:
             outcome = "verified" if self.ok else "FAILED"
-            return f"{outcome} against onnxruntime over {trials} random trials"
+            return f"{outcome} against {truth} over {trials} random trials"
         outcome = "within tolerance of" if self.ok else "FAILED against"
         return (
             f"kernels not verified: they did not run ({self.simulated}); the plan simulated "
-            f"in numpy is {outcome} onnxruntime over {trials} random trials; run "
+            f"in numpy is {outcome} {truth} over {trials} random trials; run "
             "`orchestrate verify` on a GPU to check the kernels"
         )
 
@@ -210,6 +229,77 @@ def compare(
     return OutputCheck(trial, name, ok, max_abs, rel, detail)
 
 
+def _special(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where ``a`` is NaN, and its infinities with their signs."""
+    return np.isnan(a), np.where(np.isinf(a), np.sign(a), 0)
+
+
+def judge(
+    name: str,
+    got: np.ndarray,
+    truth: np.ndarray,
+    ort: np.ndarray,
+    trial: int,
+    rtol: float | None,
+    atol: float | None,
+) -> OutputCheck:
+    """One output of one trial against the float64 ``truth``, onnxruntime's
+    answer ``ort`` beside it (the module docstring says when it passes)."""
+    if got.shape != truth.shape:
+        return OutputCheck(
+            trial, name, False, np.inf, np.inf, f"shape {got.shape} != {truth.shape}"
+        )
+    if truth.dtype.kind in "biu" or got.dtype.kind in "biu":
+        bad = int(np.count_nonzero(got != truth))
+        ok = bad == 0 or (ort.shape == got.shape and np.array_equal(got, ort))
+        return OutputCheck(
+            trial,
+            name,
+            ok,
+            float(bad),
+            float(bad),
+            "" if ok else f"{bad} elements differ from the truth and onnxruntime",
+        )
+    g, t, o = (x.astype(np.float64) for x in (got, truth, ort))
+    r = rtol if rtol is not None else RTOL.get(got.dtype.name, 1e-4)
+    finite = np.isfinite(t)
+    scale = float(np.max(np.abs(t[finite]))) if finite.any() else 0.0
+    a = atol if atol is not None else r * scale
+    pattern = _special(g)
+    same_special = any(
+        all(np.array_equal(x, y) for x, y in zip(pattern, _special(ref))) for ref in (t, o)
+    )
+    both = np.isfinite(g) & finite
+    diff = np.abs(g - t)
+    max_abs = float(diff[both].max()) if both.any() else 0.0
+    theirs = np.isfinite(o) & finite
+    ort_abs = float(np.abs(o - t)[theirs].max()) if theirs.any() else 0.0
+    within = bool(np.all(diff[both] <= a + r * np.abs(t[both])))
+    no_worse = ort_abs > 0 and max_abs <= ORT_MULTIPLE * ort_abs
+    ok = same_special and (within or no_worse)
+    if not same_special:
+        detail = "NaN/Inf pattern differs from the truth's and onnxruntime's"
+    elif ok:
+        detail = (
+            ""
+            if within
+            else (
+                f"outside rtol {r:g} of the truth, but no worse than "
+                f"{ORT_MULTIPLE:g} x onnxruntime's error ({ort_abs:.3g})"
+            )
+        )
+    else:
+        detail = (
+            f"max abs error {max_abs:.3g}, relative {max_abs / scale if scale else max_abs:.3g}"
+            f" (rtol {r:g}, atol {a:.3g}); onnxruntime's {ort_abs:.3g}"
+        )
+
+    def rel(x: float) -> float:
+        return x / scale if scale else x
+
+    return OutputCheck(trial, name, ok, max_abs, rel(max_abs), detail, ort_abs, rel(ort_abs))
+
+
 def verify(
     model: onnx.ModelProto,
     graph: ir.Graph,
@@ -222,16 +312,28 @@ def verify(
     session=None,
     source: str = "model",
 ) -> Report:
-    """Compare ``run`` (a bundle) with onnxruntime on ``model`` over ``trials``
-    seeds (``session``: onnxruntime's, made already; InputError naming
-    ``source`` when onnxruntime refuses the model)."""
+    """Judge ``run`` (a bundle) over ``trials`` seeds against the float64
+    reference on ``graph`` (the primitive graph it runs), with onnxruntime on
+    ``model`` beside it (``session``: onnxruntime's, made already;
+    InputError naming ``source`` when onnxruntime refuses the model)."""
     checks = []
     session = session or onnxrt.reference(model, source)
     names = [o.name for o in session.get_outputs()]
     for trial in range(trials):
         feeds = random_inputs(graph, seed + trial)
-        want = dict(zip(names, onnxrt.run_reference(session, names, feeds, source)))
+        ort = dict(zip(names, onnxrt.run_reference(session, names, feeds, source)))
+        truth = reference.run(graph, feeds, float64=True)
         got = run(feeds)
         for o in graph.outputs:
-            checks.append(compare(o, np.asarray(got[o]), np.asarray(want[o]), trial, rtol, atol))
+            checks.append(
+                judge(
+                    o,
+                    np.asarray(got[o]),
+                    np.asarray(truth[o]),
+                    np.asarray(ort[o]),
+                    trial,
+                    rtol,
+                    atol,
+                )
+            )
     return Report(tuple(checks))
