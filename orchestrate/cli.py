@@ -730,7 +730,7 @@ def tolerance_options(fn):
 def optimize(
     model: Path, out_dir: Path, shapes, dims, trials, rtol, atol, tune, tune_configs, **opts
 ) -> None:
-    """Optimize MODEL into a bundle of Triton kernels, verified against onnxruntime.
+    """Optimize MODEL into a bundle of Triton kernels, verified against its float64 reference.
 
     With a range (--shape x=1..8x2..64@32, --dim seq=2..64): one bundle for
     every shape in it, planned at OPT, verified at MIN, OPT, MAX and --trials

@@ -91,5 +91,5 @@ def resolve(
     elif report.simulated:
         verified, note = None, f"simulated in numpy, not run: {report.simulated}"
     else:
-        verified, note = report.ok, f"{trials} random trial(s) against onnxruntime"
+        verified, note = report.ok, f"{trials} random trial(s) against the float64 reference"
     return Target(path.stem, bundle, onnx_model, graph, optimize_s, verified, note, tmp)

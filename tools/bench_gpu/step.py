@@ -12,7 +12,7 @@ printed:
 ``measured``  the runtime's timing (``orchestrate.bench.run.measure``: the
               same input sets, warm-up, calls and clock as every runtime)
 ``verified``  for the bundle, after its timing: one random input set
-              against onnxruntime (CPU), the verdict and each output's error
+              against the float64 reference (onnxruntime beside it), the verdict and each output's error
 ``records``   for the bundle, last: each distinct kernel of the plan timed
               alone where it runs in the plan (``Program.kernel_calls``;
               ``triton.testing.do_bench`` on a GPU), one record per kernel
