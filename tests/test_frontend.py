@@ -55,6 +55,39 @@ def test_dynamic_dimension_without_shape_is_named():
         frontend.prepare(_shape_arith_model(), None, "dyn.onnx")
 
 
+def _paddle_model() -> onnx.ModelProto:
+    """y = relu(x) + 1 with x declared [-1, 3, 4]: paddle2onnx writes -1 for
+    a dynamic batch (and onnx's checker lets it through)."""
+    x = helper.make_tensor_value_info("x", elem("float32"), [-1, 3, 4])
+    y = helper.make_tensor_value_info("y", elem("float32"), [-1, 3, 4])
+    one = numpy_helper.from_array(np.array(1.0, np.float32), "one")
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["r", "one"], ["y"])]
+    g = helper.make_graph(nodes, "paddle", [x], [y], initializer=[one])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_a_negative_dimension_is_dynamic_and_shape_binds_it(tmp_path):
+    import orchestrate
+
+    path = tmp_path / "paddle.onnx"
+    onnx.save(_paddle_model(), path)
+    made = orchestrate.optimize(path, tmp_path / "p.orch", shapes={"x": (2, 3, 4)}, trials=1)
+    assert made.report.ok
+    x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    got = orchestrate.load(tmp_path / "p.orch").run({"x": x})["y"]
+    np.testing.assert_allclose(got, np.maximum(x, 0) + 1, rtol=1e-6)
+    # unbound, it is named like any dynamic dimension
+    with pytest.raises(InputError, match=r"input 'x' has a dynamic dimension at axis 0"):
+        orchestrate.optimize(path, tmp_path / "q.orch", trials=0)
+    # the API's decompose reads it too, leaving the caller's model as it was
+    model = _paddle_model()
+    prim = orchestrate.decompose(model, shapes={"x": (5, 3, 4)})
+    assert [d.dim_value for d in prim.graph.input[0].type.tensor_type.shape.dim] == [5, 3, 4]
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_value == -1
+
+
 def test_shape_for_unknown_input_lists_the_real_ones():
     with pytest.raises(InputError, match=r"no input 'q' \(inputs: x\)"):
         frontend.prepare(_shape_arith_model(), {"q": (1,)})
