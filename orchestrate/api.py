@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -66,6 +67,7 @@ class Bundle:
         self.interpret = (not gpu_available()) if interpret is None else interpret
         self._indices = IndexChecks(made.graph, made.planned)  # checks the constants now
         self._program: Program | None = None
+        self._making = threading.Lock()
 
     @property
     def graph(self):
@@ -79,17 +81,18 @@ class Bundle:
 
     @property
     def program(self) -> Program:
-        if self._program is None:
-            # before the kernels are loaded
-            check_runnable(self._made.graph, self.interpret, self._made.planned.specs)
-            module = load_kernels(self._made.source, self.interpret)
-            self._program = Program(
-                self._made.planned,
-                self._made.graph,
-                module,
-                interpret=self.interpret,
-                indices=self._indices,
-            )
+        with self._making:  # threads that run first make one Program, not several
+            if self._program is None:
+                # before the kernels are loaded
+                check_runnable(self._made.graph, self.interpret, self._made.planned.specs)
+                module = load_kernels(self._made.source, self.interpret)
+                self._program = Program(
+                    self._made.planned,
+                    self._made.graph,
+                    module,
+                    interpret=self.interpret,
+                    indices=self._indices,
+                )
         return self._program
 
     def check_inputs(self, inputs: Mapping[str, object]) -> None:

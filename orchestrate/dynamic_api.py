@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -111,6 +112,7 @@ class DynamicBundle:
         self.interpret = (not gpu_available()) if interpret is None else interpret
         self._constants, self._source = constants, source
         self._program: DynamicProgram | None = None
+        self._making = threading.Lock()
 
     @property
     def graph(self):
@@ -124,20 +126,21 @@ class DynamicBundle:
 
     @property
     def program(self) -> DynamicProgram:
-        if self._program is None:
-            opt = instance(
-                self.plan, self.family, self._constants, self.family.at("opt"), str(self.path)
-            )
-            check_runnable(opt.graph, self.interpret, opt.planned.specs)
-            module = load_kernels(self._source, self.interpret)
-            self._program = DynamicProgram(
-                self.plan,
-                self.family,
-                self._constants,
-                module,
-                str(self.path),
-                interpret=self.interpret,
-            )
+        with self._making:  # threads that run first make one, not several
+            if self._program is None:
+                opt = instance(
+                    self.plan, self.family, self._constants, self.family.at("opt"), str(self.path)
+                )
+                check_runnable(opt.graph, self.interpret, opt.planned.specs)
+                module = load_kernels(self._source, self.interpret)
+                self._program = DynamicProgram(
+                    self.plan,
+                    self.family,
+                    self._constants,
+                    module,
+                    str(self.path),
+                    interpret=self.interpret,
+                )
         return self._program
 
     def binding(self, inputs: Mapping[str, object]) -> Binding:

@@ -159,6 +159,28 @@ def test_one_bundle_matches_onnxruntime_across_the_range(built):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=f"at {b}x{s}")
 
 
+def test_threads_running_one_dynamic_bundle_get_their_own_answers(built):
+    """8 threads x 3 runs at shapes of their own (two threads share each
+    shape, so their Program's buffers): every answer onnxruntime's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    src, out = built
+    bundle = orchestrate.load(out)
+    session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    shapes = [(1, 2), (4, 9), (3, 7), (2, 3)]
+    feeds = [_feeds(*shapes[k % 4], seed=k) for k in range(8)]
+    want = [session.run(None, f)[0] for f in feeds]
+
+    def runs(k: int) -> int:
+        return sum(
+            not np.allclose(bundle.run(feeds[k])["y"], want[k], rtol=1e-4, atol=1e-5)
+            for _ in range(3)
+        )
+
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(runs, range(8))) == 0
+
+
 def test_kernels_take_the_dimensions_as_runtime_arguments(built):
     out = built[1]
     manifest = json.loads((out / "manifest.json").read_text())

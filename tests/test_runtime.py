@@ -72,3 +72,29 @@ def test_triton_imported_too_early_is_a_clear_error(tmp_path):
         [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=120
     )
     assert "refused:" in out.stdout and "TRITON_INTERPRET=1" in out.stdout, out.stderr
+
+
+def test_threads_running_one_program_each_get_their_own_answer():
+    """Many threads calling run on one Program (its buffers are pooled):
+    every answer is the reference's for that thread's own inputs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from orchestrate.emit import emit
+    from orchestrate.ir import reference
+    from orchestrate.run.runtime import Program, load_kernels
+
+    g = graphs.build(graphs.mlp, [(9, 16), (16, 32), (32,), (32, 16)])
+    planned = plan_from_sets(g, [[n.name] for n in g.nodes])
+    program = Program(planned, g, load_kernels(emit(g, planned), True), interpret=True)
+    feeds = [graphs.random_inputs(g, seed) for seed in range(8)]
+    want = [reference.run(g, f)[g.outputs[0]] for f in feeds]
+
+    def runs(k: int) -> int:
+        wrong = 0
+        for _ in range(5):
+            got = program.run(feeds[k])[g.outputs[0]]
+            wrong += not np.allclose(got, want[k], rtol=1e-5, atol=1e-5)
+        return wrong
+
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(runs, range(8))) == 0

@@ -58,6 +58,7 @@ from orchestrate.kernels.spec import (
 from orchestrate.plan import Planned
 
 _WARNED = threading.Event()
+_INTERPRETER = threading.RLock()  # interpreted runs take turns (Program._lock)
 
 
 def gpu_available() -> bool:
@@ -312,6 +313,10 @@ class Program:
         self._graph = None
         self._static: dict | None = None
         self._runs = 0
+        # one run at a time in the shared buffers; in the interpreter, one run
+        # at a time in the process (Triton's interpreter keeps the launch's
+        # grid in global state, so two kernels interpreted at once clash)
+        self._lock = _INTERPRETER if self.interpret else threading.Lock()
 
     # -- set-up -------------------------------------------------------------
 
@@ -438,25 +443,27 @@ class Program:
         without a copy through the host.  InputError for a missing, unknown
         or misshapen input, and when an index is out of range: an input's
         before anything runs (for tensors, a min and a max on the device),
-        one computed in the model after the run."""
+        one computed in the model after the run.  Safe to call from many
+        threads: runs share the program's buffers, so they take turns."""
         feeds = self.check_inputs(inputs)
         tensors = any(isinstance(v, self.torch.Tensor) for v in feeds.values())
         self.indices.check_inputs(feeds)
-        self._runs += 1
-        if self._flag_of:
-            self._flags.zero_()
-        if self.use_cuda_graph and self._runs >= 2:
-            out = self._replay(feeds)
-        else:
-            out = self._execute(
-                feeds if tensors else {k: self._tensor(v) for k, v in feeds.items()}
-            )
-        self._check_flags()
-        if tensors:  # out of the program's buffers, which the next run overwrites
-            return {o: t.clone() for o, t in out.items()}
-        if self.device == "cuda":
-            return {o: to_numpy(t.cpu()) for o, t in out.items()}
-        return {o: to_numpy(t).copy() for o, t in out.items()}
+        with self._lock:
+            self._runs += 1
+            if self._flag_of:
+                self._flags.zero_()
+            if self.use_cuda_graph and self._runs >= 2:
+                out = self._replay(feeds)
+            else:
+                out = self._execute(
+                    feeds if tensors else {k: self._tensor(v) for k, v in feeds.items()}
+                )
+            self._check_flags()
+            if tensors:  # out of the program's buffers, which the next run overwrites
+                return {o: t.clone() for o, t in out.items()}
+            if self.device == "cuda":
+                return {o: to_numpy(t.cpu()) for o, t in out.items()}
+            return {o: to_numpy(t).copy() for o, t in out.items()}
 
     def _check_flags(self) -> None:
         if self._flag_of:
