@@ -684,3 +684,10 @@ def test_a_hostile_dimension_name_stays_out_of_code_and_off_a_second_line(tmp_pa
     with pytest.raises(InputError) as e:
         orchestrate.load(tmp_path / "h.orch").run({"x": np.ones((6, 8), np.float32)})
     assert "\n" not in str(e.value) and "outside the bundle's range 1..5" in str(e.value)
+
+
+def test_a_huge_range_is_one_line_not_all_memory(model_file, tmp_path):
+    """x=1..10**9: its MAX is more elements than one tensor may hold; said
+    at once (the grid of the range once listed every value: 24 GB)."""
+    r = invoke("plan", model_file, "-o", tmp_path / "p.json", "--shape", "x=1..1000000000x2..8x16")
+    assert_user_error(r, "more than the 68,719,476,736 (2**36) one tensor may have")

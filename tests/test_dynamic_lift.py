@@ -262,3 +262,12 @@ def test_grid_values_by_hand():
     assert grid_values(DimRange(1, 4)) == (3, 5, 7)
     assert grid_values(DimRange(1, 2)) == (3, 5, 7)
     assert grid_values(DimRange(1, 2), {5}) == (3, 7, 9)
+
+
+def test_grid_values_of_a_huge_range_are_found_without_listing_it():
+    """1..10**9 (a list of it took 24 GB): three generic values near the
+    quarter, the middle and the top, found by stepping past what is not."""
+    r = DimRange(1, 10**9)
+    got = grid_values(r, avoid={250_000_001})
+    assert got == (250_000_003, 500_000_001, 999_999_999)
+    assert all(v % 2 == 1 and v >= 3 and r.min <= v <= r.max for v in got)

@@ -24,6 +24,8 @@ def grid_values(r: DimRange, avoid: Iterable[int] = ()) -> tuple[int, ...]:
     """Three values for the grid (see the module doc): generic ones of the
     range, else generic ones above MAX, else the range whole."""
     avoid = set(avoid)
+    if r.max - r.min > EXACT_SPAN:  # never a list as long as the range
+        return _spread_far(r, avoid)
     everything = list(range(r.min, r.max + 1))
     for keep in (
         lambda v: v % 2 == 1 and v >= 3 and v not in avoid,
@@ -42,6 +44,24 @@ def grid_values(r: DimRange, avoid: Iterable[int] = ()) -> tuple[int, ...]:
             above.append(v)
         v += 1
     return tuple(sorted(above))
+
+
+# a range longer than this takes its three values by search, not from a list
+EXACT_SPAN = 1 << 16
+
+
+def _spread_far(r: DimRange, avoid: set[int]) -> tuple[int, ...]:
+    """Three generic values of a long range near its quarter, middle and top
+    (``_spread``'s choice, found by stepping from each point past the values
+    that are even, below 3 or avoided: at most ``len(avoid) + 2`` steps)."""
+    span = r.max - r.min
+    picks: list[int] = []
+    for start, step in ((r.min + span // 4, 1), (r.min + span // 2, 1), (r.max, -1)):
+        v = start
+        while v % 2 == 0 or v < 3 or v in avoid or v in picks:
+            v += step
+        picks.append(v)
+    return tuple(sorted(picks))
 
 
 def _spread(pool: list[int]) -> tuple[int, ...]:
