@@ -641,10 +641,13 @@ def explain(
     from orchestrate.plan import pipeline
 
     drawn = pic.target(picture) if picture is not None else None
-    if drawn is not None:
-        pipeline.check_output_path(drawn, plan_file, "the input plan")
+    # explain reads the plan and, beside it, a dynamic plan's dimensions
+    reads = (plan_file, _dims_file(plan_file), plan_file.with_name("dims.json"))
+    for out in (drawn, roofline):
+        for read in reads if out is not None else ():
+            what = "the input plan" if read == plan_file else "the plan's dimensions"
+            pipeline.check_output_path(out, read, what)
     if roofline is not None:
-        pipeline.check_output_path(roofline, plan_file, "the input plan")
         roofline_chart.check(roofline)
     result = pipeline.read_plan(plan_file)
     family = _family_beside(plan_file)
@@ -1036,9 +1039,17 @@ def bench(
         )
     except ValueError as e:
         raise InputError(str(e)) from None
+    from orchestrate.plan import pipeline
+
     for path, suffix in ((json_path, ".json"), (chart_path, ".png")):
-        if path is not None and path.suffix.lower() != suffix:
+        if path is None:
+            continue
+        if path.suffix.lower() != suffix:
             raise InputError(f"{path}: expected a {suffix} file name")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # never a file bench reads, nor one inside a bundle (checked before the timing)
+        pipeline.check_output_path(path, target, "what bench times")
+        pipeline.check_output_path(path, model, "the model")
     t = resolve(target, model, _shapes(shapes), dtype=dtype, device=device)
     try:
         result = bench_model(
@@ -1064,8 +1075,7 @@ def bench(
         interpreter=interpreter,
     )
     if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(doc, indent=2) + "\n")
+        pipeline.write_atomic(json_path, (json.dumps(doc, indent=2) + "\n").encode(), target)
         click.echo(f"wrote {json_path}")
     if chart_path is not None:
         click.echo(report.chart(doc, chart_path))

@@ -299,6 +299,48 @@ def test_explain_refuses_to_draw_over_the_plan(tmp_path):
     assert plan.read_bytes() == data
 
 
+def test_explain_never_draws_over_the_dimensions_it_reads(tmp_path):
+    """P.dims.json beside P.json is what makes the plan read as dynamic:
+    --picture P.dims.json (or a bundle's dims.json) is refused, untouched."""
+    model, plan = tmp_path / "m.onnx", tmp_path / "p.json"
+    onnx.save(_model(), model)
+    assert invoke("plan", model, "-o", plan).exit_code == 0
+    for target in ("p.dims.json", "dims.json"):
+        r = invoke("explain", plan, "--picture", tmp_path / target)
+        assert_user_error(r, "is the plan's dimensions")
+        assert not (tmp_path / target).exists()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        lambda b, m: ("explain", b / "plan.json", "--picture", b / "manifest.json"),
+        lambda b, m: ("explain", b / "plan.json", "--picture", b / "report.md"),
+        lambda b, m: ("bench", b, "--model", m, "--runs", 1, "--json", b / "plan.json"),
+        lambda b, m: ("plan", m, "-o", b / "plan.json"),
+        lambda b, m: ("run", b, "--input", f"x={b.parent / 'x.npy'}", "--output-dir", b),
+    ],
+    ids=["explain-manifest", "explain-report", "bench-json", "plan-into", "run-output-dir"],
+)
+def test_nothing_writes_into_a_bundle(built, tmp_path, command):
+    """A bundle is replaced whole, by optimize, or not at all: a file written
+    into it made load refuse it as modified. Each is one line, before any
+    work, and the bundle is as it was."""
+    model, out = _copy(built, tmp_path)
+    np.save(tmp_path / "x.npy", np.ones((2, 8), np.float32))
+    before = snapshot(out)
+    assert_user_error(invoke(*command(out, model)), "refusing to write into a bundle")
+    assert snapshot(out) == before
+
+
+def test_records_export_never_overwrites_its_cache(tmp_path):
+    cache = tmp_path / "measurements.sqlite"
+    cache.write_bytes(b"SQLite format 3\x00" + bytes(100))
+    r = invoke("records", "export", cache, "--cache", cache)
+    assert_user_error(r, "is the measurement cache")
+    assert cache.read_bytes().startswith(b"SQLite format 3")
+
+
 # 3. SIGTERM and SIGHUP clean up like SIGINT and exit with 128 + the signal
 
 

@@ -41,6 +41,7 @@ import numpy as np
 
 from orchestrate.errors import InputError, check_format
 from orchestrate.files import (
+    BUNDLE_PREFIX,
     check_folder_writable,
     check_not_input,
     folder_mode,
@@ -50,7 +51,7 @@ from orchestrate.files import (
 from orchestrate.ir import ALL_DTYPES, BFLOAT16
 from orchestrate.plan import Plan
 
-BUNDLE_FORMAT = "orchestrate-bundle/6"
+BUNDLE_FORMAT = BUNDLE_PREFIX + "6"
 # what each earlier format lacks, for the message that refuses it
 _OLDER = {
     "orchestrate-bundle/1": "one jitted function per distinct kernel spec",

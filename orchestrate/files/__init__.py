@@ -57,13 +57,38 @@ def check_folder_writable(folder: Path, what: str) -> None:
         raise InputError(f"{what}: folder {folder} is not writable")
 
 
+# the manifest's format of every bundle orchestrate writes (``bundle.BUNDLE_FORMAT``)
+BUNDLE_PREFIX = "orchestrate-bundle/"
+
+
+def bundle_folder(folder: Path) -> bool:
+    """Whether ``folder`` is a bundle orchestrate wrote (its manifest says so)."""
+    import json
+
+    try:
+        doc = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(doc, dict) and str(doc.get("format", "")).startswith(BUNDLE_PREFIX)
+
+
+def check_not_in_a_bundle(path: Path, what: str) -> None:
+    """Refuse to write ``path`` inside a bundle: a bundle is replaced whole,
+    by optimize, or not at all (a file written into it would make it one
+    that load refuses, or replace what it reads)."""
+    if bundle_folder(path.resolve().parent if what == "file" else path.resolve()):
+        where = path.parent if what == "file" else path
+        raise InputError(f"{path}: is inside the bundle {where}; refusing to write into a bundle")
+
+
 def check_output_file(path: Path) -> None:
-    """``path`` can be written as a new or replaced regular file."""
+    """``path`` can be written as a new or replaced regular file, outside any bundle."""
     if path.is_dir():
         raise InputError(f"{path}: is a folder, expected a file name")
     if path.exists() and not path.is_file():
         raise InputError(f"{path}: exists and is not a regular file; refusing to replace it")
     check_folder_writable(path.parent, str(path))
+    check_not_in_a_bundle(path, "file")
 
 
 def _inside(path: Path, folder: Path) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from orchestrate.errors import InputError
-from orchestrate.files import check_folder_writable, signals_held
+from orchestrate.files import check_folder_writable, check_not_in_a_bundle, signals_held
 
 
 def read_inputs(files: dict[str, Path]) -> dict[str, np.ndarray]:
@@ -44,6 +44,8 @@ def check_output_dir(folder: Path) -> None:
     if folder.exists() and not folder.is_dir():
         raise InputError(f"{what}: exists and is not a folder")
     check_folder_writable(folder if folder.exists() else folder.parent, what)
+    if folder.exists():
+        check_not_in_a_bundle(folder, "folder")
 
 
 def check_destinations(

@@ -21,8 +21,8 @@ def export(
     InputError, nothing written, when there is none or ``out`` cannot be
     written."""
     out = Path(out)
-    pipeline.check_output_path(out)
     path = Path(cache_path) if cache_path is not None else default_path()
+    pipeline.check_output_path(out, path, "the measurement cache")
     if not path.is_file():
         raise InputError(
             f"{path}: no measurement cache (orchestrate optimize --tune on a GPU makes one)"
