@@ -42,7 +42,7 @@ from orchestrate.kernels.spec import (
     LaunchConfig,
     split_k,
 )
-from orchestrate.plan import pipeline
+from orchestrate.plan import graph_info, pipeline, primitive
 from orchestrate.plan.planner import PlanOptions
 from orchestrate.run.runtime import Program, load_kernels
 from tests.compile_util import compile_sm90
@@ -76,9 +76,9 @@ def planned_pair(tmp_path, name: str, dtype: str = "fp16", **options):
     opts = PlanOptions(device=DEVICE, dtype=dtype, time_limit=20, **options)
     big = pipeline.plan_graph(lowered(paths[0], dtype), opts).plan
     g = lowered(paths[1], dtype)
-    at_small = pipeline.plan_graph(g, opts).plan  # the smaller graph's own types
-    pinned = regenerate.planned(replace(at_small, kernels=big.kernels), g, name, check_hash=False)
-    return big, g, pinned
+    # the full-size plan's kernels over the smaller graph's primitives and types
+    at_small = replace(big, graph=graph_info(g), primitives=tuple(primitive(n) for n in g.nodes))
+    return big, g, regenerate.planned(at_small, g, name, check_hash=False)
 
 
 def run_at_gpu_blocks(g, pinned, seed: int = 0) -> None:
