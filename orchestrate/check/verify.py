@@ -196,37 +196,11 @@ def check_tolerance(value, name: str) -> float | None:
 def compare(
     name: str, got: np.ndarray, want: np.ndarray, trial: int, rtol: float | None, atol: float | None
 ) -> OutputCheck:
-    if got.shape != want.shape:
-        return OutputCheck(trial, name, False, np.inf, np.inf, f"shape {got.shape} != {want.shape}")
-    if want.dtype.kind in "biu" or got.dtype.kind in "biu":
-        bad = int(np.count_nonzero(got != want))
-        return OutputCheck(
-            trial, name, bad == 0, float(bad), float(bad), f"{bad} elements differ" if bad else ""
-        )
-    g, w = got.astype(np.float64), want.astype(np.float64)
+    """One output against one reference ``want`` (no second runtime beside
+    it): within tolerance, with the same NaN/Inf pattern (``judge`` without
+    onnxruntime; the default rtol is ``want``'s dtype's)."""
     r = rtol if rtol is not None else RTOL.get(want.dtype.name, 1e-4)
-    finite = np.isfinite(w)
-    scale = float(np.max(np.abs(w[finite]))) if finite.any() else 0.0
-    a = atol if atol is not None else r * scale
-    same_special = np.array_equal(np.isnan(g), np.isnan(w)) and np.array_equal(
-        np.where(np.isinf(w), w, 0), np.where(np.isinf(g) & np.isinf(w), g, 0)
-    )
-    both = finite & np.isfinite(g)
-    diff = np.abs(g - w)
-    max_abs = float(diff[both].max()) if both.any() else 0.0
-    rel = max_abs / scale if scale else max_abs
-    ok = same_special and bool(np.all(diff[both] <= a + r * np.abs(w[both])))
-    ok = ok and bool(np.all(np.isfinite(g) == finite))
-    detail = (
-        ""
-        if ok
-        else (
-            f"max abs error {max_abs:.3g}, relative {rel:.3g} (rtol {r:g}, atol {a:.3g})"
-            if same_special
-            else "NaN/Inf pattern differs from onnxruntime"
-        )
-    )
-    return OutputCheck(trial, name, ok, max_abs, rel, detail)
+    return judge(name, got, want, None, trial, r, atol)
 
 
 def _special(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -238,47 +212,56 @@ def judge(
     name: str,
     got: np.ndarray,
     truth: np.ndarray,
-    ort: np.ndarray,
+    ort: np.ndarray | None,
     trial: int,
     rtol: float | None,
     atol: float | None,
 ) -> OutputCheck:
     """One output of one trial against the float64 ``truth``, onnxruntime's
-    answer ``ort`` beside it (the module docstring says when it passes)."""
+    answer ``ort`` beside it (the module docstring says when it passes);
+    ``ort`` None: against ``truth`` alone."""
     if got.shape != truth.shape:
         return OutputCheck(
             trial, name, False, np.inf, np.inf, f"shape {got.shape} != {truth.shape}"
         )
     if truth.dtype.kind in "biu" or got.dtype.kind in "biu":
         bad = int(np.count_nonzero(got != truth))
-        ok = bad == 0 or (ort.shape == got.shape and np.array_equal(got, ort))
+        ok = bad == 0 or (ort is not None and ort.shape == got.shape and np.array_equal(got, ort))
+        where = "the truth" if ort is None else "the truth and onnxruntime"
         return OutputCheck(
             trial,
             name,
             ok,
             float(bad),
             float(bad),
-            "" if ok else f"{bad} elements differ from the truth and onnxruntime",
+            "" if ok else f"{bad} elements differ from {where}",
         )
-    g, t, o = (x.astype(np.float64) for x in (got, truth, ort))
+    g, t = got.astype(np.float64), truth.astype(np.float64)
+    refs = [t] if ort is None else [t, ort.astype(np.float64)]
     r = rtol if rtol is not None else RTOL.get(got.dtype.name, 1e-4)
     finite = np.isfinite(t)
     scale = float(np.max(np.abs(t[finite]))) if finite.any() else 0.0
     a = atol if atol is not None else r * scale
     pattern = _special(g)
     same_special = any(
-        all(np.array_equal(x, y) for x, y in zip(pattern, _special(ref))) for ref in (t, o)
+        all(np.array_equal(x, y) for x, y in zip(pattern, _special(ref))) for ref in refs
     )
     both = np.isfinite(g) & finite
     diff = np.abs(g - t)
     max_abs = float(diff[both].max()) if both.any() else 0.0
-    theirs = np.isfinite(o) & finite
-    ort_abs = float(np.abs(o - t)[theirs].max()) if theirs.any() else 0.0
+    ort_abs = math.nan
+    if ort is not None:
+        o = refs[1]
+        theirs = np.isfinite(o) & finite
+        ort_abs = float(np.abs(o - t)[theirs].max()) if theirs.any() else 0.0
     within = bool(np.all(diff[both] <= a + r * np.abs(t[both])))
-    no_worse = ort_abs > 0 and max_abs <= ORT_MULTIPLE * ort_abs
+    no_worse = ort_abs > 0 and max_abs <= ORT_MULTIPLE * ort_abs  # False for NaN
     ok = same_special and (within or no_worse)
+    beside = "" if ort is None else f"; onnxruntime's {ort_abs:.3g}"
     if not same_special:
-        detail = "NaN/Inf pattern differs from the truth's and onnxruntime's"
+        detail = "NaN/Inf pattern differs from the truth's" + (
+            "" if ort is None else " and onnxruntime's"
+        )
     elif ok:
         detail = (
             ""
@@ -291,7 +274,7 @@ def judge(
     else:
         detail = (
             f"max abs error {max_abs:.3g}, relative {max_abs / scale if scale else max_abs:.3g}"
-            f" (rtol {r:g}, atol {a:.3g}); onnxruntime's {ort_abs:.3g}"
+            f" (rtol {r:g}, atol {a:.3g}){beside}"
         )
 
     def rel(x: float) -> float:
