@@ -334,7 +334,11 @@ def read_bytes(graph: Graph, spec: KernelSpec) -> int:
     total = 0
     for t in spec.inputs:
         ty = graph.types[t]
-        users = [c for c in graph.consumers.get(t, ()) if c.name in inside]
+        readers = graph.consumers.get(t, ())
+        if len(readers) > len(inside):  # a constant read all over the graph
+            users = [graph.producer[n] for n in spec.nodes if t in graph.producer[n].inputs]
+        else:
+            users = [c for c in readers if c.name in inside]
         if users and all(c.op in (Op.SLICE, Op.GATHER) and c.inputs[0] == t for c in users):
             taken = sum(c.type.size for c in users)
             total += min(taken, ty.size) * ty.itemsize

@@ -98,7 +98,12 @@ def summary_lines(result: Plan) -> list[str]:
         f"{sol.pruned} growths pruned"
         + (f", {sol.truncated_partitions} partitions truncated" if sol.truncated_partitions else "")
         + ")",
-        f"solver: {sol.status}, gap {sol.gap:.4g}, {sol.seconds} s, {sol.solves} solves",
+        f"solver: {sol.status}, gap {sol.gap:.4g}, {sol.seconds} s, {sol.solves} solves"
+        + (
+            f"; {sol.stitched} greedy merges across size cuts saved {sol.stitched_us:g} us"
+            if sol.stitched
+            else ""
+        ),
         f"kernels: {s.kernels} planned, {functions} distinct specs",
         f"precision: {precision_text(result)}",
         *([] if result.options.rewrites else ["rewrite rules: off (--no-rewrites)"]),

@@ -48,7 +48,12 @@ def fired(
         used = by_rule[rule] & chosen
         if not used:
             continue
-        alt = without(prob, by_rule[rule]).solve(prices, time_limit=time_limit, recompute=recompute)
+        try:
+            alt = without(prob, by_rule[rule]).solve(
+                prices, time_limit=time_limit, recompute=recompute
+            )
+        except program.NoPlanInTime:
+            continue  # no figure without the rule in the time (the plan stands)
         out.append(
             Fired(
                 rule,

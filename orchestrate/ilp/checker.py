@@ -8,6 +8,7 @@ run on every plan the planner returns.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 
 from orchestrate.errors import GraphError
@@ -25,20 +26,35 @@ def schedule(
     """An execution order of ``kernels``: (order, stuck).  ``stuck`` lists the
     kernels that can never run because they wait on each other (a cycle)."""
     key = key or (lambda i: i)
-    ready = set(available)
-    pending = sorted(range(len(kernels)), key=key)
+    writer: dict[str, list[int]] = {}
+    for i, ws in enumerate(writes):
+        for t in ws:
+            writer.setdefault(t, []).append(i)
+    waits = [0] * len(kernels)  # inputs not yet written, per kernel
+    readers: dict[str, list[int]] = {}
+    for i, k in enumerate(kernels):
+        for t in set(k.inputs):
+            if t not in available:
+                waits[i] += 1
+                readers.setdefault(t, []).append(i)
+    # the ready kernel first in ``key`` order, as a scan of the sorted kernels would take
+    ready = [(key(i), i) for i in range(len(kernels)) if waits[i] == 0]
+    heapq.heapify(ready)
+    written = set(available)
     order: list[int] = []
-    progress = True
-    while pending and progress:
-        progress = False
-        for i in pending:
-            if all(t in ready for t in kernels[i].inputs):
-                order.append(i)
-                ready.update(writes[i])
-                pending.remove(i)
-                progress = True
-                break
-    return order, pending
+    while ready:
+        _, i = heapq.heappop(ready)
+        order.append(i)
+        for t in writes[i]:
+            if t in written:
+                continue
+            written.add(t)
+            for j in readers.get(t, ()):
+                waits[j] -= 1
+                if waits[j] == 0:
+                    heapq.heappush(ready, (key(j), j))
+    done = set(order)
+    return order, sorted((i for i in range(len(kernels)) if i not in done), key=key)
 
 
 def check_plan(graph: Graph, kernels: Sequence[PlannedKernel]) -> None:

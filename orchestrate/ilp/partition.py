@@ -13,6 +13,12 @@ graph (an attention mask computed once and read by every layer) are
 *pinned*: they do not count against the single live tensor, and like the cut
 tensors they are materialised by the partition that computes them.
 
+A span with no such cut (a long chain of elementwise nodes, many parallel
+branches) is cut into pieces of at most ``max_nodes`` (``Limits.partition_nodes``), each where the fewest
+bytes are live across the boundary: those tensors are written by the piece
+before and read by the next, a fusion the plan gives up so that planning
+time grows with the graph, not faster.
+
 Partitions with the same structure (a transformer's identical layers) share
 a signature; the planner solves one of them and reuses the answer.
 """
@@ -20,6 +26,8 @@ a signature; the planner solves one of them and reuses the answer.
 from __future__ import annotations
 
 import hashlib
+import heapq
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,9 +42,12 @@ class Partition:
     nodes: tuple[str, ...]
     inputs: tuple[str, ...]  # available: graph inputs, constants, earlier partitions' outputs
     outputs: tuple[str, ...]  # must be written: read by later partitions, or graph outputs
+    span: int = 0  # pieces of one span cut for size share it (ilp.stitch)
 
 
-def partition(graph: Graph, *, min_nodes: int = 8, pinned_fraction: float = 0.3) -> list[Partition]:
+def partition(
+    graph: Graph, *, min_nodes: int = 8, pinned_fraction: float = 0.3, max_nodes: int = 512
+) -> list[Partition]:
     nodes = graph.nodes
     if not nodes:
         return []
@@ -55,24 +66,25 @@ def partition(graph: Graph, *, min_nodes: int = 8, pinned_fraction: float = 0.3)
     pinned |= set(graph.outputs)
     consumers = graph.consumers
     cuts: list[int] = []  # cut after node index i
-    live: dict[str, int] = {}  # tensor -> last use, for tensors produced so far
+    live: set[str] = set()  # unpinned tensors produced so far and read later
+    expiry: list[tuple[int, str]] = []  # (last use, tensor), a heap over live
     start = 0
     for i, n in enumerate(nodes):
-        if n.name in last_use:
-            live[n.name] = last_use[n.name]
-        for t in [t for t, end in live.items() if end <= i]:
-            del live[t]
-        unpinned = [t for t in live if t not in pinned]
-        if (
-            i + 1 < len(nodes)
-            and len(unpinned) == 1
-            and len(consumers.get(unpinned[0], ())) >= 2
-            and i + 1 - start >= min_nodes
-            and _read_beyond_an_anchor(graph, unpinned[0], pos)
-        ):
-            cuts.append(i)
-            start = i + 1
-    bounds = [0] + [c + 1 for c in cuts] + [len(nodes)]
+        if n.name in last_use and n.name not in pinned:
+            live.add(n.name)
+            heapq.heappush(expiry, (last_use[n.name], n.name))
+        while expiry and expiry[0][0] <= i:
+            live.discard(heapq.heappop(expiry)[1])
+        if i + 1 < len(nodes) and len(live) == 1 and i + 1 - start >= min_nodes:
+            (t,) = live
+            if len(consumers.get(t, ())) >= 2 and _read_beyond_an_anchor(graph, t, pos):
+                cuts.append(i)
+                start = i + 1
+    bounds, spans = _split_large(
+        [0] + [c + 1 for c in cuts] + [len(nodes)],
+        _live_bytes(graph, pos, last_use, pinned),
+        max_nodes,
+    )
     parts = []
     graph_outputs = set(graph.outputs)
     for k in range(len(bounds) - 1):
@@ -86,8 +98,40 @@ def partition(graph: Graph, *, min_nodes: int = 8, pinned_fraction: float = 0.3)
             for m in members
             if m in graph_outputs or any(c.name not in inside for c in consumers.get(m, ()))
         )
-        parts.append(Partition(k, members, inputs, outputs))
+        parts.append(Partition(k, members, inputs, outputs, spans[k]))
     return parts
+
+
+def _live_bytes(
+    graph: Graph, pos: dict[str, int], last_use: dict[str, int], pinned: set[str]
+) -> list[int]:
+    """Per boundary b (after node b): the bytes of the unpinned tensors
+    computed at or before b and read after it, what a cut there would write."""
+    delta = [0] * (len(graph.nodes) + 1)
+    for t, end in last_use.items():
+        if t not in pinned and end > pos[t]:
+            delta[pos[t]] += graph.types[t].nbytes
+            delta[end] -= graph.types[t].nbytes
+    return list(itertools.accumulate(delta))
+
+
+def _split_large(bounds: list[int], live: list[int], max_nodes: int) -> tuple[list[int], list[int]]:
+    """Each span of more than ``max_nodes`` nodes cut into pieces of at most
+    ``max_nodes``, each cut at the boundary, in the last half of the piece,
+    where the fewest bytes are live (the latest such boundary).  Returns the
+    new bounds and, per piece, the index of the span it came from."""
+    out, spans = [bounds[0]], []
+    for s, end in enumerate(bounds[1:]):
+        start = out[-1]
+        while end - start > max_nodes:
+            window = range(start + max(1, max_nodes // 2), start + max_nodes + 1)  # ends before b
+            b = min(window, key=lambda b: (live[b - 1], -b))
+            out.append(b)
+            spans.append(s)
+            start = b
+        out.append(end)
+        spans.append(s)
+    return out, spans
 
 
 def _read_beyond_an_anchor(graph: Graph, t: str, pos: dict[str, int]) -> bool:

@@ -50,6 +50,8 @@ from orchestrate.kernels.spec import VIEW, KernelSpec
 
 OPTIMAL = "optimal"
 FEASIBLE = "feasible"  # time limit hit with an integer solution in hand
+GREEDY = "greedy"  # time limit hit before any better solution: the warm start kept
+_WORSE = {OPTIMAL: 0, FEASIBLE: 1, GREEDY: 2}
 MAX_CYCLE_ROUNDS = 50
 
 
@@ -76,7 +78,7 @@ class Stats:
     rounds: int = 0
 
     def add(self, sol: Solution) -> None:
-        if sol.status != OPTIMAL:
+        if _WORSE.get(sol.status, 3) > _WORSE.get(self.status, 3):
             self.status = sol.status
         if not math.isnan(sol.gap):
             self.gap = max(self.gap, sol.gap)
@@ -195,17 +197,24 @@ def solve(
     rounds = 0
     while True:
         rounds += 1
-        status, gap = _run_cbc(prob, time_limit, bool(warm))
-        if status is None and prob.status != pulp.LpStatusInfeasible:
+        status, gap, log = _run_cbc(prob, time_limit, bool(warm))
+        if status is None and warm and _fits(warm, kernels, nbytes, budget, budget_exempt):
+            # the time ran out first: the warm start (the greedy plan, feasible
+            # by construction) is the incumbent, its gap against CBC's bound
+            choices = list(warm)
+            objective = _objective(choices, kernels, costs, write_us)
+            status, gap = GREEDY, _incumbent_gap(objective, log)
+        elif status is None and prob.status != pulp.LpStatusInfeasible:
             raise NoPlanInTime(
                 f"--time-limit {time_limit:g}: the solver found no plan in time for {name}; "
                 "raise the limit"
             )
-        if status is None and budget is not None:
+        elif status is None and budget is not None:
             raise BudgetInfeasible(f"--memory-budget {budget}: no plan fits")
-        if status is None:
+        elif status is None:
             raise AssertionError(f"{name}: the linear program is infeasible")
-        choices = _read(x, w, kernels)
+        else:
+            choices = _read(x, w, kernels)
         order, stuck = schedule(
             [kernels[c.kernel] for c in choices], [c.writes for c in choices], available
         )
@@ -214,7 +223,7 @@ def solve(
             return Solution(
                 ordered,
                 status,
-                float(pulp.value(prob.objective) or 0.0),
+                objective if status == GREEDY else float(pulp.value(prob.objective) or 0.0),
                 gap,
                 time.perf_counter() - started,
                 rounds,
@@ -284,15 +293,51 @@ def solve_cbc(prob, **options) -> str:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _run_cbc(prob, time_limit, warm: bool) -> tuple[str | None, float]:
+def _run_cbc(prob, time_limit, warm: bool) -> tuple[str | None, float, str]:
+    """(status, gap, CBC's log); status None: no integer solution."""
     import pulp
 
     text = solve_cbc(prob, timeLimit=time_limit, warmStart=warm)
     if prob.status != pulp.LpStatusOptimal:
-        return None, math.inf
+        return None, math.inf, text
     if prob.sol_status == pulp.LpSolutionOptimal and "Stopped on time" not in text:
-        return OPTIMAL, 0.0
-    return FEASIBLE, _gap_from_log(text)
+        return OPTIMAL, 0.0, text
+    return FEASIBLE, _gap_from_log(text), text
+
+
+def _objective(
+    choices: Sequence[Choice],
+    kernels: Sequence[KernelSpec],
+    costs: Sequence[Cost],
+    write_us: dict[str, float],
+) -> float:
+    """The objective's value at ``choices``, each kernel priced as its terms are."""
+    total = 0.0
+    for ch in choices:
+        c, k = costs[ch.kernel], kernels[ch.kernel]
+        if not k.optional:
+            total += c.time_us
+            continue
+        extra = sum(write_us[t] for t in ch.writes if t in k.optional)
+        total += max(c.memory_us + extra, c.compute_us, c.latency_us) + c.launch_us
+    return total
+
+
+def _fits(warm, kernels, nbytes, budget, exempt) -> bool:
+    """Do the warm start's intermediates fit ``budget`` (None: no budget)?"""
+    if budget is None:
+        return True
+    written = {t for c in warm if kernels[c.kernel].template != VIEW for t in c.writes}
+    return sum(nbytes[t] for t in written if t not in exempt) <= budget
+
+
+def _incumbent_gap(objective: float, text: str) -> float:
+    """The relative gap between ``objective`` and CBC's lower bound in its
+    log; 1 (a bound of 0, which always holds) when it printed none."""
+    bound = re.search(r"Lower bound:\s*([0-9.eE+-]+)", text)
+    if not bound or objective <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (objective - float(bound.group(1))) / objective))
 
 
 def _gap_from_log(text: str) -> float:

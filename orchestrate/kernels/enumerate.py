@@ -39,6 +39,7 @@ class Limits:
     max_sets: int = 50_000  # connected sets examined per partition
     max_candidates: int = 2_000  # legal kernels kept per partition
     max_anchor_fanout: int = 24  # epilogue / prologue nodes around one anchor
+    partition_nodes: int = 512  # primitives in one linear program (ilp.partition)
 
 
 @dataclass

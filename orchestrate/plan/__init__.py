@@ -90,6 +90,10 @@ class Solver:
     pruned: int
     truncated_partitions: int
     solves: int
+    # kernels merged across the cuts made for size (ilp.stitch), and the
+    # predicted time that saved; optional in the file
+    stitched: int = 0
+    stitched_us: float = 0.0
 
 
 @dataclass(frozen=True)

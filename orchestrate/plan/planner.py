@@ -25,11 +25,12 @@ from orchestrate.cost.devices import DEVICES, get_device
 from orchestrate.cost.roofline import Prices, Ranker
 from orchestrate.errors import InputError
 from orchestrate.ilp import alternatives, budget, program
-from orchestrate.ilp.baselines import Priced, greedy, unfused
+from orchestrate.ilp.baselines import Priced, greedy, price, unfused
 from orchestrate.ilp.checker import check_plan
 from orchestrate.ilp.neighbours import unfused_neighbours
 from orchestrate.ilp.partition import group_identical, partition, transplant
 from orchestrate.ilp.problem import Problem, problem
+from orchestrate.ilp.stitch import stitch
 from orchestrate.ir import precision
 from orchestrate.kernels.enumerate import Limits, enumerate_kernels
 from orchestrate.kernels.rules import match
@@ -179,7 +180,7 @@ def plan(
     started = time.perf_counter()
     report = progress or (lambda stage, i, n: None)
     target = replace(options.target(), admit=admit)
-    parts = partition(graph)
+    parts = partition(graph, max_nodes=options.limits.partition_nodes)
     groups = group_identical(graph, parts)  # representative partition -> its copies
     found = {}
     for i, rep in enumerate(groups):
@@ -238,6 +239,8 @@ def plan(
         for p in parts
         for k, ws in solutions[p.index]
     ]
+    chosen, stitched = stitch(graph, chosen, parts, target, prices)
+    greedy_plan = _stitched(graph, greedy_plan, parts, part_of, target, prices)
     seconds = 0.0 if options.reproducible else round(time.perf_counter() - started, 1)
     solver = Solver(
         stats.status,
@@ -251,6 +254,8 @@ def plan(
         sum(p.found.pruned for p in problems.values()),
         sum(1 for p in problems.values() if p.found.truncated),
         stats.rounds,
+        stitched.merges,
+        stitched.saved_us,
     )
     declined = tuple(Declined(*d) for p in problems.values() for d in p.found.declined)
     baselines = {"unfused": _totals(unfused_plan), "greedy": _totals(greedy_plan)}
@@ -390,6 +395,15 @@ def _rule_uses(
             )
         )
     return out
+
+
+def _stitched(graph, plan: list[Priced], parts, part_of, target, prices) -> list[Priced]:
+    """The greedy baseline fused across the size cuts as the plan is."""
+    chosen = [(p.kernel, p.writes, part_of[p.kernel.nodes[0]]) for p in plan]
+    merged, stitched = stitch(graph, chosen, parts, target, prices)
+    if not stitched.merges:
+        return plan
+    return [price(prices, k, ws) for k, ws, _ in merged]
 
 
 def _totals(priced: list[Priced]) -> Totals:

@@ -1,0 +1,156 @@
+"""Planning large graphs: spans cut for size where the fewest bytes are
+live, kernels stitched back across those cuts, and a time limit that always
+returns a plan (the greedy incumbent when the solver had no better one)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pulp
+import pytest
+from click.testing import CliRunner
+from onnx import helper
+
+from orchestrate import api, cli, ir
+from orchestrate.ilp import program
+from orchestrate.ilp.partition import partition
+from orchestrate.kernels.enumerate import Limits
+from orchestrate.plan import planner
+from orchestrate.plan.planner import PlanOptions
+from tests import graphs
+from tests.util import elem
+
+
+def _chain(n: int):
+    def build(b, x):
+        for i in range(n):
+            x = b.exp(x) if i % 2 else b.mul(x, 0.5)
+        return x
+
+    return build
+
+
+def _plan(g: ir.Graph, **limits) -> planner.Plan:
+    return planner.plan(g, PlanOptions(device="h100", limits=Limits(**limits))).plan
+
+
+def test_a_long_span_is_cut_into_pieces_no_larger_than_the_limit():
+    g = graphs.build(_chain(40), [(4, 64)])
+    assert len(partition(g)) == 1  # no natural cut in a chain
+    parts = partition(g, max_nodes=8)
+    assert all(len(p.nodes) <= 8 for p in parts) and len(parts) >= 5
+    assert [n for p in parts for n in p.nodes] == [n.name for n in g.nodes]
+    assert len({p.span for p in parts}) == 1  # one span, cut for size
+    for before, after in zip(parts, parts[1:]):
+        assert before.outputs == (before.nodes[-1],) and after.inputs[0] == before.nodes[-1]
+
+
+def test_the_size_cut_falls_where_the_fewest_bytes_are_live():
+    """Four ops on a 64x256 tensor, a row sum, four ops on its 64x1 result,
+    then four on 64x256 again: a piece of at most 8 nodes ends in the narrow
+    stretch, where one 256-byte tensor crosses the cut, not 64 KB."""
+
+    def build(b, x, z):
+        for _ in range(4):
+            x = b.exp(b.mul(x, 0.5))
+        s = b.sum(x, [1])
+        for _ in range(2):
+            s = b.exp(b.mul(s, 0.5))
+        y = b.mul(z, s)
+        for _ in range(2):
+            y = b.exp(b.mul(y, 0.5))
+        return y
+
+    g = graphs.build(build, [(64, 256), (64, 256)])
+    parts = partition(g, max_nodes=14)
+    first = parts[0]
+    crossing = [t for t in first.outputs if t in parts[1].inputs]
+    narrow = [t for t in crossing if g.types[t].shape == (64, 1)]
+    assert narrow, [(t, g.types[t].shape) for t in crossing]
+
+
+def test_kernels_are_stitched_back_across_size_cuts():
+    """A 40-node elementwise chain in pieces of 8 plans as the whole chain
+    does: one kernel, the same predicted time, the merges reported."""
+    g = graphs.build(_chain(40), [(4, 64)])
+    whole, cut = _plan(g), _plan(g, partition_nodes=8)
+    assert whole.summary.kernels == 1 and whole.solver.stitched == 0
+    assert cut.solver.partitions >= 5 and cut.solver.stitched == cut.solver.partitions - 1
+    assert cut.summary.kernels == 1
+    assert cut.summary.predicted_us == pytest.approx(whole.summary.predicted_us)
+    assert cut.baselines["greedy"].kernels == 1
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_stitched_plans_of_random_graphs_are_valid(seed):
+    """Pieces of three nodes over random DAGs (multi-output kernels, shared
+    inputs): every stitched plan passes the plan checker (assemble runs it),
+    is never slower than its pieces unstitched, and names each kernel's
+    primitives exactly once unless the optimum recomputes."""
+    g = graphs.random_dag(seed, n_nodes=12)
+    p = _plan(g, partition_nodes=3)
+    assert p.solver.stitched_us >= 0
+    written = [t for k in p.kernels for t in k.outputs]
+    assert len(written) == len(set(written))
+    assert set(g.outputs) <= set(written)
+
+
+def test_a_stitched_plan_runs_and_verifies(tmp_path):
+    """The merged kernel is emitted, run (interpreter) and verified like any."""
+    x = helper.make_tensor_value_info("x", elem("float32"), [4, 64])
+    y = helper.make_tensor_value_info("y", elem("float32"), [4, 64])
+    ops = ["Relu", "Exp", "Neg", "Sigmoid"] * 5
+    names = ["x"] + [f"t{i}" for i in range(len(ops) - 1)] + ["y"]
+    nodes = [helper.make_node(op, [names[i]], [names[i + 1]]) for i, op in enumerate(ops)]
+    model = helper.make_model(
+        helper.make_graph(nodes, "chain", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    path = tmp_path / "chain.onnx"
+    onnx.save(model, path)
+    options = PlanOptions(device="h100", limits=Limits(partition_nodes=4))
+    bundle = api.optimize(path, tmp_path / "chain.orch", options=options, trials=1)
+    assert bundle.plan.solver.stitched >= 4 and bundle.plan.summary.kernels == 1
+    feeds = {"x": np.random.default_rng(0).standard_normal((4, 64), dtype=np.float32)}
+    want = 1 / (1 + np.exp(np.exp(np.maximum(feeds["x"], 0))))
+    for _ in range(4):
+        want = 1 / (1 + np.exp(np.exp(np.maximum(want, 0))))
+    np.testing.assert_allclose(api.load(bundle.path).run(feeds)["y"], want, rtol=1e-5)
+
+
+def _out_of_time(monkeypatch):
+    """CBC stopping on its time limit before any integer solution, as it
+    does on a large partition under a small --time-limit."""
+
+    def stopped(prob, **options):
+        prob.status = pulp.LpStatusNotSolved
+        return "Result - Stopped on time limit\n\nNo feasible solution found\nLower bound: 1.5\n"
+
+    monkeypatch.setattr(program, "solve_cbc", stopped)
+
+
+def test_a_time_limit_keeps_the_greedy_incumbent(monkeypatch):
+    g = graphs.build(graphs.mlp, [(32, 64), (64, 256), (256,), (256, 64)])
+    _out_of_time(monkeypatch)
+    p = _plan(g)
+    assert p.solver.status == "greedy"
+    greedy = p.baselines["greedy"]
+    assert p.summary.kernels == greedy.kernels
+    assert p.summary.predicted_us == pytest.approx(greedy.predicted_us)
+    assert p.solver.gap == pytest.approx((greedy.predicted_us - 1.5) / greedy.predicted_us, 1e-3)
+
+
+def test_the_cli_reports_the_incumbent_and_exits_0(monkeypatch, tmp_path):
+    _out_of_time(monkeypatch)
+    x = helper.make_tensor_value_info("x", elem("float32"), [8, 64])
+    y = helper.make_tensor_value_info("y", elem("float32"), [8, 64])
+    nodes = [helper.make_node("Softmax", ["x"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    model = helper.make_model(
+        helper.make_graph(nodes, "m", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    onnx.save(model, tmp_path / "m.onnx")
+    r = CliRunner().invoke(
+        cli.main,
+        ["plan", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "p.json"), "--time-limit", "1"],
+    )
+    assert r.exit_code == 0, r.output
+    assert "solver: greedy, gap" in r.output and (tmp_path / "p.json").exists()
