@@ -154,3 +154,70 @@ def test_the_cli_reports_the_incumbent_and_exits_0(monkeypatch, tmp_path):
     )
     assert r.exit_code == 0, r.output
     assert "solver: greedy, gap" in r.output and (tmp_path / "p.json").exists()
+
+
+def _gather_model(folder, rows: int, cols: int = 1024):
+    """Gather rows of a rows x cols float32 table, then Relu; the table is
+    external data of zeros (a sparse file: no disk, no time)."""
+    t = onnx.TensorProto(name="table", data_type=onnx.TensorProto.FLOAT, dims=[rows, cols])
+    t.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (
+        ("location", "table.bin"),
+        ("offset", "0"),
+        ("length", str(4 * rows * cols)),
+    ):
+        entry = t.external_data.add()
+        entry.key, entry.value = key, value
+    with open(folder / "table.bin", "wb") as f:
+        f.truncate(4 * rows * cols)
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["e"]),
+        helper.make_node("Relu", ["e"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "lookup",
+        [helper.make_tensor_value_info("ids", elem("int64"), [4])],
+        [helper.make_tensor_value_info("y", elem("float32"), [4, cols])],
+        [t],
+    )
+    path = folder / "lookup.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_model_past_2_gib_of_weights_plans_and_optimizes(tmp_path):
+    """2.16 GB of weights in one tensor: past what one protobuf can hold, so
+    a step that serialized the weights would fail.  They stay in their file
+    (mapped, not loaded), the plan is made, and the bundle written."""
+    import shutil
+
+    rows = 2**19 + 4096  # x 1024 x 4 bytes = 2.16 GB
+    path = _gather_model(tmp_path, rows)
+    runner = CliRunner()
+    try:
+        r = runner.invoke(cli.main, ["plan", str(path), "-o", str(tmp_path / "p.json")])
+        assert r.exit_code == 0, r.output
+        out = tmp_path / "lookup.orch"
+        r = runner.invoke(cli.main, ["optimize", str(path), "-o", str(out), "--trials", "0"])
+        assert r.exit_code == 0, r.output
+        assert (out / "weights.npz").stat().st_size > 2**31
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)  # the bundle's 2 GB
+
+
+def test_weights_are_read_in_place_and_checked_against_their_file(tmp_path):
+    """A small external table runs as the model says (onnxruntime reads the
+    mapped array), and a file too short for its tensor is one clear error."""
+    path = _gather_model(tmp_path, 64, cols=8)
+    values = np.arange(64 * 8, dtype=np.float32).reshape(64, 8) - 100
+    values.tofile(tmp_path / "table.bin")
+    bundle = api.optimize(path, tmp_path / "b.orch", trials=1)
+    ids = np.array([0, 5, 63, 12], np.int64)
+    got = api.load(bundle.path).run({"ids": ids})["y"]
+    np.testing.assert_array_equal(got, np.maximum(values[ids], 0))
+    with open(tmp_path / "table.bin", "r+b") as f:
+        f.truncate(100)
+    r = CliRunner().invoke(cli.main, ["plan", str(path), "-o", str(tmp_path / "p.json")])
+    assert r.exit_code == 2
+    assert "table.bin" in r.output and "too few" in r.output and "Traceback" not in r.output

@@ -27,6 +27,7 @@ import onnx
 
 from orchestrate.bench.runtimes import ORT_CPU, ORT_CUDA, Feeds, Ready, Unavailable
 from orchestrate.bench.torch_side import _first_line
+from orchestrate.frontend import onnxrt
 from orchestrate.frontend.onnxrt import MAX_IR_VERSION
 
 ORT_MEMORY = "onnxruntime allocates from its own CUDA arena, which torch.cuda cannot see"
@@ -110,13 +111,15 @@ def ort_runtime(
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         ready_model, notes = prepared(copy, dtype, model_type, key == ORT_CUDA)
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+
+        def opts():
+            o = ort.SessionOptions()
+            o.log_severity_level = 3
+            o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            return o
+
         if key == ORT_CPU:
-            session = ort.InferenceSession(
-                ready_model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
-            )
+            session = onnxrt.session(ready_model, ["CPUExecutionProvider"], opts())
             names = [o.name for o in session.get_outputs()]
 
             def call(i: int):
@@ -141,14 +144,15 @@ def ort_runtime(
 
 def _cuda_call(ort, model: onnx.ModelProto, opts, feed_sets: Sequence[Feeds]):
     """A call of input set i through IO binding, with the provider's CUDA
-    graph where it captures (else without, and the note says so)."""
+    graph where it captures (else without, and the note says so); ``opts()``
+    makes each session's options."""
     import torch
 
     last = None
     for graph in (True, False):
         try:
             provider = ("CUDAExecutionProvider", {"enable_cuda_graph": "1" if graph else "0"})
-            session = ort.InferenceSession(model.SerializeToString(), opts, providers=[provider])
+            session = onnxrt.session(model, [provider], opts())
             if session.get_providers()[0] != "CUDAExecutionProvider":
                 raise RuntimeError("the session fell back to " + session.get_providers()[0])
             staged = [{k: torch.from_numpy(v).cuda() for k, v in f.items()} for f in feed_sets]

@@ -36,6 +36,7 @@ from orchestrate.decompose import (
 )
 from orchestrate.decompose.builder import Builder, Value, onnx_dtype_name
 from orchestrate.errors import GraphError, InputError, UnsupportedError
+from orchestrate.frontend.weights import array as initializer_array
 from orchestrate.ir import type_rules
 from orchestrate.ir.bounds import INDEX_ERROR, check_constants
 from orchestrate.kernels.spec import SCRATCH_DTYPES
@@ -94,7 +95,7 @@ def fission(model: onnx.ModelProto, source: str = "<model>", *, consume: bool = 
         if vi.name in outputs:
             raise UnsupportedError(f"{source}: input {vi.name!r} is also an output", {"io": 1})
     for t in g.initializer:
-        arr = numpy_helper.to_array(t)
+        arr = initializer_array(t)
         if consume:
             t.ClearField("raw_data")
         _check_dtype(arr.dtype.name, f"{source}: initializer {t.name!r}")

@@ -119,7 +119,8 @@ class Builder:
     # -- constants ----------------------------------------------------------
 
     def constant(self, value, dtype: str | None = None, *, name: str | None = None) -> Value:
-        arr = np.array(value, dtype=dtype) if dtype is not None else np.array(value)
+        # (asarray: a weight mapped from its file is not copied)
+        arr = np.asarray(value, dtype=dtype) if dtype is not None else np.asarray(value)
         if arr.dtype.name not in ir.ALL_DTYPES:
             raise UnsupportedError(f"dtype {arr.dtype.name} is not supported")
         arr = np.array(arr, order="C", copy=None)

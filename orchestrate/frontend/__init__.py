@@ -20,9 +20,11 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
-from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+from onnx.external_data_helper import uses_external_data
 
 from orchestrate.errors import InputError, UnsupportedError
+from orchestrate.frontend.weights import array as initializer_array
+from orchestrate.frontend.weights import bind as bind_external
 from orchestrate.ir import MAX_ELEMENTS
 
 # Folding a constant computation is skipped when its result is larger than
@@ -93,23 +95,8 @@ def negative_dims_dynamic(model: onnx.ModelProto, copy: bool = True) -> onnx.Mod
 
 
 def _load_external(model: onnx.ModelProto, path: Path) -> None:
-    base = path.parent.resolve()
-    tensors = [t for t in _all_tensors(model.graph) if uses_external_data(t)]
-    for t in tensors:
-        loc = next((e.value for e in t.external_data if e.key == "location"), "")
-        target = (base / loc).resolve()
-        if not loc or os.path.isabs(loc) or base not in target.parents:
-            raise InputError(
-                f"{path}: tensor {t.name!r} points at external data {loc!r} "
-                "outside the model's folder"
-            )
-        if not target.is_file():
-            raise InputError(f"{path}: external data file {loc!r} of {t.name!r} is missing")
-    if tensors:
-        try:
-            load_external_data_for_model(model, str(base))
-        except Exception as e:  # noqa: BLE001 - any failure here is a bad file
-            raise InputError(f"{path}: cannot read external data ({_short(e)})") from None
+    """Bind the external tensors to their files, read in place (``frontend.weights``)."""
+    bind_external(_all_tensors(model.graph), path)
 
 
 def _all_tensors(graph: onnx.GraphProto):
@@ -128,8 +115,9 @@ def _all_tensors(graph: onnx.GraphProto):
 def check(model: onnx.ModelProto, source: str = "<model>") -> None:
     check_opset(model, source)
     _check_text(model, source)
-    try:
-        onnx.checker.check_model(model)
+    try:  # on the skeleton: the checker serializes what it checks, and a model
+        # with weights beyond protobuf's 2 GiB cannot be serialized
+        onnx.checker.check_model(_skeleton(model)[0])
     except (onnx.checker.ValidationError, ValueError) as e:
         raise InputError(f"{source}: invalid ONNX model ({_short(e)})") from None
     _check_graph(model.graph, source)
@@ -387,7 +375,13 @@ SKELETON_LIMIT = 4096
 
 
 def _skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, onnx.TensorProto]]:
-    weights = {t.name: t for t in model.graph.initializer if _numel(t) > SKELETON_LIMIT}
+    """``model`` with its large or external initializers as graph inputs of
+    their types, and those initializers by name."""
+    weights = {
+        t.name: t
+        for t in model.graph.initializer
+        if _numel(t) > SKELETON_LIMIT or uses_external_data(t)
+    }
     m = onnx.ModelProto()
     graph = model.graph
     m.CopyFrom(
@@ -573,7 +567,7 @@ class _LazyArrays(dict):
 
     def __getitem__(self, key: str) -> np.ndarray:
         if not dict.__contains__(self, key):
-            self[key] = numpy_helper.to_array(self._protos[key])
+            self[key] = initializer_array(self._protos[key])
         return dict.__getitem__(self, key)
 
 
@@ -644,7 +638,9 @@ def _prune(m: onnx.ModelProto, weights: Mapping[str, onnx.TensorProto]) -> onnx.
     g.node.extend(kept)
     del g.initializer[:]
     g.initializer.extend(inits)
-    g.initializer.extend(t for name, t in weights.items() if name in needed)
+    for name, t in weights.items():  # (extend would serialize each: none may pass 2 GiB)
+        if name in needed:
+            g.initializer.add().CopyFrom(t)
     # old models (IR < 4) list initializers among the inputs too
     real = [i for i in g.input if i.name not in constant_names]
     del g.input[:]

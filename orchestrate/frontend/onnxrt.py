@@ -3,31 +3,96 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
 
 import numpy as np
 import onnx
+from onnx.external_data_helper import uses_external_data
 
 from orchestrate.errors import InputError
+from orchestrate.frontend.weights import array as initializer_array
 
 # the newest ONNX IR version the installed onnxruntime loads; models written
 # by a newer onnx package are run with their IR version lowered to it
 MAX_IR_VERSION = 10
 
 
-def session(model: onnx.ModelProto, providers: list[str] | None = None):
+# initializers of more bytes than this reach onnxruntime as arrays beside the
+# model, never inside its serialized protobuf (which cannot pass 2 GiB)
+BESIDE_BYTES = 1 << 20
+_IN_MEMORY = "orchestrate-in-memory"  # the location a weight handed beside the model names
+
+
+def session(model: onnx.ModelProto, providers: list[str] | None = None, opts=None):
+    """An onnxruntime session of ``model`` (``opts``: SessionOptions to use).
+
+    Large initializers are handed to onnxruntime as arrays
+    (``add_external_initializers``), the model itself naming them as
+    external data, so a model of any size loads; the arrays live as long
+    as the session."""
     import onnxruntime as ort
 
-    if model.ir_version > MAX_IR_VERSION:
-        m = onnx.ModelProto()
-        m.CopyFrom(model)
-        m.ir_version = MAX_IR_VERSION
-        model = m
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    return ort.InferenceSession(
-        model.SerializeToString(), opts, providers=providers or ["CPUExecutionProvider"]
+    if opts is None:
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+    skeleton, weights = _weights_beside(model)
+    if weights:
+        opts.add_external_initializers(
+            list(weights), [ort.OrtValue.ortvalue_from_numpy(a) for a in weights.values()]
+        )
+    s = ort.InferenceSession(
+        skeleton.SerializeToString(), opts, providers=providers or ["CPUExecutionProvider"]
     )
+    s.orchestrate_weights = weights  # onnxruntime reads them in place
+    return s
+
+
+def _weights_beside(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A copy of ``model`` (IR version at most MAX_IR_VERSION) whose large
+    initializers are external-data stubs, and those initializers as arrays."""
+    big = [t for t in model.graph.initializer if _nbytes(t) > BESIDE_BYTES or uses_external_data(t)]
+    if not big and model.ir_version <= MAX_IR_VERSION:
+        return model, {}
+    names = {t.name for t in big}
+    m = onnx.ModelProto()
+    graph = model.graph
+    kept = [t for t in graph.initializer if t.name not in names]
+    # copy everything but the large initializers (copying them would double the memory)
+    shell = onnx.GraphProto()
+    shell.CopyFrom(onnx.GraphProto(name=graph.name, doc_string=graph.doc_string))
+    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
+        getattr(shell, field).extend(getattr(graph, field))
+    shell.initializer.extend(kept)
+    arrays = {t.name: np.ascontiguousarray(initializer_array(t)) for t in big}
+    for t in big:
+        stub = shell.initializer.add()
+        stub.name, stub.data_type = t.name, t.data_type
+        stub.dims.extend(t.dims)
+        stub.data_location = onnx.TensorProto.EXTERNAL
+        size = str(arrays[t.name].nbytes)
+        for key, value in (("location", _IN_MEMORY), ("offset", "0"), ("length", size)):
+            entry = stub.external_data.add()
+            entry.key, entry.value = key, value
+    m.CopyFrom(
+        onnx.ModelProto(
+            ir_version=min(model.ir_version, MAX_IR_VERSION),
+            opset_import=model.opset_import,
+            producer_name=model.producer_name,
+            functions=model.functions,
+            graph=shell,
+        )
+    )
+    return m, arrays
+
+
+def _nbytes(t: onnx.TensorProto) -> int:
+    """The bytes of ``t``'s values, from its type and shape (``ByteSize``
+    would serialize it, which fails past 2 GiB)."""
+    if t.data_type == onnx.TensorProto.STRING:
+        return 0  # never handed beside: onnxruntime takes no string OrtValue this way
+    itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    return math.prod(t.dims) * itemsize
 
 
 def reference(model: onnx.ModelProto, source: str):

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import onnx
-from onnx import numpy_helper
 
 from orchestrate.errors import InputError
 from orchestrate.frontend import DEFAULT_DOMAINS, graph_inputs
+from orchestrate.frontend.weights import array as initializer_array
 from orchestrate.shapes.affine import Affine
 from orchestrate.shapes.binding import bind_inputs
 from orchestrate.shapes.dims import DimRange
@@ -153,7 +153,7 @@ def _tensor_value(t: onnx.TensorProto) -> Value:
     for d in t.dims:
         count *= d
     if t.data_type in INT_TYPES and len(t.dims) <= 1 and count <= DATA_LIMIT:
-        data = tuple(Affine.of(int(x)) for x in numpy_helper.to_array(t).reshape(-1))
+        data = tuple(Affine.of(int(x)) for x in initializer_array(t).reshape(-1))
     return Value(shape, t.data_type, data)
 
 
