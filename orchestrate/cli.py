@@ -799,8 +799,9 @@ def records_export(out: Path, device: str | None, cache_path: Path | None) -> No
     from orchestrate.tune.export import export
     from orchestrate.tune.records import RECORDS_SCHEMA
 
-    n = export(out, device, cache_path)
-    click.echo(f"wrote {out}: {n} measurement{'s' if n != 1 else ''} ({RECORDS_SCHEMA})")
+    n, skipped = export(out, device, cache_path)
+    damaged = f"; {skipped} damaged rows skipped" if skipped else ""
+    click.echo(f"wrote {out}: {n} measurement{'s' if n != 1 else ''} ({RECORDS_SCHEMA}){damaged}")
 
 
 def _parse_inputs(texts) -> dict[str, Path]:

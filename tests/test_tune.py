@@ -22,6 +22,7 @@ from orchestrate import api, cli
 from orchestrate.cost.devices import get_device
 from orchestrate.cost.measured import Measured, calibrate
 from orchestrate.cost.roofline import Prices, cost
+from orchestrate.errors import InputError
 from orchestrate.explain import summary_lines
 from orchestrate.ir import precision
 from orchestrate.kernels.spec import MATMUL, VIEW
@@ -479,3 +480,72 @@ def test_tune_on_the_gpu_measures_once_then_reads_the_cache(tmp_path, monkeypatc
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert lines and all(x["fake"] is False and x["measured_us"] > 0 for x in lines)
     assert {x["device"]["gpu"] for x in lines} == {torch.cuda.get_device_name(0)}
+
+
+def _row(spec_hash: str, us: float = 1.0) -> Row:
+    return Row(Key(spec_hash, "gpu", "float32", "t", "d"), us, 1.0, False, "x", {"device": {}})
+
+
+def test_a_cache_of_another_schema_is_one_line_not_an_internal_error(tmp_path):
+    """An SQLite file that is not ours (another app's tables; a table of our
+    name with other columns under our version number) is refused, and left
+    as it was: nothing is created in it."""
+    import sqlite3
+
+    run = CliRunner().invoke
+    other = tmp_path / "other.sqlite"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE notes (id INTEGER, text TEXT)")
+    r = run(cli.main, ["records", "export", str(tmp_path / "r.jsonl"), "--cache", str(other)])
+    assert_one_line_error(r, "other.sqlite", "not an orchestrate measurement cache", "notes")
+    with sqlite3.connect(other) as db:
+        tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    assert tables == ["notes"]
+    renamed = tmp_path / "renamed.sqlite"
+    with sqlite3.connect(renamed) as db:
+        db.execute("CREATE TABLE measurements (spec_hash TEXT, measured_us REAL)")
+        db.execute("PRAGMA user_version = 1")
+    r = run(cli.main, ["records", "export", str(tmp_path / "r.jsonl"), "--cache", str(renamed)])
+    assert_one_line_error(r, "renamed.sqlite", "columns spec_hash, measured_us")
+    g = mlp()
+    with pytest.raises(InputError, match="not an orchestrate measurement cache"):
+        tuned(g, FakeTimer(model_times()), renamed)
+
+
+def test_damaged_rows_are_skipped_and_counted_and_never_used(tmp_path):
+    """Rows with bad JSON, a text or infinite time: export writes the good
+    rows and says how many it skipped; a tuned run measures those again."""
+    import sqlite3
+
+    db = tmp_path / "m.sqlite"
+    with Cache(db) as c:
+        c.put([_row("good"), _row("json"), _row("text"), _row("inf")])
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE measurements SET record = '{not json' WHERE spec_hash = 'json'")
+        conn.execute("UPDATE measurements SET measured_us = 'fast' WHERE spec_hash = 'text'")
+        conn.execute("UPDATE measurements SET measured_us = 9e999 WHERE spec_hash = 'inf'")
+    out = tmp_path / "r.jsonl"
+    r = CliRunner().invoke(cli.main, ["records", "export", str(out), "--cache", str(db)])
+    assert r.exit_code == 0, r.output
+    assert "1 measurement" in r.output and "3 damaged rows skipped" in r.output
+    (line,) = out.read_text().splitlines()
+    assert json.loads(line)["spec_hash"] == "good"
+    with Cache(db) as c:
+        found = c.get([_row(h).key for h in ("good", "json", "text", "inf")])
+    assert set(k.spec_hash for k in found) == {"good", "json"}  # a bad record is still a time
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan, -1.0, 0.0])
+def test_a_timing_that_is_not_a_time_is_never_cached_or_used(tmp_path, bad, capsys):
+    g = mlp()
+    probe = FakeTimer(model_times())
+    tuned(g, probe, tmp_path / "probe.sqlite")
+    victim = probe.timed[0]
+    timer = FakeTimer(lambda graph, s: bad if s.hash == victim else model_times()(graph, s))
+    p = tuned(g, timer, tmp_path / "m.sqlite").plan
+    assert p.tuning.failed == 1 and "left out" in capsys.readouterr().err
+    with Cache(tmp_path / "m.sqlite") as c:
+        assert all(math.isfinite(r.measured_us) and r.measured_us > 0 for r in c.rows())
+        assert victim not in {r.key.spec_hash for r in c.rows()}
+    with Cache(tmp_path / "x.sqlite") as c, pytest.raises(ValueError, match="not a time"):
+        c.put([_row("h", bad)])

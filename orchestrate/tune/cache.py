@@ -22,6 +22,7 @@ it was writing.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 from collections.abc import Iterable, Sequence
@@ -35,6 +36,18 @@ SCHEMA_VERSION = 1  # PRAGMA user_version
 BUSY_TIMEOUT_S = 60.0
 FILE_NAME = "measurements.sqlite"
 
+COLUMNS = (
+    "spec_hash",
+    "device",
+    "dtype",
+    "triton",
+    "driver",
+    "measured_us",
+    "predicted_us",
+    "fake",
+    "created",
+    "record",
+)
 _TABLE = """
 CREATE TABLE IF NOT EXISTS measurements (
     spec_hash    TEXT NOT NULL,
@@ -89,22 +102,26 @@ class Cache:
 
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = Path(path) if path is not None else default_path()
+        self._skipped = 0
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
             self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
+            foreign = _foreign(self._db, version)
+            if foreign is not None:
                 self._db.close()
-                raise InputError(
-                    f"{self.path}: a measurement cache of schema {version}, "
-                    "written by a newer orchestrate (this one reads "
-                    f"{SCHEMA_VERSION})"
-                )
-            self._db.execute("PRAGMA journal_mode = WAL")
-            self._write(self._create)
+                raise InputError(f"{self.path}: {foreign}")
+            if version == 0:  # a new, empty file: made ours
+                self._db.execute("PRAGMA journal_mode = WAL")
+                self._write(self._create)
         except (OSError, sqlite3.Error) as e:
             raise InputError(f"{self.path}: cannot open the measurement cache: {e}") from None
+
+    @property
+    def skipped(self) -> int:
+        """Rows the last ``rows()`` left out as damaged."""
+        return self._skipped
 
     def __enter__(self) -> Cache:
         return self
@@ -139,12 +156,16 @@ class Cache:
                 "dtype = ? AND triton = ? AND driver = ?",
                 (k.spec_hash, k.device, k.dtype, k.triton, k.driver),
             ).fetchone()
-            if row is not None:
-                found[k] = float(row[0])
+            us = _time(row[0]) if row is not None else None
+            if us is not None:  # (a damaged figure is measured again, not used)
+                found[k] = us
         return found
 
     def put(self, rows: Sequence[Row]) -> None:
         """Store ``rows`` in one transaction (a row with a key already there replaces it)."""
+        bad = [r for r in rows if _time(r.measured_us) is None]
+        if bad:
+            raise ValueError(f"not a time in µs: {bad[0].measured_us!r} for {bad[0].key}")
         if not rows:
             return
         values = [
@@ -169,8 +190,11 @@ class Cache:
             raise InputError(f"{self.path}: cannot write the measurement cache: {e}") from None
 
     def rows(self) -> list[Row]:
-        """Every row, oldest first."""
-        out = []
+        """Every row, oldest first; damaged ones (a figure that is not a
+        positive finite time, a record that is not a JSON object) are left
+        out and counted in ``skipped``."""
+        out, skipped = [], 0
+        query = "SELECT * FROM measurements ORDER BY created, spec_hash, device"
         for (
             h,
             dev,
@@ -182,18 +206,63 @@ class Cache:
             fake,
             created,
             record,
-        ) in self._db.execute("SELECT * FROM measurements ORDER BY created, spec_hash, device"):
-            out.append(
-                Row(
-                    Key(h, dev, dtype, triton, driver),
-                    float(measured),
-                    float(predicted),
-                    bool(fake),
-                    created,
-                    json.loads(record),
-                )
-            )
+        ) in self._db.execute(query):
+            row = _row(h, dev, dtype, triton, driver, measured, predicted, fake, created, record)
+            if row is None:
+                skipped += 1
+            else:
+                out.append(row)
+        self._skipped = skipped
         return out
 
     def count(self) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM measurements").fetchone()[0])
+
+
+def _foreign(db: sqlite3.Connection, version: int) -> str | None:
+    """Why the open database is not a measurement cache this orchestrate
+    reads, or None (ours, or a new empty file)."""
+    if version > SCHEMA_VERSION:
+        return (
+            f"a measurement cache of schema {version}, written by a newer orchestrate "
+            f"(this one reads {SCHEMA_VERSION})"
+        )
+    tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    if version == 0:
+        if tables:
+            return (
+                f"not an orchestrate measurement cache (an SQLite file with tables "
+                f"{', '.join(sorted(tables)[:5])}); pass another --cache"
+            )
+        return None
+    columns = [r[1] for r in db.execute("PRAGMA table_info(measurements)")]
+    if columns != list(COLUMNS):
+        return (
+            f"not an orchestrate measurement cache of schema {version} (its measurements "
+            f"table has columns {', '.join(columns) or 'none'}); pass another --cache"
+        )
+    return None
+
+
+def _time(value) -> float | None:
+    """``value`` as a time in µs, or None unless it is a positive finite number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    us = float(value)
+    return us if math.isfinite(us) and us > 0 else None
+
+
+def _row(h, dev, dtype, triton, driver, measured, predicted, fake, created, record) -> Row | None:
+    """A stored row as a Row, or None when it is damaged."""
+    us = _time(measured)
+    if us is None or not all(isinstance(v, str) for v in (h, dev, dtype, triton, driver, created)):
+        return None
+    if isinstance(predicted, bool) or not isinstance(predicted, (int, float)):
+        return None
+    try:
+        data = json.loads(record) if isinstance(record, str) else None
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    return Row(Key(h, dev, dtype, triton, driver), us, float(predicted), bool(fake), created, data)

@@ -15,11 +15,11 @@ from orchestrate.tune.records import line
 
 def export(
     out: str | os.PathLike, device: str | None = None, cache_path: str | os.PathLike | None = None
-) -> int:
+) -> tuple[int, int]:
     """Write every measurement (of ``device``: a GPU's name or a
-    ``devices.py`` row, any case) to ``out`` as JSON lines; how many.
-    InputError, nothing written, when there is none or ``out`` cannot be
-    written."""
+    ``devices.py`` row, any case) to ``out`` as JSON lines; how many, and
+    how many damaged rows were skipped.  InputError, nothing written, when
+    there is none, the cache is not one, or ``out`` cannot be written."""
     out = Path(out)
     path = Path(cache_path) if cache_path is not None else default_path()
     pipeline.check_output_path(out, path, "the measurement cache")
@@ -29,8 +29,10 @@ def export(
         )
     with Cache(path) as cache:
         rows = cache.rows()
+        skipped = cache.skipped
     if not rows:
-        raise InputError(f"{path}: the measurement cache is empty")
+        damaged = f" ({skipped} damaged rows skipped)" if skipped else ""
+        raise InputError(f"{path}: the measurement cache is empty{damaged}")
     if device is not None:
         want = device.lower()
         row_of = {id(r): r.record.get("device", {}).get("name", "?") for r in rows}
@@ -41,6 +43,7 @@ def export(
                 f"--device {device}: no measurements of it in {path} (it holds {', '.join(have)})"
             )
         rows = chosen
-    text = "".join(json.dumps(line(r), sort_keys=True) + "\n" for r in rows)
+    # strict JSON: rows() let no NaN or infinity through
+    text = "".join(json.dumps(line(r), sort_keys=True, allow_nan=False) + "\n" for r in rows)
     pipeline.write_atomic(out, text.encode())
-    return len(rows)
+    return len(rows), skipped

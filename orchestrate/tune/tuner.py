@@ -18,6 +18,7 @@ keeps the model's scaled figure.
 
 from __future__ import annotations
 
+import math
 import numbers
 import sys
 import time
@@ -164,6 +165,8 @@ def tune(
                     continue
                 try:
                     us = float(timer.time(graph, option))
+                    if not (math.isfinite(us) and us > 0):  # never cached, never used
+                        raise ValueError(f"the timer returned {us!r} µs")
                 except Exception as e:  # noqa: BLE001 - one configuration, reported and left out
                     broken.add(option.hash)
                     print(
