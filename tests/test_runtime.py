@@ -98,3 +98,41 @@ def test_threads_running_one_program_each_get_their_own_answer():
 
     with ThreadPoolExecutor(8) as pool:
         assert sum(pool.map(runs, range(8))) == 0
+
+
+def test_running_a_bundle_leaves_the_environment_as_it_was(tmp_path):
+    """In a fresh process without TRITON_INTERPRET (the test session sets
+    it): a bundle loaded and run twice without a GPU gives the right answer,
+    and neither the process's environment nor a child's has the variable."""
+    import os
+    import subprocess
+    import sys
+
+    import onnx
+    from onnx import helper
+
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 32])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4, 32])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu", [x], [y])
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx"
+    )
+    script = f"""
+import os, subprocess, sys
+import numpy as np
+from orchestrate import api
+bundle = api.optimize({str(tmp_path / "m.onnx")!r}, {str(tmp_path / "m.orch")!r}, trials=0)
+loaded = api.load(bundle.path)
+x = np.linspace(-1, 1, 128, dtype=np.float32).reshape(4, 32)
+for _ in range(2):
+    assert np.array_equal(loaded.run({{"x": x}})["y"], np.maximum(x, 0))
+assert "TRITON_INTERPRET" not in os.environ, os.environ["TRITON_INTERPRET"]
+child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('TRITON_INTERPRET'))"],
+                       capture_output=True, text=True, check=True)
+assert child.stdout.strip() == "None", child.stdout
+print("clean")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "clean" in r.stdout, r.stderr[-2000:]

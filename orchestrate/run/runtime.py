@@ -25,6 +25,7 @@ graph, and later runs replay it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import linecache
 import operator
@@ -138,7 +139,6 @@ def load_kernels(source: str, interpret: bool):
                 "interpreter: set TRITON_INTERPRET=1 before importing triton (torch's "
                 "dynamo ONNX exporter and torch.compile import it)"
             )
-        os.environ["TRITON_INTERPRET"] = "1"
         if not _WARNED.is_set():
             _WARNED.set()
             print(
@@ -153,8 +153,34 @@ def load_kernels(source: str, interpret: bool):
     module = types.ModuleType(name)
     module.__file__ = filename
     sys.modules[name] = module  # Triton resolves a jitted function's globals through it
-    exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - our own source
+    with interpreting(interpret):  # @triton.jit reads it as it decorates
+        exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - our own source
     return module
+
+
+@contextlib.contextmanager
+def interpreting(on: bool):
+    """TRITON_INTERPRET=1 while our kernels are defined and run (the
+    interpreter reads it as it decorates and as it launches), the caller's
+    value (or none) again after: the process's environment, the caller's
+    own Triton code and every child process are left as they were.  Runs
+    under the interpreter take turns (``_INTERPRETER``), so no two threads
+    set and restore it at once."""
+    if not on:
+        yield
+        return
+    with _INTERPRETER:
+        before = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "1"
+        try:
+            import triton.language  # noqa: F401 - built for the interpreter if first here
+
+            yield
+        finally:
+            if before is None:
+                os.environ.pop("TRITON_INTERPRET", None)
+            else:
+                os.environ["TRITON_INTERPRET"] = before
 
 
 def check_inputs(
@@ -448,7 +474,7 @@ class Program:
         feeds = self.check_inputs(inputs)
         tensors = any(isinstance(v, self.torch.Tensor) for v in feeds.values())
         self.indices.check_inputs(feeds)
-        with self._lock:
+        with self._lock, interpreting(self.interpret):
             self._runs += 1
             if self._flag_of:
                 self._flags.zero_()
