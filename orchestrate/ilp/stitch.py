@@ -12,7 +12,7 @@ from it, it saves predicted time, and no cycle between kernels is closed.
 Pairs are taken by the bytes passed between them and priced when taken, so
 that the work grows with the merges, not with the pairs times the size of
 the kernels; at most ``TRIES_PER_KERNEL`` pairs per kernel of the plan are
-priced (``Stitched.exhausted`` says when that stopped it).  It never recomputes more
+priced.  It never recomputes more
 than the plan already did.  The result is reported (``Stitched``), since it
 is the one step of planning that is greedy.
 """
@@ -39,7 +39,6 @@ TRIES_PER_KERNEL = 4
 class Stitched:
     merges: int  # kernel pairs merged across piece boundaries
     saved_us: float  # predicted time they saved
-    exhausted: bool = False  # stopped by the pricing budget, pairs left untried
 
 
 def stitch(
@@ -129,9 +128,10 @@ def stitch(
             continue
         tries -= 1
         m = merged(a, b)
-        if m is None or saving(a, b, m) <= 1e-9 or between(a, b):
+        gain = saving(a, b, m) if m is not None else 0.0
+        if gain <= 1e-9 or between(a, b):
             continue
-        merges, saved = merges + 1, saved + saving(a, b, m)
+        merges, saved = merges + 1, saved + gain
         c = next(ids)
         for k in (a, b):
             spec, writes, _ = alive.pop(k)
@@ -149,4 +149,4 @@ def stitch(
         rank = {keys[i]: r for r, i in enumerate(order)}
         push(c)
     keys = sorted(alive, key=rank.__getitem__)
-    return [alive[k] for k in keys], Stitched(merges, round(saved, 4), bool(heap))
+    return [alive[k] for k in keys], Stitched(merges, round(saved, 4))
