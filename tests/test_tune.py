@@ -206,6 +206,37 @@ with Cache(path) as c:
 """
 
 
+_OPENER = """
+import os, sys, time
+from orchestrate.tune.cache import Cache
+folder, n = sys.argv[1], int(sys.argv[2])
+while not os.path.exists(os.path.join(folder, "go")):
+    time.sleep(0.001)
+for i in range(n):
+    Cache(os.path.join(folder, f"c{i}.sqlite")).close()
+"""
+
+
+def test_processes_opening_one_new_file_at_once_all_adopt_it(tmp_path):
+    # The first opener creates the table while the others look: each must
+    # see either an empty file or ours, never a half-made "foreign" one, and
+    # the mode change to WAL must not fail on the others' locks.
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _OPENER, str(tmp_path), "25"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(6)
+    ]
+    (tmp_path / "go").touch()
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 6, [err.decode()[-300:] for _, err in results]
+    for i in range(25):
+        with Cache(tmp_path / f"c{i}.sqlite") as c:
+            assert c.count() == 0
+
+
 def test_concurrent_writers_lose_nothing(tmp_path):
     db = tmp_path / "m.sqlite"
     procs = [

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import sqlite3
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,14 +108,20 @@ class Cache:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
             self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            foreign = _foreign(self._db, version)
-            if foreign is not None:
-                self._db.close()
+            # One snapshot: another process may be creating the table meanwhile.
+            self._db.execute("BEGIN")
+            try:
+                foreign, new = _foreign(self._db), _new(self._db)
+            finally:
+                self._db.execute("COMMIT")
+            if new:  # made ours, unless another process did so first
+                self._write(self._adopt)
+                _wal(self._db)
+            elif foreign is not None:
                 raise InputError(f"{self.path}: {foreign}")
-            if version == 0:  # a new, empty file: made ours
-                self._db.execute("PRAGMA journal_mode = WAL")
-                self._write(self._create)
+        except InputError:
+            self._db.close()
+            raise
         except (OSError, sqlite3.Error) as e:
             raise InputError(f"{self.path}: cannot open the measurement cache: {e}") from None
 
@@ -132,10 +139,16 @@ class Cache:
     def close(self) -> None:
         self._db.close()
 
-    @staticmethod
-    def _create(db: sqlite3.Connection) -> None:
-        db.execute(_TABLE)
-        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    def _adopt(self, db: sqlite3.Connection) -> None:
+        """Under the write lock: create the table in a new file, or check
+        what the process that got there first made of it."""
+        if _new(db):
+            db.execute(_TABLE)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            return
+        foreign = _foreign(db)
+        if foreign is not None:
+            raise InputError(f"{self.path}: {foreign}")
 
     def _write(self, work) -> None:
         """``work(db)`` as one transaction, taken with the write lock up front."""
@@ -219,20 +232,43 @@ class Cache:
         return int(self._db.execute("SELECT COUNT(*) FROM measurements").fetchone()[0])
 
 
-def _foreign(db: sqlite3.Connection, version: int) -> str | None:
+def _wal(db: sqlite3.Connection) -> None:
+    """Put the file in WAL mode (it stays so).  SQLite answers a mode change
+    that meets another connection's lock with "locked" at once, without
+    waiting, so this retries; a file left in rollback mode is still correct,
+    only its readers then block its writer."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S / 10
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+
+
+def _new(db: sqlite3.Connection) -> bool:
+    """Whether the open database is a new, empty file."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    return version == 0 and db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+
+
+def _foreign(db: sqlite3.Connection) -> str | None:
     """Why the open database is not a measurement cache this orchestrate
     reads, or None (ours, or a new empty file)."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
         return (
             f"a measurement cache of schema {version}, written by a newer orchestrate "
             f"(this one reads {SCHEMA_VERSION})"
         )
-    tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
     if version == 0:
-        if tables:
+        names = [r[0] for r in db.execute("SELECT name FROM sqlite_master")]
+        if names:
             return (
                 f"not an orchestrate measurement cache (an SQLite file with tables "
-                f"{', '.join(sorted(tables)[:5])}); pass another --cache"
+                f"{', '.join(sorted(names)[:5])}); pass another --cache"
             )
         return None
     columns = [r[1] for r in db.execute("PRAGMA table_info(measurements)")]
