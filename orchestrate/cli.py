@@ -18,22 +18,23 @@ from pathlib import Path
 import click
 import numpy as np
 
-from orchestrate.errors import OrchestrateError
+from orchestrate.errors import InputError, OrchestrateError
+from orchestrate.text import shown
 
 EXIT_USER_ERROR = 2
 EXIT_MISMATCH = 1  # verify: the bundle does not compute what the model computes
 EXIT_INTERNAL_ERROR = 3
 
 
+def echo(message: str = "", **kw) -> None:
+    """``click.echo`` with each line through ``text.shown``: what the
+    commands print holds names from the model."""
+    click.echo("\n".join(map(shown, str(message).split("\n"))), **kw)
+
+
 def _fail(message: str, code: int) -> None:
-    click.echo(f"orchestrate: error: {_one_line(message)}", err=True)
+    echo(f"orchestrate: error: {shown(message)}", err=True)
     sys.exit(code)
-
-
-def _one_line(text: str) -> str:
-    """``text`` with line breaks and other unprintable characters (a name's
-    terminal escape codes, say) written as escapes: an error is one line."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class _Group(click.Group):
@@ -241,7 +242,7 @@ def decompose(model: Path, output: Path, shapes) -> None:
     pipeline.check_output_path(output, model)
     graph = pipeline.fission_file(model, _shapes(shapes))
     pipeline.write_primitive_onnx(graph, output, name=model.stem)
-    click.echo(
+    echo(
         f"wrote {output}: {len(graph.nodes)} primitives "
         f"({len(graph.inputs)} inputs, {len(graph.outputs)} outputs, "
         f"{len(graph.constants)} constants)"
@@ -289,9 +290,9 @@ def inspect(model: Path, shapes, dtype, as_json: bool, dims) -> None:
     if as_json:
         import json
 
-        click.echo(json.dumps(info, indent=2))
+        echo(json.dumps(info, indent=2))
     else:
-        click.echo(format_inspection(info))
+        echo(format_inspection(info))
 
 
 def _inspect_symbolic(model: Path, shapes, dtype, as_json: bool, dims) -> None:
@@ -307,9 +308,9 @@ def _inspect_symbolic(model: Path, shapes, dtype, as_json: bool, dims) -> None:
     if as_json:
         import json
 
-        click.echo(json.dumps(report.as_json(result), indent=2))
+        echo(json.dumps(report.as_json(result), indent=2))
     else:
-        click.echo("\n".join(report.lines(result)))
+        echo("\n".join(report.lines(result)))
 
 
 def plan_options(fn):
@@ -543,11 +544,20 @@ def plan(model: Path, output: Path, shapes, dims, tune, tune_configs, **opts) ->
     pipeline.check_output_path(output, model)
     family = None
     dims_file = _dims_file(output)
+    pipeline.check_output_path(dims_file, model)
+    # Read before any work: a static plan replaces a dynamic one's
+    # dimensions (removed once the plan is written); a file there that
+    # is not a plan's dimensions is refused now, not after writing.
+    try:
+        stale = _read_family(dims_file) if ranges is None else None
+    except InputError as e:
+        raise InputError(
+            f"{e}; explain would read it as {output.name}'s dimensions: "
+            f"remove it or choose another --output"
+        ) from None
     if ranges is not None:
         from orchestrate.dynamic import Ranges, build
 
-        dims_file = _dims_file(output)
-        pipeline.check_output_path(dims_file, model)
         made = build(
             pipeline.load(model), Ranges(*ranges), options, model.name, str(model), StageProgress()
         )
@@ -556,17 +566,17 @@ def plan(model: Path, output: Path, shapes, dims, tune, tune_configs, **opts) ->
         graph = _lowered(pipeline.fission_file(model, _shapes(shapes)), options.dtype, model)
         result = pipeline.plan_graph(graph, options, progress=StageProgress(), tune=tuning).plan
     pipeline.write_plan(result, output)
-    if family is None and _read_family(dims_file) is not None:
+    if stale is not None:
         dims_file.unlink()  # a static plan written over a dynamic one: its dimensions go
     if family is not None:
         import json
 
         pipeline.write_atomic(dims_file, (json.dumps(family.to_json(), indent=1) + "\n").encode())
         for line in range_lines(family):
-            click.echo(line)
+            echo(line)
     for line in summary_lines(result):
-        click.echo(line)
-    click.echo(f"wrote {output}" + (f" and {dims_file}" if family is not None else ""))
+        echo(line)
+    echo(f"wrote {output}" + (f" and {dims_file}" if family is not None else ""))
 
 
 def _no_tune_with_range(tune: bool, ranges) -> None:
@@ -651,25 +661,25 @@ def explain(
         roofline_chart.check(roofline)
     result = pipeline.read_plan(plan_file)
     family = _family_beside(plan_file)
-    click.echo(ex.kernel_table(result, limit=limit))
-    click.echo("")
+    echo(ex.kernel_table(result, limit=limit))
+    echo("")
     for line in (ex.range_lines(family) if family is not None else []) + ex.summary_lines(result):
-        click.echo(line)
+        echo(line)
     if rejected:
-        click.echo("")
-        click.echo(ex.rejected_table(result))
+        echo("")
+        echo(ex.rejected_table(result))
     if drawn is not None:
         pipeline.write_atomic(drawn, pic.picture(result, drawn), plan_file, "the input plan")
-        click.echo(f"wrote {drawn}")
+        echo(f"wrote {drawn}")
         if drawn != picture:
-            click.echo(
+            echo(
                 f"Graphviz's dot is not installed: `dot -T{picture.suffix[1:].lower()} "
                 f"{drawn} -o {picture}` renders it where it is"
             )
     if roofline is not None:
         data = roofline_chart.chart(result, roofline.suffix.lower()[1:])
         pipeline.write_atomic(roofline, data, plan_file, "the input plan")
-        click.echo(f"wrote {roofline} (predicted, not measured)")
+        echo(f"wrote {roofline} (predicted, not measured)")
 
 
 @main.command()
@@ -679,7 +689,7 @@ def rules() -> None:
     from orchestrate.kernels.rules import listing
 
     for line in listing():
-        click.echo(line)
+        echo(line)
 
 
 def _tolerances(rtol, atol):
@@ -760,17 +770,17 @@ def optimize(
             tune=tuning,
             _shape_option="--shape",
         )
-    click.echo(explain.kernel_table(result.plan, limit=25))
-    click.echo("")
+    echo(explain.kernel_table(result.plan, limit=25))
+    echo("")
     lines = explain.range_lines(result.family) if result.family is not None else []
     for line in lines + explain.summary_lines(result.plan):
-        click.echo(line)
+        echo(line)
     if result.report is not None:
-        click.echo("")
+        echo("")
         for line in result.report.lines():
-            click.echo(line)
-        click.echo(result.report.verdict(trials))
-    click.echo(f"wrote {result.path}/")
+            echo(line)
+        echo(result.report.verdict(trials))
+    echo(f"wrote {result.path}/")
 
 
 @main.group()
@@ -801,7 +811,7 @@ def records_export(out: Path, device: str | None, cache_path: Path | None) -> No
 
     n, skipped = export(out, device, cache_path)
     damaged = f"; {skipped} damaged rows skipped" if skipped else ""
-    click.echo(f"wrote {out}: {n} measurement{'s' if n != 1 else ''} ({RECORDS_SCHEMA}){damaged}")
+    echo(f"wrote {out}: {n} measurement{'s' if n != 1 else ''} ({RECORDS_SCHEMA}){damaged}")
 
 
 def _parse_inputs(texts) -> dict[str, Path]:
@@ -851,9 +861,9 @@ def run(bundle_dir: Path, inputs, output_dir: Path | None) -> None:
         stats = (
             f"min {finite.min():.4g} max {finite.max():.4g}" if finite.size else "no finite values"
         )
-        click.echo(f"{name}: {arr.dtype}{list(arr.shape)} {stats}")
+        echo(f"{name}: {arr.dtype}{list(arr.shape)} {stats}")
     if output_dir is not None:
-        click.echo(f"wrote {len(written)} outputs to {output_dir}/")
+        echo(f"wrote {len(written)} outputs to {output_dir}/")
 
 
 @main.command()
@@ -887,7 +897,7 @@ def verify(bundle_dir: Path, model: Path, shapes, trials, rtol, atol, exact) -> 
 
         result = verify_exact(bundle_dir, model, _shapes(shapes) or None)
         for line in result.lines():
-            click.echo(line)
+            echo(line)
         bad = result.mismatch
         if bad is not None:
             _fail(
@@ -901,7 +911,7 @@ def verify(bundle_dir: Path, model: Path, shapes, trials, rtol, atol, exact) -> 
                 f"{result.trials} trials",
                 EXIT_MISMATCH,
             )
-        click.echo(
+        echo(
             f"OK: the plan computes the original's function on the fragment "
             f"(false-pass bound {result.bound:.3g})"
         )
@@ -917,7 +927,7 @@ def verify(bundle_dir: Path, model: Path, shapes, trials, rtol, atol, exact) -> 
         _shape_option="--shape",
     )
     for line in report.lines():
-        click.echo(line)
+        echo(line)
     bad = report.first_failure()
     if bad is not None:
         where = f"at {report.bindings[bad.trial]}" if report.bindings else f"(trial {bad.trial})"
@@ -926,14 +936,12 @@ def verify(bundle_dir: Path, model: Path, shapes, trials, rtol, atol, exact) -> 
             EXIT_MISMATCH,
         )
     if report.bindings:
-        click.echo(
+        echo(
             f"OK: {len(report.worst())} outputs match the float64 reference at "
             f"{len(report.bindings)} shapes: {'; '.join(report.bindings)}"
         )
     else:
-        click.echo(
-            f"OK: {len(report.worst())} outputs match the float64 reference over {trials} trials"
-        )
+        echo(f"OK: {len(report.worst())} outputs match the float64 reference over {trials} trials")
 
 
 def _verify_exact_range(bundle_dir: Path, model: Path, shapes) -> None:
@@ -947,9 +955,9 @@ def _verify_exact_range(bundle_dir: Path, model: Path, shapes) -> None:
             "of its range; give no --shape"
         )
     for where, result in verify_exact_range(bundle_dir, model):
-        click.echo(f"at {where}:")
+        echo(f"at {where}:")
         for line in result.lines():
-            click.echo(f"  {line}")
+            echo(f"  {line}")
         bad = result.mismatch
         if bad is not None:
             _fail(
@@ -963,7 +971,7 @@ def _verify_exact_range(bundle_dir: Path, model: Path, shapes) -> None:
                 f"in {result.trials} trials",
                 EXIT_MISMATCH,
             )
-    click.echo("OK: the plan computes the original's function on the fragment at MIN, OPT and MAX")
+    echo("OK: the plan computes the original's function on the fragment at MIN, OPT and MAX")
 
 
 @main.command()
@@ -1068,7 +1076,7 @@ def bench(
         t.close()
     interpreter = bool(t.bundle.interpret)
     for line in report.table(result, interpreter):
-        click.echo(line)
+        echo(line)
     doc = report.document(
         [report.model_record(result)],
         device=_device_name(on_gpu),
@@ -1077,9 +1085,9 @@ def bench(
     )
     if json_path is not None:
         pipeline.write_atomic(json_path, (json.dumps(doc, indent=2) + "\n").encode(), target)
-        click.echo(f"wrote {json_path}")
+        echo(f"wrote {json_path}")
     if chart_path is not None:
-        click.echo(report.chart(doc, chart_path))
+        echo(report.chart(doc, chart_path))
 
 
 def _device_name(on_gpu: bool) -> str:

@@ -172,6 +172,12 @@ def load_dynamic(out_dir: Path, contents: bundle.Contents, interpret: bool | Non
     """The dynamic bundle in ``contents``, its kernels printed again and
     compared with the shipped kernels.py (as ``api.load``)."""
     family = Family.from_json(contents.dims, f"{out_dir}/{bundle.DIMS}")
+    mismatch = family.stored_mismatch(contents.constants)
+    if mismatch is not None:  # a re-hashed dims.json claiming a range beyond what was built
+        raise InputError(
+            f"{out_dir}: dims.json does not describe the bundle's weights.npz ({mismatch}); "
+            "optimize the model again for that range"
+        )
     made = regenerate_dynamic(
         contents.plan, family, contents.constants, contents.manifest["model"]["file"], str(out_dir)
     )

@@ -634,6 +634,27 @@ def test_a_short_batch_range_with_a_batch_sized_constant(tmp_path, batch):
     assert result.report.ok and result.report.bindings == tuple(f"b={v}" for v in range(1, top + 1))
 
 
+def test_a_rehashed_dims_json_with_a_larger_max_is_refused(tmp_path):
+    """The batch-sized constant is stored at MAX: a dims.json edited to a
+    larger MAX (and its hash updated) would cut past its end and pad with
+    zeros; the bundle is refused at load instead of running wrong."""
+    src = tmp_path / "bc.onnx"
+    onnx.save(_batch_constant_model(), src)
+    out = tmp_path / "bc.orch"
+    orchestrate.optimize(src, out, dims={"b": "1..4"}, trials=1)
+    x = np.ones((4, 6), np.float32)
+    np.testing.assert_allclose(orchestrate.load(out).run({"x": x})["y"], x + np.arange(6))
+    data = json.loads((out / "dims.json").read_text())
+    assert data["dims"][0]["max"] == 4
+    data["dims"][0]["max"] = 8
+    (out / "dims.json").write_text(json.dumps(data, indent=1) + "\n")
+    _rehash(out, "dims.json")
+    with pytest.raises(
+        InputError, match=r"dims.json does not describe .*weights.npz.*MAX needs \[8, 6\]"
+    ):
+        orchestrate.load(out)
+
+
 def test_a_pinned_configuration_keeps_its_interpreter_blocks_even_none():
     """A recorded configuration without interpreter blocks launches the GPU
     blocks in the interpreter at every binding; the template's own choice

@@ -182,7 +182,7 @@ def test_a_file_name_with_a_line_break_is_shown_on_one_line(built, tmp_path):
     model, out = _copy(built, tmp_path)
     (out / "a\nb.txt").write_text("x")
     r = invoke("optimize", model, "-o", out, "--trials", "0")
-    assert_user_error(r, "'a\\nb.txt'")
+    assert_user_error(r, "does not: a\\nb.txt)")
     assert (out / "a\nb.txt").exists()
 
 
@@ -309,6 +309,29 @@ def test_explain_never_draws_over_the_dimensions_it_reads(tmp_path):
         r = invoke("explain", plan, "--picture", tmp_path / target)
         assert_user_error(r, "is the plan's dimensions")
         assert not (tmp_path / target).exists()
+
+
+def test_a_static_plan_beside_a_stale_dims_file(tmp_path):
+    """A static plan over a dynamic one removes its dimensions; a file at
+    P.dims.json that is not a plan's dimensions is refused before any work,
+    and P.json is not written."""
+    model, plan = tmp_path / "m.onnx", tmp_path / "p.json"
+    onnx.save(_model(), model)
+    dims = tmp_path / "p.dims.json"
+    dims.write_text("{}")
+    r = invoke("plan", model, "-o", plan)
+    assert_user_error(r, "p.dims.json: malformed dimensions", "choose another --output")
+    assert not plan.exists() and dims.read_text() == "{}"
+    dynamic = _model()
+    dynamic.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "b"
+    onnx.save(dynamic, model)
+    r = invoke("plan", model, "-o", plan, "--dim", "b=1..4")  # a dynamic plan writes its own
+    assert r.exit_code == 0, r.output
+    assert json.loads(dims.read_text())["dims"][0]["name"] == "b"
+    onnx.save(_model(), model)
+    r = invoke("plan", model, "-o", plan)
+    assert r.exit_code == 0, r.output
+    assert plan.is_file() and not dims.exists()  # the static plan does not read as dynamic
 
 
 @pytest.mark.parametrize(

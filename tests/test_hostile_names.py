@@ -44,7 +44,7 @@ def hostile(tag: str, i: int) -> str:
     """A name that breaks out of a comment, a docstring or a string literal
     if pasted: a line terminator, then code, quotes and a backslash."""
     t = TERMINATORS[i % len(TERMINATORS)]
-    return f'{tag}{t}{PAYLOAD}{t}#"""\'\\ é{t}MARK'
+    return f'{tag}{t}{PAYLOAD}{t}#"""\'\\ é\x1b[31m{t}MARK'
 
 
 def _model() -> onnx.ModelProto:
@@ -163,13 +163,46 @@ def test_generated_source_holds_names_only_in_strings_and_comments(bundle):
     assert all(k.startswith("k") and k.isidentifier() for k in keys)
 
 
+def _readable(text: str) -> None:
+    """What people read: every character printable but the line breaks
+    between lines, and each name whole on its line."""
+    for line in text.split("\n"):
+        assert line.isprintable(), repr(line)
+        if "PWNED" in line:  # a name's payload: the rest of the name is beside it
+            assert "MARK" in line, line
+
+
+def test_what_people_read_shows_each_name_on_one_line(bundle, tmp_path):
+    from click.testing import CliRunner
+
+    from orchestrate import cli
+
+    src, out = bundle
+    runner = CliRunner()
+    plan = tmp_path / "p.json"
+    for args in (
+        ["inspect", str(src)],
+        ["plan", str(src), "-o", str(plan)],
+        ["explain", str(plan), "--rejected", "--limit", "0"],
+        ["verify", str(out), "--model", str(src)],
+        ["run", str(out), "--input", "nope=missing.npy"],  # an error naming the inputs
+    ):
+        r = runner.invoke(cli.main, args)
+        assert r.exit_code in (0, 2), (args, r.output)
+        assert "MARK" in r.output or args[0] != "inspect", args
+        _readable(r.output)
+    report = (out / "report.md").read_text()
+    assert "MARK" in report
+    _readable(report)
+
+
 @given(st.text(alphabet=st.characters(exclude_categories=()), max_size=40))
 @settings(max_examples=300, deadline=None, derandomize=True)
 def test_escaped_text_is_one_ascii_line_that_reads_back_exactly(text):
     """Any text, line terminators, surrogates and characters beyond U+FFFF
     included, comes out as one line of printable ASCII that Python reads back
     as exactly that text (a comment: as nothing)."""
-    from orchestrate.emit.text import comment, docstring, string
+    from orchestrate.text import comment, docstring, string
 
     for made in (string(text), comment(text), docstring(text)):
         assert all(" " <= c <= "~" for c in made), made

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from orchestrate import text
 from orchestrate.errors import InputError, check_format
 from orchestrate.files import (
     BUNDLE_PREFIX,
@@ -75,17 +76,13 @@ def sha256(path: Path) -> str:
 _NAMES = frozenset((*FILES, DIMS, "manifest.json"))
 
 
-def _show(name: str) -> str:
-    return name if name.isprintable() else ascii(name)
-
-
 def replace_problem(folder: Path) -> str | None:
     """Why the existing ``folder`` is not a bundle this tool wrote and nobody
     changed since (so not safe to replace), or None when it is, or is empty."""
     names = sorted(os.listdir(folder))
     if not names:
         return None
-    foreign = [_show(n) for n in names if n not in _NAMES]
+    foreign = [text.shown(n) for n in names if n not in _NAMES]
     if foreign:
         more = f", ... ({len(foreign)} in all)" if len(foreign) > 5 else ""
         return f"holds files an orchestrate bundle does not: {', '.join(foreign[:5])}{more}"
@@ -188,7 +185,7 @@ class Staging:
         (self.path / "kernels.py").write_text(kernels_py)
         with open(self.path / "weights.npz", "wb") as f:
             np.savez(f, **{keys[k]: stored(_c_order(v)) for k, v in constants.items()})
-        (self.path / "report.md").write_text(report)
+        (self.path / "report.md").write_text("\n".join(map(text.shown, report.split("\n"))))
         files = FILES
         if dims is not None:
             (self.path / DIMS).write_text(json.dumps(dims, indent=1) + "\n")
@@ -347,7 +344,7 @@ _MANIFEST = {
 def _check_manifest(manifest: dict, folder: Path) -> None:
     for key in manifest:
         if key not in _MANIFEST:
-            raise InputError(f"{folder}: manifest.json has an unknown field {_show(key)!r}")
+            raise InputError(f"{folder}: manifest.json has an unknown field '{text.shown(key)}'")
     for key, (ok, want) in _MANIFEST.items():
         if key not in manifest:
             raise InputError(f"{folder}: manifest.json lacks the field {key!r}")
@@ -382,7 +379,7 @@ def _weights(
     unknown = sorted(set(bf16) - set(keys))
     if unknown:
         raise InputError(
-            f"{folder}: manifest.json lists {_show(unknown[0])!r} as bfloat16 but "
+            f"{folder}: manifest.json lists '{text.shown(unknown[0])}' as bfloat16 but "
             "not among its constants"
         )
     try:
@@ -392,7 +389,7 @@ def _weights(
                 extra = sorted(stored ^ set(keys.values()))
                 raise InputError(
                     f"{folder}: weights.npz does not hold exactly the constants the "
-                    f"manifest lists ({_show(extra[0])!r})"
+                    f"manifest lists ('{text.shown(extra[0])}')"
                 )
             constants = {name: z[key] for name, key in keys.items()}
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
@@ -400,13 +397,13 @@ def _weights(
     for name, arr in constants.items():
         if arr.dtype.name not in ALL_DTYPES or arr.dtype.byteorder not in "=|":
             raise InputError(
-                f"{folder}: weights.npz constant {_show(name)!r} has dtype {arr.dtype}, "
+                f"{folder}: weights.npz constant '{text.shown(name)}' has dtype {arr.dtype}, "
                 "which orchestrate never writes"
             )
     for name in bf16:
         if constants[name].dtype != np.uint16:
             raise InputError(
-                f"{folder}: weights.npz constant {_show(name)!r} is listed as bfloat16 "
+                f"{folder}: weights.npz constant '{text.shown(name)}' is listed as bfloat16 "
                 f"but holds {constants[name].dtype}, not uint16 bit patterns"
             )
         constants[name] = constants[name].view(BFLOAT16)

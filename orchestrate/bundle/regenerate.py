@@ -10,7 +10,7 @@ people to read, and a bundle whose copy differs from it is refused as edited.
 So what a bundle can make orchestrate do is bounded by what a plan can
 describe: primitives with attributes, constants, and kernels the rules
 accept.  Its text reaches the generated source only through
-``orchestrate.emit.text``.
+``orchestrate.text``.
 """
 
 from __future__ import annotations

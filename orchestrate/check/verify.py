@@ -37,6 +37,7 @@ from orchestrate import ir
 from orchestrate.errors import InputError
 from orchestrate.frontend import onnxrt
 from orchestrate.ir import Op, reference
+from orchestrate.text import shown
 
 RTOL = {"float16": 1e-2, "bfloat16": 4e-2, "float32": 1e-4, "float64": 1e-7}
 # a bundle whose largest error against the truth is at most this many times
@@ -90,9 +91,10 @@ class Report:
             f"{'max abs':>11}  result (errors against the float64 truth)"
         ]
         for name, c in self.worst().items():
+            verdict = ("ok" if c.ok else "MISMATCH") + (": " + c.detail if c.detail else "")
             rows.append(
-                f"{name[:31]:<32}{c.rel:>12.3g}{c.max_abs:>11.3g}{c.ort_rel:>18.3g}"
-                f"{c.ort_max_abs:>11.3g}  {('ok' if c.ok else 'MISMATCH') + (': ' + c.detail if c.detail else '')}"
+                f"{shown(name)[:31]:<32}{c.rel:>12.3g}{c.max_abs:>11.3g}{c.ort_rel:>18.3g}"
+                f"{c.ort_max_abs:>11.3g}  {shown(verdict)}"
             )
         return rows
 

@@ -31,7 +31,6 @@ from typing import ClassVar
 from orchestrate.emit.codegen import literal
 from orchestrate.emit.helpers import Helper
 from orchestrate.emit.source import describe, pointers
-from orchestrate.emit.text import comment
 from orchestrate.ir import Graph
 from orchestrate.kernels.spec import (
     LIBRARY_ATTENTION,
@@ -41,6 +40,7 @@ from orchestrate.kernels.spec import (
     LibraryAttention,
     LibraryCall,
 )
+from orchestrate.text import comment
 
 
 @dataclass

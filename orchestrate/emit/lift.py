@@ -31,7 +31,7 @@ import tokenize
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrate.emit import text
+from orchestrate import text
 from orchestrate.shapes.poly import Grid, NotLifted
 
 # Triton calls whose arguments must be compile-time constants

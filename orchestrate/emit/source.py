@@ -27,7 +27,6 @@ from typing import Protocol
 from orchestrate.emit.body import Body
 from orchestrate.emit.codegen import TL_DTYPE, Pointers
 from orchestrate.emit.helpers import HELPERS, Helper
-from orchestrate.emit.text import comment, docstring, string
 from orchestrate.ir import HALF, Graph
 from orchestrate.ir.bounds import INDEX_ERROR
 from orchestrate.kernels.spec import (
@@ -38,6 +37,7 @@ from orchestrate.kernels.spec import (
     inlined,
     split_k,
 )
+from orchestrate.text import comment, docstring, string
 
 
 class Function(Protocol):

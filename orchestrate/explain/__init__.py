@@ -13,6 +13,7 @@ from collections import Counter
 from orchestrate.ir import FLOATS
 from orchestrate.kernels.spec import LIBRARY
 from orchestrate.plan import Plan, PlannedKernel, Tuning
+from orchestrate.text import shown
 
 
 def _us(x: float) -> str:
@@ -172,12 +173,12 @@ def precision_text(result: Plan) -> str:
 def rejected_table(result: Plan) -> str:
     lines = ["why neighbouring kernels were not fused:"]
     for r in result.rejected:
-        lines.append(f"  {r.producer} -> {r.consumer} via {r.tensor}: {r.reason}")
+        lines.append(shown(f"  {r.producer} -> {r.consumer} via {r.tensor}: {r.reason}"))
     if not result.rejected:
         lines.append("  (no neighbouring kernels)")
     if result.declined:
         lines += ["", "rules that matched but declined:"]
-        lines += [f"  {d.rule} at {d.at}: {d.reason}" for d in result.declined]
+        lines += [shown(f"  {d.rule} at {d.at}: {d.reason}") for d in result.declined]
     return "\n".join(lines)
 
 

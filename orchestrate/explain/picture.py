@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrate import text
 from orchestrate.errors import OrchestrateError
 from orchestrate.explain import _bytes
 from orchestrate.ir import TensorType
@@ -69,7 +70,7 @@ def quote(*lines: str) -> str:
     HTML entities in every label."""
     out = []
     for line in lines:
-        line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+        line = text.shown(line)
         out.append(line.replace("&", "&amp;").replace("\\", "\\\\").replace('"', '\\"'))
     return '"' + "\\n".join(out) + '"'
 

@@ -9,6 +9,7 @@ import onnx
 from onnx import helper
 
 from orchestrate import ir
+from orchestrate.text import shown
 
 
 def _mb(nbytes: int) -> str:
@@ -65,13 +66,13 @@ def inspection(
 
 def format_inspection(info: dict) -> str:
     lines = [
-        f"model     {info['model']}  (opset {info['opset']}, {info['onnx_nodes']} nodes, "
+        f"model     {shown(info['model'])}  (opset {info['opset']}, {info['onnx_nodes']} nodes, "
         f"weights {_mb(info['weights_bytes'])})",
-        *(f"input     {k}: {v}" for k, v in info["inputs"].items()),
-        *(f"output    {k}: {v}" for k, v in info["outputs"].items()),
+        *(f"input     {shown(k)}: {v}" for k, v in info["inputs"].items()),
+        *(f"output    {shown(k)}: {v}" for k, v in info["outputs"].items()),
         "",
         _row(("ONNX op", "<24"), ("count", ">5")),
-        *(_row((op, "<24"), (k, ">5")) for op, k in info["onnx_ops"].items()),
+        *(_row((shown(op), "<24"), (k, ">5")) for op, k in info["onnx_ops"].items()),
         _row(("total", "<24"), (info["onnx_nodes"], ">5")),
         "",
         _row(("primitive", "<24"), ("count", ">5"), ("bytes written", ">14")),

@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 from onnx.external_data_helper import uses_external_data
 
+from orchestrate import text
 from orchestrate.errors import InputError, UnsupportedError
 from orchestrate.frontend.weights import array as initializer_array
 from orchestrate.frontend.weights import bind as bind_external
@@ -155,7 +156,7 @@ def _check_graph(graph: onnx.GraphProto, source: str) -> None:
         for k, d in enumerate(dims):
             if d.HasField("dim_value") and d.dim_value < 0:
                 raise InputError(
-                    f"{source}: tensor {_shown(vi.name)!r} has dimension {d.dim_value} at axis {k}"
+                    f"{source}: tensor '{text.shown(vi.name)}' has dimension {d.dim_value} at axis {k}"
                 )
     for t in graph.initializer:
         _check_tensor_data(t, source)
@@ -164,7 +165,7 @@ def _check_graph(graph: onnx.GraphProto, source: str) -> None:
             n = next((a.i for a in node.attribute if a.name == "num_outputs"), None)
             if n is not None and n != len(node.output):
                 raise InputError(
-                    f"{source}: node {_shown(node.name or node.output[0])!r} (Split) "
+                    f"{source}: node '{text.shown(node.name or node.output[0])}' (Split) "
                     f"has num_outputs={n} but {len(node.output)} outputs"
                 )
         for a in node.attribute:
@@ -179,7 +180,7 @@ def _check_tensor_data(t: onnx.TensorProto, source: str) -> None:
     ):
         return
     if any(d < 0 for d in t.dims):
-        raise InputError(f"{source}: initializer {_shown(t.name)!r} has dims {list(t.dims)}")
+        raise InputError(f"{source}: initializer '{text.shown(t.name)}' has dims {list(t.dims)}")
     try:
         dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
     except (KeyError, ValueError, TypeError):
@@ -192,7 +193,7 @@ def _check_tensor_data(t: onnx.TensorProto, source: str) -> None:
         want = (count * bits + 7) // 8
         if len(t.raw_data) != want:
             raise InputError(
-                f"{source}: initializer {_shown(t.name)!r} holds {len(t.raw_data)} "
+                f"{source}: initializer '{text.shown(t.name)}' holds {len(t.raw_data)} "
                 f"bytes, but {dtype} dims {list(t.dims)} need {want}"
             )
     elif t.data_type not in _PACKED_4BIT and dtype.kind != "c":
@@ -201,7 +202,7 @@ def _check_tensor_data(t: onnx.TensorProto, source: str) -> None:
         )
         if held != count:
             raise InputError(
-                f"{source}: initializer {_shown(t.name)!r} holds {held} values, "
+                f"{source}: initializer '{text.shown(t.name)}' holds {held} values, "
                 f"but dims {list(t.dims)} need {count}"
             )
 
@@ -302,11 +303,6 @@ _PACKED_4BIT = {
     for n in ("INT4", "UINT4", "FLOAT4E2M1")
     if hasattr(onnx.TensorProto, n)
 }
-
-
-def _shown(name: str) -> str:
-    """A name as it is, or as a Python literal if it has unprintable characters."""
-    return name if name.isprintable() else repr(name)
 
 
 def _dims(shape) -> str:
@@ -420,7 +416,7 @@ def _bind_shapes(
     cli = option.startswith("--")
     for name in shapes:
         if name not in inputs:
-            known = ", ".join(map(_shown, inputs)) or "none"
+            known = ", ".join(map(text.shown, inputs)) or "none"
             where = f"{option} {name}=..." if cli else f"{option}[{name!r}]"
             raise InputError(f"{where}: the model has no input {name!r} (inputs: {known})")
     for name, vi in inputs.items():
@@ -445,7 +441,7 @@ def _bind_shapes(
             for d in want:
                 tt.shape.dim.add().dim_value = d
             continue
-        shown = _shown(name)
+        shown = text.shown(name)
         if not tt.HasField("shape"):
             hint = f"--shape {shown}=..." if cli else f"{option}={{{name!r}: (...)}}"
             raise InputError(f"{source}: input {name!r} has unknown rank; pass {hint}")

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestrate import ir
+from orchestrate import ir, text
 from orchestrate.errors import InputError
 from orchestrate.plan import Plan, Primitive
 from orchestrate.shapes.dims import DimRange
@@ -38,7 +38,7 @@ Binding = tuple[int, ...]
 @dataclass(frozen=True)
 class Dim:
     """One dynamic dimension: the model's name for it (text from the model:
-    it reaches generated source only through ``emit.text``), its code name
+    it reaches generated source only through ``orchestrate.text``), its code name
     in generated source (``dim0``) and its range."""
 
     name: str
@@ -49,7 +49,7 @@ class Dim:
     def shown(self) -> str:
         """The name as messages print it: itself when printable, else
         escaped (a message stays one line whatever the model calls it)."""
-        return self.name if self.name.isprintable() else ascii(self.name)
+        return text.shown(self.name)
 
 
 def named(dims: Sequence[Dim], binding: Binding) -> str:
@@ -119,6 +119,22 @@ class Family:
             merged.update({k: _evaluate(v, binding) for k, v in attrs.items()})
             new = replace(new, attrs=ir.Attrs(merged))
         return new
+
+    def stored_mismatch(self, constants: Mapping[str, np.ndarray]) -> str | None:
+        """Why ``constants`` (a bundle's) were not stored for this range, or
+        None: each sliced constant is kept at MAX, so its shape is its shape
+        formula at MAX (a dims.json given a larger MAX would cut past the
+        end of what was stored, and pad with zeros)."""
+        top = self.at("max")
+        for name, shape in sorted(self.sliced.items()):
+            want = tuple(d(top) for d in shape)
+            have = tuple(np.shape(constants[name])) if name in constants else None
+            if have != want:
+                return (
+                    f"constant '{text.shown(name)}' is stored as {list(have or ())}, "
+                    f"the range's MAX needs {list(want)}"
+                )
+        return None
 
     def constants_at(
         self, constants: Mapping[str, np.ndarray], binding: Binding

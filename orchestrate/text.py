@@ -1,4 +1,4 @@
-"""The one way text reaches generated source: escaped, never pasted.
+"""The one way text from a model reaches what orchestrate writes: escaped, never pasted.
 
 Tensor and node names come from the model, and a model is hostile until
 proven otherwise: a name may hold a line break of any kind (``\\n``, ``\\r``,
@@ -11,6 +11,12 @@ what they return is printable ASCII on one line:
 * ``string(text)``: a Python string literal (the launch table's keys);
 * ``comment(text)``: one ``#`` comment line;
 * ``docstring(text)``: one line for the inside of a triple-quoted docstring.
+
+What people read (messages, tables, ``report.md``, logs) goes through
+``shown(text)``: the text itself where every character prints, so a name in
+any script reads as written, and otherwise each line break, control
+character and terminal escape (``ESC[31m``) written as a visible backslash
+escape, so that a name is one line and cannot restyle a terminal.
 """
 
 from __future__ import annotations
@@ -46,3 +52,13 @@ def docstring(text: str) -> str:
     """``text`` as one line inside a \"\"\"docstring\"\"\": backslashes and quotes
     escaped, so it can neither end the string nor start an escape."""
     return _ascii(text, special=_QUOTES)
+
+
+def shown(text: str) -> str:
+    """``text`` for people to read: itself where every character is
+    printable (letters of any script included), else with each unprintable
+    one (line breaks of every kind, ESC, other controls) as Python writes
+    it in a literal (``\\n``, ``\\x1b``, ``\\u2028``)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
