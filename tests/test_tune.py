@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -355,6 +358,76 @@ def test_records_export_one_complete_line_per_measurement(tmp_path):
         ["records", "export", str(tmp_path / "h.jsonl"), "--cache", str(db), "--device", "H200"],
     )
     assert r.exit_code == 0 and len((tmp_path / "h.jsonl").read_text().splitlines()) == len(lines)
+
+
+def _as_a_reader_who_cannot_write(work) -> tuple[int, str]:
+    """``work()`` in a forked child that cannot write: as user nobody when
+    the tests run as root (whom file modes do not stop), else as itself.
+    Its exit status and what it printed."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, never return into pytest
+        os.close(r)
+        try:
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            os.write(w, repr(work()).encode())
+            os._exit(0)
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            os.write(w, f"{type(e).__name__}: {e}".encode())
+            os._exit(1)
+    os.close(w)
+    with os.fdopen(r) as f:
+        said = f.read()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), said
+
+
+def test_a_read_only_cache_is_exported_and_left_as_it_was():
+    """A cache in WAL mode needs its -shm index written even to be read;
+    in a folder its reader cannot write, export reads it as immutable."""
+    from orchestrate.tune.export import export
+
+    folder, out = Path(tempfile.mkdtemp()), Path(tempfile.mkdtemp())
+    try:
+        db = folder / "m.sqlite"
+        with Cache(db) as c:
+            c.put(
+                [
+                    Row(
+                        Key(f"h{i}", "gpu", "float32", "t", "d"),
+                        1.0 + i,
+                        1.0,
+                        False,
+                        "2026-01-01T00:00:00+00:00",
+                        {},
+                    )
+                    for i in range(3)
+                ]
+            )
+        before = snapshot_of(folder)
+        db.chmod(0o444)
+        folder.chmod(0o555)
+        out.chmod(0o777)
+        code, said = _as_a_reader_who_cannot_write(lambda: export(out / "r.jsonl", None, db))
+        assert code == 0 and said == "(3, 0)", said
+        assert [
+            json.loads(x)["measured_us"] for x in (out / "r.jsonl").read_text().splitlines()
+        ] == [1.0, 2.0, 3.0]
+        assert snapshot_of(folder) == before  # nothing written, no -wal or -shm left
+        # a cache opened for reading never writes, even where it could
+        folder.chmod(0o755)
+        with Cache(db, read_only=True) as c, pytest.raises(InputError, match="readonly"):
+            c.put([Row(Key("x", "gpu", "float32", "t", "d"), 1.0, 1.0, False, "x", {})])
+    finally:
+        folder.chmod(0o755)
+        shutil.rmtree(folder)
+        shutil.rmtree(out)
+
+
+def snapshot_of(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
 def assert_one_line_error(r, *needles):

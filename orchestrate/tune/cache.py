@@ -101,12 +101,17 @@ class Row:
 class Cache:
     """An open measurement cache (one connection: one per thread or process)."""
 
-    def __init__(self, path: str | os.PathLike | None = None):
+    def __init__(self, path: str | os.PathLike | None = None, read_only: bool = False):
+        """``read_only``: open without ever writing (a file or folder the
+        user cannot write, records export): nothing is created or adopted."""
         self.path = Path(path) if path is not None else default_path()
         self._skipped = 0
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            if read_only:
+                self._db = _read_only(self.path)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
             self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             # One snapshot: another process may be creating the table meanwhile.
             self._db.execute("BEGIN")
@@ -114,6 +119,11 @@ class Cache:
                 foreign, new = _foreign(self._db), _new(self._db)
             finally:
                 self._db.execute("COMMIT")
+            if new and read_only:
+                raise InputError(
+                    f"{self.path}: an empty file, not a measurement cache yet "
+                    "(orchestrate optimize --tune on a GPU fills one)"
+                )
             if new:  # made ours, unless another process did so first
                 self._write(self._adopt)
                 _wal(self._db)
@@ -230,6 +240,29 @@ class Cache:
 
     def count(self) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM measurements").fetchone()[0])
+
+
+def _read_only(path: Path) -> sqlite3.Connection:
+    """``path`` opened for reading only.  A file in WAL mode needs its
+    ``-shm`` index written even to be read; where the folder or file cannot
+    be written, it is read as immutable (no locks: a file its reader cannot
+    write is not being written by that reader's tuning runs)."""
+    uri = path.resolve().as_uri()
+    try:
+        return _opened(f"{uri}?mode=ro")
+    except sqlite3.OperationalError:
+        return _opened(f"{uri}?immutable=1")
+
+
+def _opened(uri: str) -> sqlite3.Connection:
+    """A connection to ``uri`` that has read the file's schema."""
+    db = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error:
+        db.close()
+        raise
+    return db
 
 
 def _wal(db: sqlite3.Connection) -> None:

@@ -27,7 +27,7 @@ def export(
         raise InputError(
             f"{path}: no measurement cache (orchestrate optimize --tune on a GPU makes one)"
         )
-    with Cache(path) as cache:
+    with Cache(path, read_only=True) as cache:
         rows = cache.rows()
         skipped = cache.skipped
     if not rows:
