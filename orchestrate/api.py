@@ -385,7 +385,8 @@ def bundle_and_model(
     _shape_option: str = "shapes",
 ):
     """(bundle, ONNX model, its primitive graph) for comparing the two; the
-    shapes default to those the bundle was built with.  InputError when the
+    shapes default to those the bundle was built with (a dynamic bundle's
+    OPT), and a dynamic bundle takes any in its range.  InputError when the
     model's inputs and outputs are not the bundle's, naming the first that
     differs."""
     out_dir = _path(out_dir, "out_dir")
@@ -393,18 +394,25 @@ def bundle_and_model(
     shapes = check_shapes(shapes, _shape_option) if shapes is not None else None
     loaded = load(out_dir)
     model = pipeline.load(model_path)
-    if shapes is None:
+    family = getattr(loaded, "family", None)
+    if family is not None:
+        binding = family.at("opt") if shapes is None else dynamic_api.binding_of(family, shapes)
+        shapes = dynamic_api.input_shapes(loaded, binding)
+    elif shapes is None:
         shapes = {k: tuple(v) for k, v in loaded.manifest.get("shapes", {}).items()}
     graph = pipeline.fission_model(model, shapes, str(model_path), option=_shape_option)
-    _check_same_interface(graph, loaded, model_path, out_dir)
+    _check_same_interface(graph, loaded, model_path, out_dir, shapes if family else None)
     return loaded, model, graph
 
 
-def _check_same_interface(graph, loaded: Bundle, model_path: Path, out_dir: Path) -> None:
+def _check_same_interface(
+    graph, loaded: Bundle, model_path: Path, out_dir: Path, shapes: Mapping | None = None
+) -> None:
     """InputError naming the first input or output in which the model (with
-    the shapes given) and the bundle differ."""
+    the shapes given) and the bundle (at ``shapes``, default its own) differ."""
     mine = {i.name: (tuple(i.type.shape), i.type.dtype) for i in graph.inputs}
-    theirs = {k: (tuple(s), d) for k, (s, d) in loaded.inputs.items()}
+    shapes = shapes or {}
+    theirs = {k: (tuple(shapes.get(k, s)), d) for k, (s, d) in loaded.inputs.items()}
 
     def typed(io: tuple) -> str:
         return f"{io[1]}[{'x'.join(map(str, io[0]))}]"

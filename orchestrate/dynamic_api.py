@@ -116,9 +116,12 @@ class DynamicBundle:
 
     @property
     def graph(self):
-        """The primitive graph at OPT (``bench`` prices and times that shape)."""
-        opt = self.family.at("opt")
-        return instance(self.plan, self.family, self._constants, opt, str(self.path)).graph
+        """The primitive graph at OPT."""
+        return self.graph_at(self.family.at("opt"))
+
+    def graph_at(self, binding: Binding):
+        """The primitive graph at ``binding`` (``bench`` prices the shape it times)."""
+        return instance(self.plan, self.family, self._constants, binding, str(self.path)).graph
 
     @property
     def dims(self) -> dict[str, DimRange]:

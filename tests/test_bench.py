@@ -211,3 +211,54 @@ def test_bench_errors_are_one_line(model_file, tmp_path, args, needle):
     r = invoke("bench", *[subs.get(a, a) for a in args])
     assert r.exit_code == 2, r.output
     assert needle in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_bench_a_bundle_times_only_the_model_it_was_made_from(model_file, tmp_path):
+    """Another model of the same interface (other weights) would give timings
+    of nothing: refused by the manifest's sha256, in one line."""
+    import orchestrate
+
+    out = tmp_path / "mm.orch"
+    orchestrate.optimize(model_file, out, trials=0)
+    other = matmul_model()
+    w = other.graph.initializer[0]
+    w.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(w), w.name))
+    onnx.save(other, tmp_path / "other.onnx")
+    r = invoke(
+        "bench", out, "--model", tmp_path / "other.onnx", "--runs", 1, "--against", "ort-cpu"
+    )
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "not the model" in r.output and "mm.onnx, by its sha256" in r.output
+    r = invoke("bench", out, "--model", model_file, "--runs", 1, "--against", "ort-cpu")
+    assert r.exit_code == 0, r.output
+    assert "timed at x=4x8" in r.output
+
+
+def test_bench_a_dynamic_bundle_at_a_shape_in_its_range(tmp_path):
+    """bench times OPT by default and any --shape inside the range, says
+    which, and prices the roofline floor at the shape it times."""
+    import orchestrate
+
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 64])],
+    )
+    src, out = tmp_path / "relu.onnx", tmp_path / "relu.orch"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), src)
+    orchestrate.optimize(src, out, dims={"b": "1..8"}, trials=0)
+    common = ("--model", src, "--runs", 1, "--against", "ort-cpu")
+    r = invoke("bench", out, *common, "--json", tmp_path / "opt.json")
+    assert r.exit_code == 0, r.output
+    assert "timed at x=8x64 (b=8 of the bundle's range b 1..8)" in r.output
+    r = invoke("bench", out, *common, "--shape", "x=3x64", "--json", tmp_path / "three.json")
+    assert r.exit_code == 0, r.output
+    assert "timed at x=3x64 (b=3 of the bundle's range b 1..8)" in r.output
+    opt, three = (
+        json.loads((tmp_path / f).read_text())["models"][0] for f in ("opt.json", "three.json")
+    )
+    assert opt["shapes"] == {"x": [8, 64]} and three["shapes"] == {"x": [3, 64]}
+    assert three["roofline_ms"] < opt["roofline_ms"]  # the floor of the shape timed
+    r = invoke("bench", out, *common, "--shape", "x=9x64")
+    assert r.exit_code == 2 and "b=9, outside the bundle's range 1..8" in r.output, r.output

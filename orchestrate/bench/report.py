@@ -53,6 +53,9 @@ def model_record(r: ModelResult) -> dict:
         "notes",
     ):
         rec[field] = {}
+    rec["shapes"] = dict(r.shapes)
+    if r.binding:
+        rec["binding"] = r.binding
     rec["roofline_ms"] = _r(r.floor.ms)
     rec["roofline_bound"] = r.floor.bound
     rec["roofline_device"] = r.floor.device
@@ -201,6 +204,12 @@ def _number(v) -> bool:
 # -- the table --------------------------------------------------------------------------------
 
 
+def _shapes(shapes: dict) -> str:
+    return ", ".join(
+        f"{name}={'x'.join(map(str, dims)) or 'scalar'}" for name, dims in shapes.items()
+    )
+
+
 def table(r: ModelResult, interpreter: bool) -> list[str]:
     """The screen table of one model."""
     base = r.get("orchestrate")
@@ -212,6 +221,10 @@ def table(r: ModelResult, interpreter: bool) -> list[str]:
     lines = [
         f"{r.name} ({r.dtype or 'model precision'}): {r.kernels} kernels, roofline floor "
         f"{r.floor.ms:.4g} ms on {r.floor.device} ({r.floor.bound}-bound)",
+        *(
+            [f"timed at {_shapes(r.shapes)}" + (f" ({r.binding})" if r.binding else "")]
+            * bool(r.shapes)
+        ),
         head,
     ]
     for m in r.measured:

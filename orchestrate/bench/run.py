@@ -55,6 +55,9 @@ class ModelResult:
     verify_note: str = ""
     # per output: the worst error of the bundle's answer ({"rel", "max_abs", "ok"})
     verify_errors: dict = field(default_factory=dict)
+    # the input shapes timed, and for a dynamic bundle where they lie in its range
+    shapes: dict = field(default_factory=dict)
+    binding: str = ""
 
     def get(self, key: str) -> Measured | None:
         return next((m for m in self.measured if m.key == key), None)
@@ -111,9 +114,27 @@ def bench_model(
             measured.append(Measured(key, key, reason="not run: the time budget was spent"))
         else:
             measured.append(measure(key, make, len(feed_sets), settings, on_gpu))
-    floor = roofline_floor(bundle.graph, get_device(plan.device), tf32=plan.options.tf32)
+    floor_graph, binding = _timed_graph(bundle, feed_sets[0])
+    floor = roofline_floor(floor_graph, get_device(plan.device), tf32=plan.options.tf32)
     kernels = sum(1 for k in plan.kernels if k.template != "view")
-    return ModelResult(name, dtype, measured, floor, kernels, verified, verify_note)
+    shapes = {i.name: list(i.type.shape) for i in graph.inputs}
+    return ModelResult(
+        name, dtype, measured, floor, kernels, verified, verify_note, shapes=shapes, binding=binding
+    )
+
+
+def _timed_graph(bundle, feeds) -> tuple[object, str]:
+    """The bundle's primitive graph at the shapes timed (a dynamic bundle's
+    at the binding ``feeds`` give) and, for a dynamic one, that binding
+    within its range."""
+    family = getattr(bundle, "family", None)
+    if family is None:
+        return bundle.graph, ""
+    from orchestrate.shapes.family import named
+
+    at = bundle.binding(feeds)
+    ranges = ", ".join(f"{d.shown} {d.range.min}..{d.range.max}" for d in family.dims)
+    return bundle.graph_at(at), f"{named(family.dims, at)} of the bundle's range {ranges}"
 
 
 def measure(key: str, make, sets: int, settings: Settings, on_gpu: bool) -> Measured:

@@ -51,6 +51,7 @@ def resolve(
         bundle, onnx_model, graph = api.bundle_and_model(
             path, model, shapes or None, _shape_option="--shape"
         )
+        _check_made_from(path, bundle.manifest, model)
         made = bundle.plan.options.dtype
         if dtype is not None and dtype != made:
             raise InputError(
@@ -93,3 +94,18 @@ def resolve(
     else:
         verified, note = report.ok, f"{trials} random trial(s) against the float64 reference"
     return Target(path.stem, bundle, onnx_model, graph, optimize_s, verified, note, tmp)
+
+
+def _check_made_from(path: Path, manifest: dict, model: Path) -> None:
+    """InputError unless ``model`` is the file the bundle ``path`` was made
+    from (the manifest's sha256): another model of the same interface (an
+    Add made a Sub) would give timings of nothing."""
+    from orchestrate import bundle, text
+
+    made = manifest.get("model", {})
+    if made.get("sha256") != bundle.sha256(model):
+        raise InputError(
+            f"--model {model}: not the model {path} was made from "
+            f"({text.shown(str(made.get('file', '?')))}, by its sha256); pass that model, "
+            "or bench this one (orchestrate bench MODEL.onnx)"
+        )
