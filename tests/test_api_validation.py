@@ -97,6 +97,18 @@ def test_numpy_integer_shapes_are_integers(tmp_path, model_file):
     assert [d.dim_value for d in prim.graph.input[0].type.tensor_type.shape.dim] == [3, 8]
 
 
+@pytest.mark.parametrize("form", ["2x8", "2,8", (2, 8)])
+def test_api_shapes_take_the_clis_strings(tmp_path, model_file, form):
+    """``shapes={"x": "2x8"}`` is the CLI's ``--shape x=2x8``, as a range
+    string ``"1..4x8"`` already was."""
+    result = orchestrate.optimize(model_file, tmp_path / "m.orch", shapes={"x": form}, trials=1)
+    assert result.report.ok
+    manifest = json.loads((tmp_path / "m.orch" / "manifest.json").read_text())
+    assert manifest["shapes"] == {"x": [2, 8]}
+    prim = orchestrate.decompose(onnx.load(model_file), {"x": form})
+    assert [d.dim_value for d in prim.graph.input[0].type.tensor_type.shape.dim] == [2, 8]
+
+
 NAN = float("nan")
 
 
@@ -114,7 +126,8 @@ NAN = float("nan")
         ({"shapes": {"x": (-2, 8)}}, ["shapes['x']", "dimension 0 is -2", ">= 0"]),
         ({"shapes": {"x": (-2, 8)}}, ["shapes['x']", "dimension 0 is -2"]),
         ({"shapes": {"x": (True, 8)}}, ["shapes['x']", "dimension 0 is True"]),
-        ({"shapes": {"x": "2x8"}}, ["shapes['x']", "tuple of dimensions", "str"]),
+        ({"shapes": {"x": "2xq"}}, ["shapes['x']", "'2xq' is not dimensions", "'1x128'"]),
+        ({"shapes": {"x": b"2x8"}}, ["shapes['x']", "tuple of dimensions", "bytes"]),
         ({"shapes": {1: (2, 8)}}, ["shapes", "strings", "1"]),
         ({"shapes": [("x", (2, 8))]}, ["shapes", "mapping", "list"]),
         ({"shapes": {"x": (10**8, 10**8)}}, ["shapes['x']", "10,000,000,000,000,000 elements"]),

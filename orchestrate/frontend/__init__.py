@@ -239,13 +239,23 @@ def _short(e: BaseException) -> str:
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     """``NAME=1x128`` (or ``1,128``) -> ("NAME", (1, 128)); raise InputError otherwise."""
     name, sep, dims = text.partition("=")
+    if not sep or not name:
+        raise InputError(f"--shape {text!r}: expected NAME=DIMS such as x=1x128")
     try:
-        if not sep or not name:
-            raise ValueError
-        shape = tuple(int(d) for d in dims.replace(",", "x").split("x")) if dims else ()
-    except ValueError:
+        shape = _dims_text(dims, "")
+    except InputError:
         raise InputError(f"--shape {text!r}: expected NAME=DIMS such as x=1x128") from None
     return name, check_shapes({name: shape}, "--shape")[name]
+
+
+def _dims_text(text: str, where: str) -> tuple[int, ...]:
+    """``1x128`` or ``1,128`` as (1, 128); the empty text a scalar's ()."""
+    try:
+        return tuple(int(d) for d in text.replace(",", "x").split("x")) if text else ()
+    except ValueError:
+        raise InputError(
+            f"{where}: {text!r} is not dimensions such as '1x128' or (1, 128)"
+        ) from None
 
 
 def check_shapes(shapes, option: str = "shapes") -> dict[str, tuple[int, ...]]:
@@ -267,9 +277,11 @@ def check_shapes(shapes, option: str = "shapes") -> dict[str, tuple[int, ...]]:
         where = f"{option}[{name!r}]"
         if isinstance(dims, np.ndarray) and dims.ndim == 1:
             dims = list(dims)
-        if isinstance(dims, (str, bytes)) or not isinstance(dims, Sequence):
+        if isinstance(dims, str):  # the CLI's form, '1x128' or '1,128' ('' a scalar)
+            dims = _dims_text(dims, where)
+        if isinstance(dims, bytes) or not isinstance(dims, Sequence):
             raise InputError(
-                f"{where}: expected a tuple of dimensions such as (1, 128), "
+                f"{where}: expected a tuple of dimensions such as (1, 128) or '1x128', "
                 f"got {type(dims).__name__}"
             )
         if option.startswith("--"):
