@@ -366,7 +366,8 @@ def plan_options(fn):
         default=60.0,
         show_default=True,
         metavar="S",
-        help="Seconds per linear program (the best plan found so far is kept).",
+        help="Seconds for planning: enumeration (at most half) and every linear "
+        "program together (the best plan found so far is kept, at worst the greedy one).",
     )(fn)
     fn = click.option(
         "--memory-budget",

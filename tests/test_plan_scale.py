@@ -4,6 +4,8 @@ returns a plan (the greedy incumbent when the solver had no better one)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pulp
@@ -15,7 +17,7 @@ from orchestrate import api, cli, ir
 from orchestrate.ilp import program
 from orchestrate.ilp.partition import partition
 from orchestrate.kernels.enumerate import Limits
-from orchestrate.plan import planner
+from orchestrate.plan import Plan, planner
 from orchestrate.plan.planner import PlanOptions
 from tests import graphs
 from tests.util import elem
@@ -221,3 +223,43 @@ def test_weights_are_read_in_place_and_checked_against_their_file(tmp_path):
     r = CliRunner().invoke(cli.main, ["plan", str(path), "-o", str(tmp_path / "p.json")])
     assert r.exit_code == 2
     assert "table.bin" in r.output and "too few" in r.output and "Traceback" not in r.output
+
+
+def test_fresh_names_are_the_least_unused_suffix():
+    """A Sum of 10,000 inputs names 10,000 adds: each name is the least
+    unused suffix, as a search from 1 would give, found without one."""
+    from orchestrate.decompose.builder import Builder
+
+    b = Builder(reserved=["y/add_3", "y/mul"])
+    b.begin("sum", "y")
+    assert [b.fresh("add") for _ in range(4)] == ["y/add", "y/add_2", "y/add_4", "y/add_5"]
+    assert b.fresh("mul") == "y/mul_2"
+    b._used.add("y/add_6")  # a name taken since (an ONNX output renamed in)
+    assert b.fresh("add") == "y/add_7"
+
+
+def _sum_model(folder, n: int):
+    ins = [helper.make_tensor_value_info(f"x{i}", elem("float32"), [4, 8]) for i in range(n)]
+    node = helper.make_node("Sum", [f"x{i}" for i in range(n)], ["y"], name="sum")
+    y = helper.make_tensor_value_info("y", elem("float32"), [4, 8])
+    model = helper.make_model(
+        helper.make_graph([node], "sum", ins, [y]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    onnx.save(model, folder / "sum.onnx")
+    return folder / "sum.onnx"
+
+
+def test_the_time_limit_bounds_the_planning_not_each_program(tmp_path):
+    """--time-limit is the planning's time, enumeration and every program
+    together: spent before the first program, each partition keeps its
+    greedy plan unsolved (no program run), reported, and the plan is valid."""
+    src = _sum_model(tmp_path, 1200)  # 1,199 adds: several size cuts
+    out = tmp_path / "p.json"
+    r = CliRunner().invoke(cli.main, ["plan", str(src), "-o", str(out), "--time-limit", "0.01"])
+    assert r.exit_code == 0, r.output
+    assert "solver: greedy" in r.output
+    p = Plan.from_json(json.loads(out.read_text()))
+    assert p.solver.status == "greedy" and p.solver.solves == 0 and p.solver.partitions > 1
+    assert p.summary.predicted_us == pytest.approx(p.baselines["greedy"].predicted_us)
+    r = CliRunner().invoke(cli.main, ["plan", str(src), "-o", str(out)])
+    assert r.exit_code == 0 and "solver: optimal" in r.output, r.output

@@ -95,6 +95,10 @@ class Solution:
     rounds: int  # solves, including re-solves after cycle cuts
 
 
+# Below this many seconds left, a program is not started: its greedy plan stands.
+MIN_SOLVE_S = 0.05
+
+
 def solve(
     kernels: Sequence[KernelSpec],
     costs: Sequence[Cost],
@@ -119,6 +123,9 @@ def solve(
     import pulp  # here, not at the top: loading and running a bundle needs no PuLP
 
     started = time.perf_counter()
+    if time_limit is not None and time_limit < MIN_SOLVE_S and warm:
+        # the planning's time is spent: the greedy plan stands, unsolved
+        return _unsolved(warm, kernels, costs, write_us, available, started)
     prob = pulp.LpProblem(_safe(name), pulp.LpMinimize)
     x = [pulp.LpVariable(f"x{k}", cat=pulp.LpBinary) for k in range(len(kernels))]
     w: dict[tuple[int, str], pulp.LpVariable] = {}
@@ -206,8 +213,8 @@ def solve(
             status, gap = GREEDY, _incumbent_gap(objective, log)
         elif status is None and prob.status != pulp.LpStatusInfeasible:
             raise NoPlanInTime(
-                f"--time-limit {time_limit:g}: the solver found no plan in time for {name}; "
-                "raise the limit"
+                f"--time-limit: the solver found no plan for {name} in the {time_limit:g} s "
+                "left to it; raise the limit"
             )
         elif status is None and budget is not None:
             raise BudgetInfeasible(f"--memory-budget {budget}: no plan fits")
@@ -329,6 +336,24 @@ def _fits(warm, kernels, nbytes, budget, exempt) -> bool:
         return True
     written = {t for c in warm if kernels[c.kernel].template != VIEW for t in c.writes}
     return sum(nbytes[t] for t in written if t not in exempt) <= budget
+
+
+def _unsolved(warm, kernels, costs, write_us, available, started: float) -> Solution:
+    """The warm start (the greedy plan) as the solution, in its kernels'
+    order, with no bound to measure it against (gap 1)."""
+    choices = list(warm)
+    order, stuck = schedule(
+        [kernels[c.kernel] for c in choices], [c.writes for c in choices], available
+    )
+    assert not stuck, "the greedy plan is ordered by construction"
+    return Solution(
+        tuple(choices[i] for i in order),
+        GREEDY,
+        _objective(choices, kernels, costs, write_us),
+        1.0,
+        time.perf_counter() - started,
+        0,
+    )
 
 
 def _incumbent_gap(objective: float, text: str) -> float:

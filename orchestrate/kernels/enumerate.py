@@ -23,6 +23,7 @@ A set can be run by a generated kernel and by a library call
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -54,9 +55,20 @@ class Enumeration:
 
 
 def enumerate_kernels(
-    graph: Graph, nodes: Sequence[str], target: Target, limits: Limits = Limits()
+    graph: Graph,
+    nodes: Sequence[str],
+    target: Target,
+    limits: Limits = Limits(),
+    deadline: float | None = None,
 ) -> Enumeration:
-    """Legal kernels over connected subsets of ``nodes`` (a partition), small first."""
+    """Legal kernels over connected subsets of ``nodes`` (a partition), small
+    first; past ``deadline`` (a ``time.perf_counter()`` instant) the growth
+    stops, truncated, as at a budget (the singletons and the pattern rules'
+    kernels are always there)."""
+
+    def late() -> bool:
+        return deadline is not None and time.perf_counter() > deadline
+
     members = list(nodes)
     index = {n: i for i, n in enumerate(members)}
     adj: list[set[int]] = [set() for _ in members]
@@ -110,7 +122,7 @@ def enumerate_kernels(
                 result.truncated = True
                 break
         for t in grown:
-            if len(result.kernels) >= limits.max_candidates:
+            if len(result.kernels) >= limits.max_candidates or late():
                 result.truncated = True
                 break
             consider(t)

@@ -79,7 +79,7 @@ class PlanOptions:
 
     device: str | None = None
     memory_budget: int | None = None
-    time_limit: float | None = 60.0  # seconds per linear program; None: no limit
+    time_limit: float | None = 60.0  # seconds for planning, all programs together; None: none
     tf32: bool = False
     recompute: bool = True  # a primitive may be computed by several kernels
     limits: Limits = field(default_factory=Limits)
@@ -179,13 +179,27 @@ def plan(
     kernel must pass ``admit`` too (a dynamic plan's range, ``shapes/admit.py``)."""
     started = time.perf_counter()
     report = progress or (lambda stage, i, n: None)
+
+    def left() -> float | None:
+        """The planning's time left for the next program: ``time_limit``
+        bounds the planning, from its start (enumeration, which stops at
+        half of it, the programs, and the re-solves that price each rule);
+        at none left, a partition keeps its greedy plan."""
+        if options.time_limit is None:
+            return None
+        return options.time_limit - (time.perf_counter() - started)
+
+    # enumeration may take half the time, so that the programs have some
+    enumeration_deadline = None if options.time_limit is None else started + options.time_limit / 2
     target = replace(options.target(), admit=admit)
     parts = partition(graph, max_nodes=options.limits.partition_nodes)
     groups = group_identical(graph, parts)  # representative partition -> its copies
     found = {}
     for i, rep in enumerate(groups):
         report("enumerate", i + 1, len(groups))
-        found[rep.index] = enumerate_kernels(graph, rep.nodes, target, options.limits)
+        found[rep.index] = enumerate_kernels(
+            graph, rep.nodes, target, options.limits, deadline=enumeration_deadline
+        )
     tuned = None
     if tune is not None:  # time the candidates' best configurations (cache first)
         every = (k for f in found.values() for k in f.kernels)
@@ -216,15 +230,16 @@ def plan(
     for i, (rep, copies) in enumerate(groups.items()):
         report("solve", i + 1, len(groups))
         prob = problems[rep.index]
-        sol = prob.solve(prices, time_limit=options.time_limit, recompute=options.recompute)
+        sol = prob.solve(prices, time_limit=left(), recompute=options.recompute)
         stats.add(sol)
         fastest[rep.index] = sol
-        fired += [
-            (f, len(copies))
-            for f in alternatives.fired(
-                prob, sol, prices, time_limit=options.time_limit, recompute=options.recompute
-            )
-        ]
+        if sol.status != program.GREEDY:  # (out of time: no figures without each rule)
+            fired += [
+                (f, len(copies))
+                for f in alternatives.fired(
+                    prob, sol, prices, time_limit=left(), recompute=options.recompute
+                )
+            ]
         for p in copies:
             solutions[p.index] = transplant(rep, p, prob.chosen(sol))
     written = [(k.template, ws) for sol in solutions.values() for k, ws in sol]
