@@ -160,7 +160,7 @@ def test_one_bundle_matches_onnxruntime_across_the_range(built):
 
 
 def test_threads_running_one_dynamic_bundle_get_their_own_answers(built):
-    """8 threads x 3 runs at shapes of their own (two threads share each
+    """16 threads x 20 runs at shapes of their own (four threads share each
     shape, so their Program's buffers): every answer onnxruntime's."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -168,17 +168,17 @@ def test_threads_running_one_dynamic_bundle_get_their_own_answers(built):
     bundle = orchestrate.load(out)
     session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
     shapes = [(1, 2), (4, 9), (3, 7), (2, 3)]
-    feeds = [_feeds(*shapes[k % 4], seed=k) for k in range(8)]
+    feeds = [_feeds(*shapes[k % 4], seed=k) for k in range(16)]
     want = [session.run(None, f)[0] for f in feeds]
 
     def runs(k: int) -> int:
         return sum(
             not np.allclose(bundle.run(feeds[k])["y"], want[k], rtol=1e-4, atol=1e-5)
-            for _ in range(3)
+            for _ in range(20)
         )
 
-    with ThreadPoolExecutor(8) as pool:
-        assert sum(pool.map(runs, range(8))) == 0
+    with ThreadPoolExecutor(16) as pool:
+        assert sum(pool.map(runs, range(16))) == 0
 
 
 def test_kernels_take_the_dimensions_as_runtime_arguments(built):

@@ -1496,3 +1496,98 @@ def test_split_with_fewer_outputs_than_nodes(tmp_path):
     onnx.save(fu.finish(g, opset=18, infer=False), tmp_path / "m.onnx")
     (out,) = invoke_batch([["inspect", tmp_path / "m.onnx"]], cwd=tmp_path)
     _user_error(out, "m.onnx")
+
+
+# -- outputs that are inputs ----------------------------------------------------------
+
+# Each command with the files it reads (by name in the workspace) and where
+# its output goes; the output is aimed at one of the files it reads, a file
+# of a bundle, or the measurement cache.
+READS = {
+    "plan": lambda t: ("plan", "model.onnx", "-o", t),
+    "decompose": lambda t: ("decompose", "model.onnx", "-o", t),
+    "explain": lambda t: ("explain", "b.orch/plan.json", "--picture", t),
+    "bench": lambda t: ("bench", "b.orch", "--model", "model.onnx", "--runs", "1", "--json", t),
+    "records": lambda t: ("records", "export", t, "--cache", "m.sqlite"),
+    # x is read from y.npy, where --output-dir . would write the output y
+    "run": lambda t: (
+        "run",
+        "b.orch",
+        "--input",
+        "x=y.npy",
+        "--input",
+        "ids=ids.npy",
+        "--output-dir",
+        t,
+    ),
+}
+COLLIDING = {
+    "plan": ["model.onnx", "b.orch/plan.json", "b.orch/manifest.json"],
+    "decompose": ["model.onnx", "b.orch/weights.npz"],
+    "explain": ["b.orch/plan.json", "b.orch/manifest.json", "b.orch/report.md"],
+    "bench": ["model.onnx", "b.orch/plan.json", "b.orch/kernels.py", "m.sqlite"],
+    "records": ["m.sqlite", "b.orch/manifest.json"],
+    "run": ["b.orch", "."],
+}
+
+
+@examples(ci=10, fuzz=200)
+@given(
+    case=st.sampled_from([(c, t) for c, ts in sorted(COLLIDING.items()) for t in ts]),
+    link=st.booleans(),
+)
+def test_no_output_is_a_file_the_command_reads(root, good, case, link):
+    """An output aimed at a file the command reads, a bundle's file or the
+    cache (directly, or through a symlink) is refused before any work, in
+    one line, and nothing in the workspace changes."""
+    from orchestrate.tune.cache import Cache
+
+    command, target = case
+    with workspace(root) as ws, fu.known_failures():
+        shutil.copy(good.dir / "model.onnx", ws / "model.onnx")
+        shutil.copytree(good.bundle, ws / "b.orch")
+        np.save(ws / "ids.npy", good.feeds["ids"])
+        np.save(ws / "y.npy", good.feeds["x"])
+        Cache(ws / "m.sqlite").close()
+        aimed = ws / target
+        if link and target != ".":
+            (ws / "alias").symlink_to(aimed)
+            aimed = ws / "alias"
+        before = fu.snapshot(ws)
+        old = os.getcwd()
+        os.chdir(ws)  # the commands name the workspace's files relatively
+        try:
+            out = invoke(*READS[command](os.fspath(aimed)))
+        finally:
+            os.chdir(old)
+        check_outcome(out, codes=(2,))
+        assert not fu.changes(before, fu.snapshot(ws)), f"a refused {command} changed files\n{out}"
+
+
+# -- threads ----------------------------------------------------------------------------
+
+
+@examples(ci=3, fuzz=50)
+@given(
+    threads=st.integers(2, 16),
+    seeds=st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=4),
+)
+def test_concurrent_runs_each_get_their_own_answer(good, threads, seeds):
+    """Threads sharing one loaded bundle, each with inputs of its own (some
+    sharing a seed, so equal inputs): every answer the reference's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    bundle = orchestrate.load(good.bundle)
+    feeds = [fu.gather_inputs(seed) for seed in seeds]
+    want = [onnxrt.run(good.model, f) for f in feeds]
+
+    def runs(k: int) -> int:
+        i = k % len(feeds)
+        wrong = 0
+        for _ in range(3):
+            got = bundle.run(feeds[i])
+            wrong += any(not np.allclose(got[n], want[i][n], rtol=1e-5, atol=1e-6) for n in want[i])
+        return wrong
+
+    with ThreadPoolExecutor(threads) as pool:
+        assert sum(pool.map(runs, range(threads))) == 0
