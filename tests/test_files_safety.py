@@ -367,10 +367,19 @@ def test_records_export_never_overwrites_its_cache(tmp_path):
 # 3. SIGTERM and SIGHUP clean up like SIGINT and exit with 128 + the signal
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
-def test_a_signal_during_optimize_leaves_nothing(tmp_path, signum):
+@pytest.mark.parametrize(
+    "signum, ranged",
+    [(signal.SIGTERM, False), (signal.SIGHUP, False), (signal.SIGTERM, True)],
+    ids=["SIGTERM", "SIGHUP", "SIGTERM-range"],
+)
+def test_a_signal_during_optimize_leaves_nothing(tmp_path, signum, ranged):
+    """Sent while the bundle is verified (a range's over its bindings):
+    exit 128 + the signal, one line, nothing left, never a crash."""
     model = tmp_path / "m.onnx"
-    onnx.save(_model(), model)
+    m = _model()
+    if ranged:
+        m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "b"
+    onnx.save(m, model)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [
@@ -383,6 +392,7 @@ def test_a_signal_during_optimize_leaves_nothing(tmp_path, signum):
             str(tmp_path / "out"),
             "--trials",
             "100",
+            *(["--dim", "b=1..64"] if ranged else []),
         ],
         cwd=tmp_path,
         env=env,
