@@ -37,7 +37,7 @@ from orchestrate.ir import precision
 from orchestrate.plan import Plan, Planned, pipeline
 from orchestrate.shapes.admit import range_admit
 from orchestrate.shapes.affine import Affine
-from orchestrate.shapes.binding import bind_inputs
+from orchestrate.shapes.binding import CLI, Flags, bind_inputs
 from orchestrate.shapes.dims import DimRange
 from orchestrate.shapes.family import Binding, Dim, Family, lift_family, named, same_array
 from orchestrate.shapes.poly import Grid
@@ -51,6 +51,7 @@ class Ranges:
 
     shapes: Mapping[str, tuple[DimRange, ...]]
     dims: Mapping[str, DimRange]
+    flags: Flags = CLI  # how messages name them (the API's arguments: binding.API)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,9 @@ class Symbolic:
 def bind(model: onnx.ModelProto, ranges: Ranges, source: str) -> Symbolic:
     """InputError naming the flag when the ranges do not fit the model, or
     when they leave no dimension dynamic (then plan a static shape)."""
-    inputs, found = bind_inputs(graph_inputs(model), ranges.shapes, ranges.dims, source)
+    inputs, found = bind_inputs(
+        graph_inputs(model), ranges.shapes, ranges.dims, source, ranges.flags
+    )
     order: list[str] = []
     for shape in inputs.values():
         for a in shape:

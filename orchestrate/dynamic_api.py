@@ -40,6 +40,7 @@ from orchestrate.check.verify import Report, verify
 from orchestrate.errors import InputError
 from orchestrate.plan import Plan
 from orchestrate.run.runtime import check_runnable, gpu_available, interpreter_refusal, load_kernels
+from orchestrate.shapes import binding
 from orchestrate.shapes.dims import DimRange, parse_range
 from orchestrate.shapes.family import Binding, Family
 
@@ -91,7 +92,8 @@ def parse_ranges(shapes, dims, option: str = "shapes") -> Ranges | None:
         else:
             raise InputError(f"{where}: expected dimensions, got {type(value).__name__}")
         out[str(name)] = tuple(_one_range(p, where) for p in parts)
-    return Ranges(out, {str(k): _one_range(v, f"dims {k}") for k, v in dims.items()})
+    flags = binding.API if option == "shapes" else binding.CLI
+    return Ranges(out, {str(k): _one_range(v, f"dims {k}") for k, v in dims.items()}, flags)
 
 
 class DynamicBundle:

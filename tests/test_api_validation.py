@@ -109,6 +109,22 @@ def test_api_shapes_take_the_clis_strings(tmp_path, model_file, form):
     assert [d.dim_value for d in prim.graph.input[0].type.tensor_type.shape.dim] == [2, 8]
 
 
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        ({"shapes": {"x": "1..4x1..8"}}, "shapes['x']: axis 1 of input 'x' is fixed at 8"),
+        ({"shapes": {"q": "1..4x8"}}, "shapes['q']: the model has no input 'q'"),
+        ({"dims": {"zz": "1..4"}}, "dims['zz']: the model has no dimension 'zz'"),
+    ],
+)
+def test_api_range_errors_name_the_apis_arguments(tmp_path, model_file, kwargs, needle):
+    """A range given through the API is refused naming ``shapes``/``dims``,
+    not the CLI's ``--shape``/``--dim``."""
+    with pytest.raises(InputError) as e:
+        orchestrate.optimize(model_file, tmp_path / "m.orch", trials=0, **kwargs)
+    assert needle in str(e.value) and "--" not in str(e.value), str(e.value)
+
+
 NAN = float("nan")
 
 

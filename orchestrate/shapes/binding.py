@@ -10,6 +10,7 @@ appears.  A range whose MIN equals its MAX is a constant.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import onnx
 
@@ -20,11 +21,36 @@ from orchestrate.shapes.dims import DimRange
 Shape = tuple[Affine, ...]
 
 
+@dataclass(frozen=True)
+class Flags:
+    """How messages name what the user gave: the CLI's options
+    (``--shape x=...``) or the API's arguments (``shapes['x']``)."""
+
+    shape: str = "--shape"
+    dim: str = "--dim"
+
+    def _of(self, option: str, key: str, value: str = "...") -> str:
+        if option.startswith("--"):
+            return f"{option} {key}={value}"
+        return f"{option}[{key!r}]" + (f"={value!r}" if value != "..." else "")
+
+    def shape_of(self, name: str, value: str = "...") -> str:
+        return self._of(self.shape, name, value)
+
+    def dim_of(self, symbol: str, value: str = "...") -> str:
+        return self._of(self.dim, symbol, value)
+
+
+CLI = Flags()
+API = Flags("shapes", "dims")
+
+
 def bind_inputs(
     inputs: list[onnx.ValueInfoProto],
     shapes: Mapping[str, tuple[DimRange, ...]],
     dims: Mapping[str, DimRange],
     source: str = "<model>",
+    flags: Flags = CLI,
 ) -> tuple[dict[str, Shape], dict[str, DimRange]]:
     """(input name -> symbolic shape, symbol -> range); InputError naming
     the flag for a rank or fixed dimension that disagrees, an unknown input or
@@ -34,14 +60,14 @@ def bind_inputs(
         if name not in by_name:
             known = ", ".join(by_name) or "none"
             raise InputError(
-                f"--shape {name}=...: the model has no input {name!r} (inputs: {known})"
+                f"{flags.shape_of(name)}: the model has no input {name!r} (inputs: {known})"
             )
     params = {d.dim_param for i in inputs for d in _dims(i) if d.dim_param}
     for symbol in dims:
         if symbol not in params:
             known = ", ".join(sorted(params)) or "none"
             raise InputError(
-                f"--dim {symbol}=...: the model has no dimension {symbol!r} (dimensions: {known})"
+                f"{flags.dim_of(symbol)}: the model has no dimension {symbol!r} (dimensions: {known})"
             )
     ranges: dict[str, DimRange] = {}
     out: dict[str, Shape] = {}
@@ -58,45 +84,47 @@ def bind_inputs(
             and len(model_dims) != len(given)
         ):
             raise InputError(
-                f"--shape {name}=...: input {name!r} has rank {len(model_dims)}, not {len(given)}"
+                f"{flags.shape_of(name)}: input {name!r} has rank {len(model_dims)}, not {len(given)}"
             )
         if given is None and not vi.type.tensor_type.HasField("shape"):
-            raise InputError(f"{source}: input {name!r} has unknown rank; pass --shape {name}=...")
+            raise InputError(
+                f"{source}: input {name!r} has unknown rank; pass {flags.shape_of(name)}"
+            )
         shape = []
         for k in range(len(given) if given is not None else len(model_dims)):
             d = model_dims[k] if k < len(model_dims) else None
             r = given[k] if given is not None else None
-            shape.append(_bind_one(name, k, d, r, dims, ranges, source))
+            shape.append(_bind_one(name, k, d, r, dims, ranges, source, flags))
         out[name] = tuple(shape)
     order = {name: out[name] for name in by_name}
     return order, {s: r for s, r in ranges.items() if not r.fixed}
 
 
-def _bind_one(name, k, d, r, dims, ranges, source) -> Affine:
+def _bind_one(name, k, d, r, dims, ranges, source, flags: Flags) -> Affine:
     fixed = d is not None and d.HasField("dim_value")
     if r is not None:
         if fixed and not (r.fixed and r.min == d.dim_value):
             raise InputError(
-                f"--shape {name}=...: axis {k} of input {name!r} is fixed at {d.dim_value}"
+                f"{flags.shape_of(name)}: axis {k} of input {name!r} is fixed at {d.dim_value}"
             )
         symbol = d.dim_param if d is not None and d.dim_param else f"{name}_{k}"
         if symbol in dims and dims[symbol] != r:
             raise InputError(
-                f"--shape {name}=...: axis {k} is {symbol!r}, given {dims[symbol]} by --dim "
-                f"and {r} by --shape"
+                f"{flags.shape_of(name)}: axis {k} is {symbol!r}, given {dims[symbol]} by "
+                f"{flags.dim} and {r} by {flags.shape}"
             )
-        return _declare(symbol, r, ranges, f"--shape {name}=...")
+        return _declare(symbol, r, ranges, flags.shape_of(name))
     if fixed:
         return Affine.of(d.dim_value)
     if d is not None and d.dim_param in ranges:
         r = ranges[d.dim_param]
         return Affine.of(r.min) if r.fixed else Affine.of(d.dim_param)
     if d is not None and d.dim_param and d.dim_param in dims:
-        return _declare(d.dim_param, dims[d.dim_param], ranges, f"--dim {d.dim_param}=...")
+        return _declare(d.dim_param, dims[d.dim_param], ranges, flags.dim_of(d.dim_param))
     what = f"dimension {d.dim_param!r}" if d is not None and d.dim_param else "a dynamic dimension"
-    hint = f"--dim {d.dim_param}=MIN..MAX or " if d is not None and d.dim_param else ""
+    hint = f"{flags.dim_of(d.dim_param, 'MIN..MAX')} or " if d is not None and d.dim_param else ""
     raise InputError(
-        f"{source}: input {name!r} has {what} at axis {k}; pass {hint}--shape {name}=..."
+        f"{source}: input {name!r} has {what} at axis {k}; pass {hint}{flags.shape_of(name)}"
     )
 
 
