@@ -68,11 +68,19 @@ def _paddle_model() -> onnx.ModelProto:
     return m
 
 
-def test_a_negative_dimension_is_dynamic_and_shape_binds_it(tmp_path):
+@pytest.mark.parametrize("declared", [-1, 0])
+def test_a_negative_or_zero_dimension_is_dynamic_and_shape_binds_it(tmp_path, declared):
+    """-1 (paddle2onnx) and 0 (exporters that mean "unknown") on the batch."""
     import orchestrate
 
+    def model():
+        m = _paddle_model()
+        for vi in (m.graph.input[0], m.graph.output[0]):
+            vi.type.tensor_type.shape.dim[0].dim_value = declared
+        return m
+
     path = tmp_path / "paddle.onnx"
-    onnx.save(_paddle_model(), path)
+    onnx.save(model(), path)
     made = orchestrate.optimize(path, tmp_path / "p.orch", shapes={"x": (2, 3, 4)}, trials=1)
     assert made.report.ok
     x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
@@ -82,10 +90,10 @@ def test_a_negative_dimension_is_dynamic_and_shape_binds_it(tmp_path):
     with pytest.raises(InputError, match=r"input 'x' has a dynamic dimension at axis 0"):
         orchestrate.optimize(path, tmp_path / "q.orch", trials=0)
     # the API's decompose reads it too, leaving the caller's model as it was
-    model = _paddle_model()
-    prim = orchestrate.decompose(model, shapes={"x": (5, 3, 4)})
+    original = model()
+    prim = orchestrate.decompose(original, shapes={"x": (5, 3, 4)})
     assert [d.dim_value for d in prim.graph.input[0].type.tensor_type.shape.dim] == [5, 3, 4]
-    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_value == -1
+    assert original.graph.input[0].type.tensor_type.shape.dim[0].dim_value == declared
 
 
 def test_shape_for_unknown_input_lists_the_real_ones():

@@ -56,7 +56,7 @@ def load(path: str | os.PathLike) -> onnx.ModelProto:
     if not model.graph.node and not model.graph.output:
         raise InputError(f"{path}: not a valid ONNX file (empty graph)")
     _load_external(model, path)
-    model = negative_dims_dynamic(model, copy=False)
+    model = unknown_dims_dynamic(model, copy=False)
     check(model, str(path))
     return model
 
@@ -70,27 +70,29 @@ def _graphs(graph: onnx.GraphProto):
                 yield from _graphs(g)
 
 
-def _negative_dims(model: onnx.ModelProto):
+def _unknown_dims(model: onnx.ModelProto):
     for graph in _graphs(model.graph):
         for vi in (*graph.input, *graph.output, *graph.value_info):
             if vi.type.HasField("tensor_type"):
                 for d in vi.type.tensor_type.shape.dim:
-                    if d.HasField("dim_value") and d.dim_value < 0:
+                    if d.HasField("dim_value") and d.dim_value <= 0:
                         yield d
 
 
-def negative_dims_dynamic(model: onnx.ModelProto, copy: bool = True) -> onnx.ModelProto:
-    """``model`` with every negative dimension of a tensor's declared shape
-    made a dynamic one, as onnxruntime reads it (paddle2onnx writes
-    ``dim_value: -1`` for a dynamic batch): ``--shape`` binds it like any
-    other.  The model itself when it has none; else a copy, unless ``copy``
-    is false."""
-    if next(_negative_dims(model), None) is None:
+def unknown_dims_dynamic(model: onnx.ModelProto, copy: bool = True) -> onnx.ModelProto:
+    """``model`` with every negative or zero dimension of a tensor's
+    declared shape made a dynamic one, which ``--shape`` binds like any
+    other.  paddle2onnx writes ``dim_value: -1`` for a dynamic batch (and
+    onnxruntime reads it so); other exporters write 0 for "unknown", which
+    onnxruntime takes as an empty axis, a tensor orchestrate could not run
+    anyway.  The model itself when it has none; else a copy, unless
+    ``copy`` is false."""
+    if next(_unknown_dims(model), None) is None:
         return model
     if copy:
         model, original = onnx.ModelProto(), model
         model.CopyFrom(original)
-    for d in list(_negative_dims(model)):
+    for d in list(_unknown_dims(model)):
         d.ClearField("dim_value")
     return model
 
