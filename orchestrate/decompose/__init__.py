@@ -270,7 +270,12 @@ def decompose(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | No
     :class:`UnsupportedError` naming any op type, attribute or dtype without a
     decomposition.
     """
-    from orchestrate.frontend import check, prepare, unknown_dims_dynamic
+    from orchestrate.frontend import (
+        check,
+        opset_onnxruntime_runs,
+        prepare,
+        unknown_dims_dynamic,
+    )
     from orchestrate.ir.export import to_onnx
 
     if not isinstance(model, onnx.ModelProto):
@@ -278,7 +283,7 @@ def decompose(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | No
             f"model: expected an onnx.ModelProto, got {type(model).__name__} "
             "(read a file with onnx.load)"
         )
-    model = unknown_dims_dynamic(model)
+    model = opset_onnxruntime_runs(unknown_dims_dynamic(model), "model")
     check(model, "model")
     prepared = prepare(model, shapes, "model", option="shapes")
     return to_onnx(fission(prepared, "model"), name=model.graph.name or "graph")

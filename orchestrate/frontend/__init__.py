@@ -57,6 +57,7 @@ def load(path: str | os.PathLike) -> onnx.ModelProto:
         raise InputError(f"{path}: not a valid ONNX file (empty graph)")
     _load_external(model, path)
     model = unknown_dims_dynamic(model, copy=False)
+    model = opset_onnxruntime_runs(model, str(path))
     check(model, str(path))
     return model
 
@@ -207,6 +208,41 @@ def _check_tensor_data(t: onnx.TensorProto, source: str) -> None:
                 f"{source}: initializer '{text.shown(t.name)}' holds {held} values, "
                 f"but dims {list(t.dims)} need {count}"
             )
+
+
+def opset_onnxruntime_runs(model: onnx.ModelProto, source: str = "<model>") -> onnx.ModelProto:
+    """``model`` at an ai.onnx opset the installed onnxruntime runs (it
+    verifies every bundle): itself when it is one, else converted down to
+    the newest such by onnx's version converter (onnx 1.23 stamps opset 28,
+    newer than onnxruntime 1.31 runs), weights left where they are.  A
+    model the converter cannot bring down is refused, naming why; one
+    newer than the installed onnx is left to ``check_opset``."""
+    from onnx import version_converter
+
+    from orchestrate.frontend import onnxrt
+
+    version = next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), None)
+    if version is None or version > onnx.defs.onnx_opset_version():
+        return model
+    if onnxrt.supports_opset(version):
+        return model
+    target = onnxrt.max_opset()
+    skeleton, weights = _skeleton(model)
+    try:
+        out = version_converter.convert_version(skeleton, target)
+    except Exception as e:  # noqa: BLE001 - the converter raises what its C++ side does
+        import onnxruntime
+
+        raise InputError(
+            f"{source}: opset {version} is newer than the installed onnxruntime "
+            f"{onnxruntime.__version__} supports (opset {target}), and onnx's version "
+            f"converter cannot bring it down ({_short(e)})"
+        ) from None
+    inputs = [i for i in out.graph.input if i.name not in weights]
+    del out.graph.input[:]
+    out.graph.input.extend(inputs)
+    out.graph.initializer.extend(weights.values())
+    return out
 
 
 def check_opset(model: onnx.ModelProto, source: str = "<model>") -> None:
