@@ -32,21 +32,18 @@ def echo(message: str = "", **kw) -> None:
     click.echo("\n".join(map(shown, str(message).split("\n"))), **kw)
 
 
-def _leave(message: str, code: int) -> None:
-    """After a signal, the cleanup done: say so and end the process at once.
+def _fail(message: str, code: int, *, at_once: bool = False) -> None:
+    """The one error line, then exit ``code``.  ``at_once`` (after a signal,
+    the cleanup done): end the process without the interpreter's teardown.
     The exception the signal raised may have landed inside an extension
-    module (torch, Triton, numpy mid-call or mid-import); the interpreter's
-    own teardown of such a module is where a process then crashes, so it is
-    skipped (os._exit, streams flushed first)."""
+    module (torch, Triton, numpy mid-call or mid-import), and tearing such a
+    module down is where a process then crashes (streams flushed first)."""
     echo(f"orchestrate: error: {shown(message)}", err=True)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
-
-
-def _fail(message: str, code: int) -> None:
-    echo(f"orchestrate: error: {shown(message)}", err=True)
+    if at_once:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
     sys.exit(code)
 
 
@@ -131,9 +128,11 @@ def reports_errors(fn):
             signals.uninstall()
             if signals.received is not None or isinstance(e, KeyboardInterrupt):
                 signum = signals.received or getattr(e, "signum", signal.SIGINT)
-                if signals.received is not None:
-                    _leave(f"interrupted by {signal.Signals(signum).name}", 128 + signum)
-                _fail(f"interrupted by {signal.Signals(signum).name}", 128 + signum)
+                _fail(
+                    f"interrupted by {signal.Signals(signum).name}",
+                    128 + signum,
+                    at_once=signals.received is not None,
+                )
             if isinstance(e, OrchestrateError):
                 _fail(str(e), EXIT_USER_ERROR)
             if isinstance(e, BrokenPipeError):  # `orchestrate rules | head`: the reader left
