@@ -130,11 +130,12 @@ def _timed_graph(bundle, feeds) -> tuple[object, str]:
     family = getattr(bundle, "family", None)
     if family is None:
         return bundle.graph, ""
-    from orchestrate.shapes.family import named
+    from orchestrate.shapes.family import named, ranged
 
     at = bundle.binding(feeds)
-    ranges = ", ".join(f"{d.shown} {d.range.min}..{d.range.max}" for d in family.dims)
-    return bundle.graph_at(at), f"{named(family.dims, at)} of the bundle's range {ranges}"
+    return bundle.graph_at(
+        at
+    ), f"{named(family.dims, at)} of the bundle's range {ranged(family.dims)}"
 
 
 def measure(key: str, make, sets: int, settings: Settings, on_gpu: bool) -> Measured:

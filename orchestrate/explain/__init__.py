@@ -185,7 +185,9 @@ def rejected_table(result: Plan) -> str:
 def range_lines(family) -> list[str]:
     """A dynamic plan's dimensions, their ranges and where it was priced
     (``shapes/family.Family``)."""
-    dims = ", ".join(f"{d.shown} {d.range.min}..{d.range.max}" for d in family.dims)
+    from orchestrate.shapes.family import ranged
+
+    dims = ranged(family.dims)
     opt = family.named(family.at("opt"))
     grid = "; ".join(f"{d.shown} {list(v)}" for d, v in zip(family.dims, family.grid.values))
     return [

@@ -57,6 +57,11 @@ def named(dims: Sequence[Dim], binding: Binding) -> str:
     return ", ".join(f"{d.shown}={v}" for d, v in zip(dims, binding))
 
 
+def ranged(dims: Sequence[Dim]) -> str:
+    """``batch 1..8, seq 2..64``: the dimensions' ranges as messages print them."""
+    return ", ".join(f"{d.shown} {d.range.min}..{d.range.max}" for d in dims)
+
+
 @dataclass(frozen=True)
 class Family:
     """``dims`` in binding order, the ``grid`` the family was lifted on, and
