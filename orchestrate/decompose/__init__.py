@@ -36,6 +36,7 @@ from orchestrate.decompose import (
 )
 from orchestrate.decompose.builder import Builder, Value, onnx_dtype_name
 from orchestrate.errors import GraphError, InputError, UnsupportedError
+from orchestrate.frontend import opset_of
 from orchestrate.frontend.weights import array as initializer_array
 from orchestrate.ir import type_rules
 from orchestrate.ir.bounds import INDEX_ERROR, check_constants
@@ -73,7 +74,7 @@ def fission(model: onnx.ModelProto, source: str = "<model>", *, consume: bool = 
     soon as they are copied into the graph, so a large model is never held
     twice (the model is unusable afterwards)."""
     g = model.graph
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    opset = opset_of(model) or 1
     _check_supported(g, source)
     reserved = {i.name for i in g.input} | {t.name for t in g.initializer}
     reserved |= {o for n in g.node for o in n.output} | {o.name for o in g.output}

@@ -9,6 +9,7 @@ import onnx
 from onnx import helper
 
 from orchestrate import ir
+from orchestrate.frontend import opset_of
 from orchestrate.text import shown
 
 
@@ -45,7 +46,7 @@ def inspection(
     largest = max(graph.nodes, key=lambda n: n.type.nbytes, default=None)
     return {
         "model": source,
-        "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None),
+        "opset": opset_of(model),
         "inputs": {i.name: str(i.type) for i in graph.inputs},
         "outputs": {o: str(graph.types[o]) for o in graph.outputs},
         "onnx_nodes": len(model.graph.node),

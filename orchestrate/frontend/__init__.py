@@ -221,22 +221,18 @@ def opset_onnxruntime_runs(model: onnx.ModelProto, source: str = "<model>") -> o
 
     from orchestrate.frontend import onnxrt
 
-    version = next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), None)
+    version = opset_of(model)
     if version is None or version > onnx.defs.onnx_opset_version():
         return model
     if onnxrt.supports_opset(version):
         return model
-    target = onnxrt.max_opset()
     skeleton, weights = _skeleton(model)
     try:
-        out = version_converter.convert_version(skeleton, target)
+        out = version_converter.convert_version(skeleton, onnxrt.max_opset())
     except Exception as e:  # noqa: BLE001 - the converter raises what its C++ side does
-        import onnxruntime
-
         raise InputError(
-            f"{source}: opset {version} is newer than the installed onnxruntime "
-            f"{onnxruntime.__version__} supports (opset {target}), and onnx's version "
-            f"converter cannot bring it down ({_short(e)})"
+            f"{_newer_than_onnxruntime(version, source)}, and onnx's version converter "
+            f"cannot bring it down ({_short(e)})"
         ) from None
     inputs = [i for i in out.graph.input if i.name not in weights]
     del out.graph.input[:]
@@ -251,7 +247,7 @@ def check_opset(model: onnx.ModelProto, source: str = "<model>") -> None:
     supports."""
     from orchestrate.frontend import onnxrt
 
-    version = next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), None)
+    version = opset_of(model)
     if version is None:
         return
     newest = onnx.defs.onnx_opset_version()
@@ -261,12 +257,23 @@ def check_opset(model: onnx.ModelProto, source: str = "<model>") -> None:
             f"supports (opset {newest})"
         )
     if not onnxrt.supports_opset(version):
-        import onnxruntime
+        raise InputError(_newer_than_onnxruntime(version, source))
 
-        raise InputError(
-            f"{source}: opset {version} is newer than the installed onnxruntime "
-            f"{onnxruntime.__version__} supports (opset {onnxrt.max_opset()})"
-        )
+
+def opset_of(model: onnx.ModelProto) -> int | None:
+    """The model's ai.onnx opset (None: it imports none)."""
+    return next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), None)
+
+
+def _newer_than_onnxruntime(version: int, source: str) -> str:
+    import onnxruntime
+
+    from orchestrate.frontend import onnxrt
+
+    return (
+        f"{source}: opset {version} is newer than the installed onnxruntime "
+        f"{onnxruntime.__version__} supports (opset {onnxrt.max_opset()})"
+    )
 
 
 def _short(e: BaseException) -> str:
