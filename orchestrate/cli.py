@@ -412,7 +412,7 @@ def _plan_options(
     no_rewrites,
 ):
     from orchestrate.errors import InputError
-    from orchestrate.kernels.enumerate import Limits
+    from orchestrate.plan.candidates import Limits
     from orchestrate.plan.planner import PlanOptionError, PlanOptions
 
     try:
@@ -701,7 +701,7 @@ def explain(
 @reports_errors
 def rules() -> None:
     """List the rule table: each rule that makes kernels, one line each."""
-    from orchestrate.kernels.rules import listing
+    from orchestrate.templates import listing
 
     for line in listing():
         echo(line)

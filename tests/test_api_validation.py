@@ -20,7 +20,7 @@ from onnx import helper
 import orchestrate
 from orchestrate import api
 from orchestrate.errors import InputError
-from orchestrate.kernels.enumerate import Limits
+from orchestrate.plan.candidates import Limits
 from orchestrate.plan.planner import PlanOptionError, PlanOptions
 from tests.util import elem
 

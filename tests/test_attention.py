@@ -299,7 +299,7 @@ def test_cost_by_hand():
 def test_head_dims_that_do_not_fit_are_rejected():
     """The fit check is the rule's own: a head dim whose tiles fit the
     device's shared memory in no configuration gets no attention kernel."""
-    from orchestrate.kernels.fit import working_set
+    from orchestrate.templates import working_set
 
     g = graphs.build(attention_fn(), [(1, 1, 64, 128)] * 3)
     names = _names(g)
@@ -439,7 +439,7 @@ def test_float16_grouped_query_nan_guard(small_blocks):
 def test_optimize_picks_attention_and_verifies(tmp_path, monkeypatch, name):
     import orchestrate
     from examples import export_example
-    from orchestrate.kernels import rules
+    from orchestrate import templates as registry
     from orchestrate.plan import pipeline
 
     src = tmp_path / f"{name}.onnx"
@@ -449,7 +449,7 @@ def test_optimize_picks_attention_and_verifies(tmp_path, monkeypatch, name):
     templates = [k.template for k in result.plan.kernels]
     assert templates.count(ATTENTION) == 2, templates  # one per layer
     # the same model planned without the rule: the optimum can only be worse
-    monkeypatch.setattr(rules, "RULES", [r for r in rules.RULES if r.name != ATTENTION])
+    monkeypatch.setattr(registry, "RULES", [r for r in registry.RULES if r.name != ATTENTION])
     without = plan(pipeline.fission_file(src), PlanOptions(reproducible=True)).plan
     assert ATTENTION not in {k.template for k in without.kernels}
     assert result.plan.summary.predicted_us < without.summary.predicted_us

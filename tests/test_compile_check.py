@@ -29,7 +29,7 @@ from orchestrate.check.compile_check import (
     slowdowns,
 )
 from orchestrate.cost.devices import DEVICES
-from orchestrate.kernels.fit import working_set
+from orchestrate.templates import working_set
 from tests.util import has_nvidia_backend
 
 ROOT = Path(__file__).resolve().parents[1]

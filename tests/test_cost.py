@@ -16,6 +16,7 @@ from orchestrate.kernels.region import region
 from orchestrate.kernels.rule import ranked
 from orchestrate.kernels.spec import MATMUL, Anchored, KernelSpec, Target, split_k
 from orchestrate.plan.planner import PlanOptions, plan
+from orchestrate.templates import template
 from tests import graphs
 
 H200 = get_device("h200")
@@ -33,7 +34,9 @@ def _ranked(g, device=H200, tf32=False, sms=0) -> list[KernelSpec]:
     configs = config.matmul(m, n, g.types[mm.inputs[0]].shape[-1], mm.dtype, tf32, 1, sms)
     target = Target(device, tf32, rank=roofline.Ranker(device))
     r = region(g, [mm.name])
-    out = ranked(g, MATMUL, r, mm.shape, Anchored(mm.name, (), ()), (), configs, target)
+    out = ranked(
+        g, template(MATMUL).rule, r, mm.shape, Anchored(mm.name, (), ()), (), configs, target
+    )
     assert isinstance(out, list)
     return out
 

@@ -660,12 +660,14 @@ def test_a_pinned_configuration_keeps_its_interpreter_blocks_even_none():
     blocks in the interpreter at every binding; the template's own choice
     there (sized to each shape) would make the printed code differ."""
     from orchestrate.kernels.rule import pinned_config
-    from orchestrate.kernels.spec import LaunchConfig
+    from orchestrate.kernels.spec import POINTWISE, LaunchConfig
+    from orchestrate.templates import template
 
     pin = LaunchConfig((("BLOCK", 64),))
     own = [LaunchConfig((("BLOCK", 64),), interpret=(("BLOCK", 1024),))]
-    assert pinned_config("pointwise", pin, own).interpret == ()
-    assert pinned_config("pointwise", pin, own, own_interpret=True).interpret == (("BLOCK", 1024),)
+    rule = template(POINTWISE).rule
+    assert pinned_config(rule, pin, own).interpret == ()
+    assert pinned_config(rule, pin, own, own_interpret=True).interpret == (("BLOCK", 1024),)
 
 
 def test_a_dynamic_bundle_exposes_its_graph_at_opt_for_bench(built):

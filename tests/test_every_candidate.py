@@ -22,9 +22,9 @@ from orchestrate import ir
 from orchestrate.check.verify import random_inputs
 from orchestrate.ilp.partition import partition
 from orchestrate.ir import reference, type_rules
-from orchestrate.kernels.enumerate import Limits, enumerate_kernels
 from orchestrate.kernels.spec import LIBRARY, KernelSpec
 from orchestrate.plan import pipeline
+from orchestrate.plan.candidates import Limits, enumerate_kernels
 from orchestrate.plan.planner import PlanOptions
 from tests.emit_util import one_kernel, run_plan, target
 

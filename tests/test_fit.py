@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from orchestrate.ir.precision import lower_precision
-from orchestrate.kernels.fit import working_set
 from orchestrate.kernels.spec import (
     ATTENTION,
     MERGED_MATMUL,
@@ -25,6 +24,7 @@ from orchestrate.kernels.spec import (
 )
 from orchestrate.plan import pipeline
 from orchestrate.plan.planner import PlanOptions, plan
+from orchestrate.templates import working_set
 from tests import graphs
 from tests.compile_util import compile_sm90
 from tests.emit_util import spec_of

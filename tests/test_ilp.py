@@ -15,9 +15,9 @@ from orchestrate.cost.roofline import cost, us_for_bytes
 from orchestrate.errors import InputError
 from orchestrate.ilp import program
 from orchestrate.ilp.checker import schedule
-from orchestrate.kernels.enumerate import enumerate_kernels
 from orchestrate.kernels.spec import Elementwise, KernelSpec, LaunchConfig, Target
 from orchestrate.plan import Plan, planner
+from orchestrate.plan.candidates import enumerate_kernels
 from orchestrate.plan.planner import PlanOptions
 from tests import graphs
 

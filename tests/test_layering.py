@@ -24,10 +24,28 @@ FORBIDDEN = {
         "orchestrate.ilp",
         "orchestrate.emit",
         "orchestrate.plan",
+        "orchestrate.templates",
+    ],
+    # a template's parts (rule, generator, cost terms) come from the stages
+    # below; the rule table, the cost model and the emitter look templates up
+    "orchestrate.templates": [
+        "orchestrate.ilp",
+        "orchestrate.plan",
+        "orchestrate.cost.roofline",
+        "orchestrate.run",
+        "orchestrate.tune",
+        "orchestrate.bundle",
     ],
     "orchestrate.cost": ["orchestrate.ilp", "orchestrate.emit", "orchestrate.plan.planner"],
     "orchestrate.ilp": ["orchestrate.emit", "orchestrate.plan.planner", "orchestrate.run"],
     "orchestrate.emit": ["orchestrate.cost", "orchestrate.ilp", "orchestrate.plan.planner"],
+    # the generators' building blocks know no template
+    "orchestrate.emit.body": ["orchestrate.templates"],
+    "orchestrate.emit.codegen": ["orchestrate.templates"],
+    "orchestrate.emit.expr": ["orchestrate.templates"],
+    "orchestrate.emit.helpers": ["orchestrate.templates"],
+    "orchestrate.emit.source": ["orchestrate.templates"],
+    "orchestrate.cost.terms": ["orchestrate.templates"],
     "orchestrate.plan": [
         "orchestrate.cost",
         "orchestrate.ilp",

@@ -24,8 +24,6 @@ from orchestrate.ilp.partition import partition
 from orchestrate.ilp.problem import problem
 from orchestrate.ir.export import to_onnx
 from orchestrate.kernels import library
-from orchestrate.kernels.enumerate import enumerate_kernels
-from orchestrate.kernels.rules import match, match_all
 from orchestrate.kernels.spec import (
     ATTENTION,
     CONV,
@@ -40,8 +38,10 @@ from orchestrate.kernels.spec import (
     Rejection,
     Target,
 )
+from orchestrate.plan.candidates import enumerate_kernels
 from orchestrate.plan.planner import PlanOptionError, PlanOptions, plan
 from orchestrate.run.runtime import interpreter_refusal
+from orchestrate.templates import match, match_all
 from tests import graphs
 from tests.emit_util import assert_matches_reference, plan_from_sets
 from tests.test_attention import attention_fn

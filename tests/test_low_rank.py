@@ -24,14 +24,14 @@ from onnx import helper, numpy_helper
 
 import orchestrate
 from orchestrate import cli
-from orchestrate.cost import roofline
-from orchestrate.kernels import config, low_rank, rules
-from orchestrate.kernels.fit import working_set
+from orchestrate import templates as rules
+from orchestrate.kernels import config, low_rank
 from orchestrate.kernels.region import region
 from orchestrate.kernels.rule import ranked
 from orchestrate.kernels.spec import LOW_RANK, KernelSpec, structural_hash, with_hash
 from orchestrate.plan import pipeline
 from orchestrate.plan.planner import PlanOptions, plan
+from orchestrate.templates import template, working_set
 from tests import graphs
 from tests.compile_util import compile_sm90
 from tests.test_every_candidate import candidate_failures, candidates
@@ -192,7 +192,8 @@ def test_the_linear_program_keeps_separate_kernels_where_the_fused_one_costs_mor
     sets = low_rank.propose(g, [n.name for n in g.nodes])
     target = PlanOptions(device="h200").target()
     assert any(isinstance(rules.match(g, s, target), KernelSpec) for s in sets)
-    monkeypatch.setattr(roofline, "low_rank_flops", lambda graph, spec: (10**15, 0))
+    priced = replace(template(LOW_RANK), flops=lambda graph, spec: (10**15, 0))
+    monkeypatch.setitem(rules._BY_NAME, LOW_RANK, priced)
     p = plan(g, PlanOptions(device="h200", reproducible=True)).plan
     assert LOW_RANK not in {k.template for k in p.kernels}
     assert LOW_RANK not in {u.rule for u in p.rules}  # (merged_matmul may fire: x @ W, x @ A)
@@ -258,7 +259,9 @@ def _candidates(g, count: int) -> list[KernelSpec]:
     m, n = g.producer[found.anchor].shape[-2:]
     x = g.types[found.x]
     configs = config.matmul(m, n, x.shape[-1], x.dtype, False, 1, 0)
-    fit = ranked(g, LOW_RANK, r, g.producer[found.anchor].shape, found, (), configs, target)
+    fit = ranked(
+        g, template(LOW_RANK).rule, r, g.producer[found.anchor].shape, found, (), configs, target
+    )
     return [with_hash(g, k) for k in fit[:: max(1, len(fit) // count)][:count]]
 
 

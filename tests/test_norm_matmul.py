@@ -24,13 +24,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 import orchestrate
 from orchestrate import cli
+from orchestrate import templates as rules
 from orchestrate.cost.devices import get_device
 from orchestrate.cost.roofline import cost
-from orchestrate.kernels import config, norm_matmul, rules
-from orchestrate.kernels.fit import working_set
+from orchestrate.kernels import config, norm_matmul
 from orchestrate.kernels.spec import NORM_MATMUL, ROW_REDUCE, KernelSpec
 from orchestrate.plan import pipeline
 from orchestrate.plan.planner import PlanOptions, plan
+from orchestrate.templates import working_set
 from orchestrate.tune import FakeTimer, Tune
 from tests import graphs
 from tests.compile_util import compile_sm90

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from orchestrate import cli
+from orchestrate import cli, templates
 from orchestrate.explain import _bytes, picture
 from orchestrate.ir import TensorType
 from orchestrate.plan import Plan
@@ -60,7 +60,7 @@ def test_one_box_per_kernel_and_edges_labelled_with_bytes(plan_file, tmp_path):
     assert r.exit_code == 0, r.output
     text = out.read_text()
     lines = _statements(text)
-    p = Plan.from_json(json.loads(plan_file.read_text()))
+    p = Plan.from_json(json.loads(plan_file.read_text()), templates.NAMES)
     kernels = [k for k in p.kernels if not k.is_view]
     boxes = re.findall(r"^\s*(k\d+) \[label=", text, re.M)
     assert boxes == [k.name.split("_")[0] for k in kernels]
@@ -78,7 +78,7 @@ def test_one_box_per_kernel_and_edges_labelled_with_bytes(plan_file, tmp_path):
 def test_hostile_names_reach_dot_escaped(plan_file, tmp_path):
     data = _renamed(json.loads(plan_file.read_text()), "input_ids", HOSTILE)
     data["graph"]["name"] = HOSTILE
-    text = picture.dot(Plan.from_json(data))
+    text = picture.dot(Plan.from_json(data, templates.NAMES))
     _statements(text)
     assert picture.quote(HOSTILE) in text
     assert picture.quote(HOSTILE) == '"in\\"put\\\\ids\\\\nnext <b>&amp;amp;"'

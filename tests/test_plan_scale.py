@@ -13,11 +13,11 @@ import pytest
 from click.testing import CliRunner
 from onnx import helper
 
-from orchestrate import api, cli, ir
+from orchestrate import api, cli, ir, templates
 from orchestrate.ilp import program
 from orchestrate.ilp.partition import partition
-from orchestrate.kernels.enumerate import Limits
 from orchestrate.plan import Plan, planner
+from orchestrate.plan.candidates import Limits
 from orchestrate.plan.planner import PlanOptions
 from tests import graphs
 from tests.util import elem
@@ -258,7 +258,7 @@ def test_the_time_limit_bounds_the_planning_not_each_program(tmp_path):
     r = CliRunner().invoke(cli.main, ["plan", str(src), "-o", str(out), "--time-limit", "0.01"])
     assert r.exit_code == 0, r.output
     assert "solver: greedy" in r.output
-    p = Plan.from_json(json.loads(out.read_text()))
+    p = Plan.from_json(json.loads(out.read_text()), templates.NAMES)
     assert p.solver.status == "greedy" and p.solver.solves == 0 and p.solver.partitions > 1
     assert p.summary.predicted_us == pytest.approx(p.baselines["greedy"].predicted_us)
     r = CliRunner().invoke(cli.main, ["plan", str(src), "-o", str(out)])

@@ -7,9 +7,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from orchestrate import cli
-from orchestrate.kernels import enumerate as enumeration
+from orchestrate import cli, templates
 from orchestrate.plan import Plan, pipeline
+from orchestrate.plan import candidates as enumeration
 from orchestrate.plan.planner import PlanOptions, plan
 
 DEMO = "examples/models/tiny_bert.onnx"
@@ -58,7 +58,7 @@ def test_without_figure_is_the_plan_made_without_the_rule(graph, planned, monkey
 
 
 def test_rules_survive_the_plan_file(planned):
-    again = Plan.from_json(json.loads(json.dumps(planned.to_json())))
+    again = Plan.from_json(json.loads(json.dumps(planned.to_json())), templates.NAMES)
     assert again.rules == planned.rules
 
 

@@ -19,10 +19,10 @@ from orchestrate.check.exact.bundle import verify_exact
 from orchestrate.cost import roofline
 from orchestrate.cost.devices import get_device
 from orchestrate.kernels import config
-from orchestrate.kernels.rules import match
 from orchestrate.kernels.spec import MATMUL, MERGED_MATMUL, Rejection, Siblings, Target
 from orchestrate.plan import pipeline
 from orchestrate.plan.planner import PlanOptions, plan
+from orchestrate.templates import match
 from tests import graphs
 from tests.emit_util import assert_matches_reference
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from orchestrate import api, cli
+from orchestrate import api, cli, templates
 from orchestrate.cost.devices import get_device
 from orchestrate.cost.measured import Measured, calibrate
 from orchestrate.cost.roofline import Prices, cost
@@ -318,7 +318,7 @@ def test_kernels_not_measured_are_scaled_by_what_was(tmp_path):
 
 def _candidates(g, target):
     from orchestrate.ilp.partition import partition
-    from orchestrate.kernels.enumerate import enumerate_kernels
+    from orchestrate.plan.candidates import enumerate_kernels
 
     return [k for p in partition(g) for k in enumerate_kernels(g, p.nodes, target).kernels]
 
@@ -542,7 +542,7 @@ def test_the_tuning_is_reported_next_to_the_plan_and_kept_in_its_file(tmp_path):
     text = "\n".join(summary_lines(p))
     assert f"{p.tuning.measured} timed, 0 from the cache" in text
     assert "FAKE timer" in text and "matmul 2" in text
-    assert Plan.from_json(p.to_json()).tuning == p.tuning
+    assert Plan.from_json(p.to_json(), templates.NAMES).tuning == p.tuning
     untuned = plan(g, OPTIONS).plan
     assert "tuning" not in untuned.to_json() and "tuning:" not in "\n".join(summary_lines(untuned))
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestrate import text
+from orchestrate import templates, text
 from orchestrate.errors import InputError, check_format
 from orchestrate.files import (
     BUNDLE_PREFIX,
@@ -280,7 +280,9 @@ def read(folder: str | os.PathLike) -> Contents:
             raise InputError(f"{folder}: {name} is missing")
         if hashlib.sha256(data[name]).hexdigest() != manifest["files"][name]:
             raise InputError(f"{folder}: {name} was modified (sha256 does not match the manifest)")
-    plan = Plan.from_json(_json(data["plan.json"], folder, "plan.json"), f"{folder}/plan.json")
+    plan = Plan.from_json(
+        _json(data["plan.json"], folder, "plan.json"), templates.NAMES, f"{folder}/plan.json"
+    )
     constants = _weights(data["weights.npz"], manifest["constants"], manifest["bfloat16"], folder)
     try:
         kernels_py = data["kernels.py"].decode("ascii")

@@ -25,9 +25,9 @@ from orchestrate.cost.devices import get_device
 from orchestrate.emit import emit
 from orchestrate.errors import GraphError, InputError, OrchestrateError, UnsupportedError
 from orchestrate.ir import type_rules
-from orchestrate.kernels.rules import match_all
 from orchestrate.kernels.spec import VIEW, Rejection, Target
 from orchestrate.plan import Plan, Planned
+from orchestrate.templates import match_all
 
 
 def title(model_file: str) -> str:

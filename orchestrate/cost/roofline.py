@@ -117,9 +117,11 @@ mean of measured / predicted; stated in full there).
 
 Everything is read from the kernel spec: the template's roles (anchor,
 prologue, epilogue, row space and phases, attention roles) and its launch
-configuration.  Whether the working set fits on chip is the rules' check
-(``kernels/fit.py``), not a cost; the shared memory it models sets how many
-blocks an SM holds.
+configuration.  Each template (``orchestrate/templates/``) says how many
+flops, blocks and loop steps its kernels have, from the counts in
+``cost/terms.py``; this module turns them into time, the same way for all.
+Whether the working set fits on chip is the rules' check (``kernels/fit.py``),
+not a cost; the shared memory it models sets how many blocks an SM holds.
 """
 
 from __future__ import annotations
@@ -136,56 +138,23 @@ from orchestrate.cost.figures import (
     DRAM_LATENCY_US,
     FIXUP_LATENCIES,
     LAUNCH_US,
-    SFU_FLOPS,
-    TENSOR_CORE_EFFICIENCY,
     WARPS_PER_SM,
 )
-from orchestrate.cost.library import library_flops, library_terms
 from orchestrate.cost.measured import Measured
-from orchestrate.ir import Graph, Node, Op
-from orchestrate.kernels.fit import working_set
-from orchestrate.kernels.region import ROW_REDUCTIONS
-from orchestrate.kernels.spec import (
-    ATTENTION,
-    CONV,
-    LIBRARY,
-    LOW_RANK,
-    MATMUL,
-    MERGED_MATMUL,
-    NORM_MATMUL,
-    NORM_MERGED_MATMUL,
-    POINTWISE,
-    ROW_REDUCE,
-    VIEW,
-    WINDOW,
-    Anchored,
-    AttentionRoles,
-    KernelSpec,
-    LowRank,
-    Operand,
-    Rows,
-    segment_specs,
-    split_k,
-    split_k_scratch,
+from orchestrate.cost.terms import (
+    FREE_OPS,
+    SFU_OPS,
+    passes,
+    read_bytes,
+    us_for_bytes,
+    us_for_flops,
+    write_bytes,
 )
+from orchestrate.ir import Graph
+from orchestrate.kernels.spec import VIEW, KernelSpec, split_k, split_k_scratch
+from orchestrate.templates import template, working_set
 
-SFU_OPS = frozenset(
-    {
-        Op.EXP,
-        Op.LOG,
-        Op.SQRT,
-        Op.RECIP,
-        Op.TANH,
-        Op.ERF,
-        Op.SIGMOID,
-        Op.SIN,
-        Op.COS,
-        Op.DIV,
-        Op.POW,
-        Op.MOD,
-    }
-)
-FREE_OPS = frozenset({Op.RESHAPE, Op.IDENTITY})
+__all__ = ["FREE_OPS", "SFU_OPS", "Cost", "Price", "Prices", "Ranker", "cost", "us_for_bytes"]
 
 
 @dataclass(frozen=True)
@@ -215,15 +184,6 @@ class Price:
     flops: int
     time_us: float
     bound: str  # memory, compute, latency, launch or view
-
-
-def us_for_bytes(nbytes: float, device: Device) -> float:
-    """Streaming at the achievable bandwidth of the whole device."""
-    return nbytes / (device.bandwidth_gbs * 1e3 * ACHIEVABLE_BANDWIDTH)  # GB/s -> bytes/µs
-
-
-def us_for_flops(flops: float, tflops: float) -> float:
-    return flops / (tflops * 1e6)
 
 
 class Prices:
@@ -292,282 +252,24 @@ class Ranker:
         return self._seen[key]
 
 
-def attention_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
-    """(matmul flops, other flops) of an attention kernel (see the module doc)."""
-    a = spec.roles
-    assert isinstance(a, AttentionRoles)
-    m1, m2 = graph.producer[a.m1], graph.producer[a.m2]
-    *_, lq, lk = m1.shape
-    scores, outputs = m1.type.size, m2.type.size
-    rows = scores // lk
-    key_blocks = math.ceil(lk / spec.config["BLOCK_N"])
-    other = sum(scores * _weight(graph.producer[n].op) for n in a.scores)
-    for n in a.softmax:
-        node = graph.producer[n]
-        if node.op in (Op.RMAX, Op.SUM, Op.SUB, Op.EXP, Op.CAST):
-            other += scores * _weight(node.op)
-        elif node.op is Op.DIV:
-            other += outputs * _weight(node.op)  # the output is normalised once
-        else:  # a floor: one per row
-            other += rows
-    other += key_blocks * (rows * SFU_FLOPS + outputs)  # rescale by exp(m_old - m_new)
-    splits = split_k(spec.config)
-    if splits > 1:  # split-KV's combine: one exp per row and slot, the slots' sums added
-        other += splits * rows * SFU_FLOPS + split_k_scratch(graph, spec)[0]
-    # prologue: Q's once, K's and V's once per block of query rows, side inputs per score
-    query_blocks = math.ceil(lq / spec.config["BLOCK_M"])
-    for n, operand in a.prologue:
-        node = graph.producer[n]
-        if node.op in FREE_OPS:
-            continue
-        evals = {
-            Operand.Q: node.type.size,
-            Operand.KV: node.type.size * query_blocks,
-            Operand.SCORES: scores,
-        }
-        other += evals[operand] * _weight(node.op)
-    return _anchor_flops(graph, m1) + _anchor_flops(graph, m2), other
-
-
-def read_bytes(graph: Graph, spec: KernelSpec) -> int:
-    inside = set(spec.nodes)
-    total = 0
-    for t in spec.inputs:
-        ty = graph.types[t]
-        readers = graph.consumers.get(t, ())
-        if len(readers) > len(inside):  # a constant read all over the graph
-            users = [graph.producer[n] for n in spec.nodes if t in graph.producer[n].inputs]
-        else:
-            users = [c for c in readers if c.name in inside]
-        if users and all(c.op in (Op.SLICE, Op.GATHER) and c.inputs[0] == t for c in users):
-            taken = sum(c.type.size for c in users)
-            total += min(taken, ty.size) * ty.itemsize
-        else:
-            total += ty.nbytes
-    return total
-
-
-def write_bytes(graph: Graph, names) -> int:
-    return sum(graph.types[t].nbytes for t in names)
-
-
-def passes(graph: Graph, spec: KernelSpec) -> int:
-    """How many times a row-reduce kernel streams its inputs: once when the
-    row fits in registers, else once per phase plus the epilogue pass that
-    stores full-space outputs of the last phase."""
-    rows = spec.roles
-    if not isinstance(rows, Rows) or not rows.looped:
-        return 1
-    last = any(s not in rows.row_space and rows.depth_of(s) == rows.phases for s in spec.outputs)
-    return rows.phases + (1 if last else 0)
-
-
 def flops(graph: Graph, spec: KernelSpec) -> int:
     return sum(split_flops(graph, spec))
 
 
 def split_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
-    """(dot flops, other flops): the matmul or conv anchor's multiply-adds,
-    and everything else (CUDA-core work)."""
-    if spec.template == VIEW:
-        return 0, 0
-    if spec.template == ATTENTION:
-        return attention_flops(graph, spec)
-    if spec.template in LIBRARY:
-        return library_flops(graph, spec)
-    if spec.template == NORM_MATMUL:
-        return norm_matmul_flops(graph, spec)
-    if spec.template == LOW_RANK:
-        return low_rank_flops(graph, spec)
-    if spec.template == MERGED_MATMUL:  # no prologue: each segment's dots and epilogue
-        parts = [_anchored_flops(graph, s) for s in segment_specs(graph, spec)]
-        return sum(p[0] for p in parts), sum(p[2] for p in parts)
-    if spec.template == NORM_MERGED_MATMUL:  # each segment as a norm_matmul of its columns
-        parts = [norm_matmul_flops(graph, s) for s in segment_specs(graph, spec)]
-        return sum(p[0] for p in parts), sum(p[1] for p in parts)
-    roles = spec.roles
-    other = 0
-    if isinstance(roles, Anchored):
-        anchor = graph.producer[roles.anchor]
-        dots, prologue, epilogue = _anchored_flops(graph, spec)
-        other = prologue * _reuse(spec, anchor) + epilogue
-        other += split_k_scratch(graph, spec)[0]  # the fix-up adds the partials
-        if anchor.op in (Op.MATMUL, Op.CONV):
-            return dots, other
-        return 0, dots + other  # a pool's window sums run on CUDA cores
-    space = math.prod(spec.space)
-    for n in spec.nodes:
-        node = graph.producer[n]
-        if node.op in FREE_OPS:
-            continue
-        if node.op in ROW_REDUCTIONS:
-            other += graph.types[node.inputs[0]].size
-        elif isinstance(roles, Rows) and n in roles.row_space:
-            other += roles.rows * _weight(node.op)
-        else:
-            other += space * _weight(node.op)
-    return 0, other
-
-
-# the running row statistics per element of x: subtract the block mean,
-# square, and two row sums (the tensor cores do not help: CUDA cores)
-NORM_STAT_FLOPS = 4
-
-
-def norm_matmul_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
-    """(dot flops, other flops) of a norm moved past a matmul (see the module doc)."""
-    roles = spec.roles
-    mm = graph.producer[roles.anchor]
-    *batch, m, n = mm.shape
-    k = graph.types[roles.x].shape[-1]
-    rows = math.prod(mm.shape[:-1])
-    per_x = (
-        NORM_STAT_FLOPS
-        + bool(roles.scale[2])
-        + sum(
-            _weight(graph.producer[t].op)
-            for t in roles.feed
-            if graph.producer[t].op not in FREE_OPS
-        )
-    )
-    per_row = sum(_weight(graph.producer[t].op) for t in roles.rows)
-    col_tiles = _reuse(spec, mm)
-    row_tiles = math.ceil(m / spec.config["BLOCK_M"]) * math.prod(batch)
-    other = (rows * k * per_x + rows * per_row) * col_tiles
-    other += len(roles.shifts) * 2 * k * n * row_tiles  # h_j @ W, once per row of tiles
-    other += (1 + len(roles.shifts)) * mm.type.size + _anchored_flops(graph, spec)[2]
-    return _anchor_flops(graph, mm), other
-
-
-def low_rank_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
-    """(dot flops, other flops) of a matmul with a low-rank branch (see the module doc)."""
-    roles = spec.roles
-    assert isinstance(roles, LowRank)
-    mm = graph.producer[roles.anchor]
-    rows, n = math.prod(mm.shape[:-1]), mm.shape[-1]
-    k, r = graph.types[roles.x].shape[-1], roles.block_r
-    col_tiles = _reuse(spec, mm)
-    dots = _anchor_flops(graph, mm) + 2 * rows * k * r * col_tiles + 2 * rows * r * n
-    return dots, rows * r * col_tiles + _anchored_flops(graph, spec)[2]
-
-
-_ANCHORED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _anchored_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int, int]:
-    """(anchor flops, prologue flops per evaluation, epilogue flops) of an
-    anchored set: the parts that do not depend on the configuration."""
-    seen = _ANCHORED.setdefault(graph, {})
-    key = (spec.nodes, spec.roles)
-    if key not in seen:
-        roles = spec.roles
-        assert isinstance(roles, Anchored)
-        anchor = graph.producer[roles.anchor]
-        prologue = epilogue = 0
-        for n in roles.prologue:
-            node = graph.producer[n]
-            if node.op not in FREE_OPS:
-                prologue += node.type.size * _weight(node.op)
-        for n in roles.epilogue:
-            node = graph.producer[n]
-            if node.op not in FREE_OPS:
-                epilogue += anchor.type.size * _weight(node.op)
-        seen[key] = (_anchor_flops(graph, anchor), prologue, epilogue)
-    return seen[key]
-
-
-def _reuse(spec: KernelSpec, anchor: Node) -> int:
-    """How many programs load each operand element of a matmul: one per
-    column of tiles (its prologue is evaluated that many times)."""
-    if anchor.op is Op.MATMUL:
-        return max(1, math.ceil(anchor.shape[-1] / spec.config["BLOCK_N"]))
-    return 1
-
-
-def _anchor_flops(graph: Graph, anchor: Node) -> int:
-    if anchor.op is Op.MATMUL:
-        k = graph.types[anchor.inputs[0]].shape[-1]
-        return 2 * anchor.type.size * k
-    if anchor.op is Op.CONV:
-        w = graph.types[anchor.inputs[1]]
-        return 2 * anchor.type.size * math.prod(w.shape[1:])
-    return anchor.type.size * math.prod(anchor.attrs["kernel"])
-
-
-def _weight(op: Op) -> int:
-    return SFU_FLOPS if op in SFU_OPS else 1
-
-
-HALF = ("float16", "bfloat16")
-
-
-def dot_tflops(dtype: str, precision: str, device: Device) -> float:
-    """The rate a dot of ``dtype`` operands runs at: tensor cores for half
-    precision and TF32, at the efficiency a tiled GEMM reaches; CUDA cores
-    for IEEE fp32, fp64 and integers."""
-    if dtype in HALF:
-        return device.fp16_tflops * TENSOR_CORE_EFFICIENCY
-    if dtype == "float32" and precision == "tf32":
-        return device.tf32_tflops * TENSOR_CORE_EFFICIENCY
-    return device.fp32_tflops
+    """(dot flops, other flops): tensor-core work and CUDA-core work, as the
+    spec's template counts them."""
+    return template(spec.template).flops(graph, spec)
 
 
 def grid(graph: Graph, spec: KernelSpec) -> int:
-    """Thread blocks the kernel launches (as the templates compute their grids)."""
-    c = spec.config
-    if spec.template in (POINTWISE, WINDOW):
-        return math.ceil(math.prod(spec.space) / c["BLOCK"])
-    if spec.template == ROW_REDUCE:
-        rows = spec.roles
-        assert isinstance(rows, Rows)
-        return math.ceil(rows.rows / c["BLOCK_ROWS"])
-    if spec.template in (MATMUL, NORM_MATMUL, LOW_RANK):
-        *batch, m, n = graph.producer[spec.anchor].shape
-        tiles = math.ceil(m / c["BLOCK_M"]) * math.ceil(n / c["BLOCK_N"]) * math.prod(batch)
-        return tiles * split_k(c)
-    if spec.template in (MERGED_MATMUL, NORM_MERGED_MATMUL):
-        *batch, m, _ = graph.producer[spec.anchor].shape
-        cols = sum(
-            math.ceil(graph.producer[s.anchor].shape[-1] / c["BLOCK_N"])
-            for s in spec.roles.segments
-        )
-        return math.ceil(m / c["BLOCK_M"]) * cols * math.prod(batch)
-    if spec.template == CONV:
-        cv = graph.producer[spec.anchor]
-        nb, m, *spatial = cv.shape
-        groups = cv.attrs["group"]
-        gemm_m, gemm_n = nb * math.prod(spatial), m // groups
-        return math.ceil(gemm_m / c["BLOCK_M"]) * math.ceil(gemm_n / c["BLOCK_N"]) * groups
-    if spec.template == ATTENTION:
-        a = spec.roles
-        assert isinstance(a, AttentionRoles)
-        *batch, lq, _ = graph.producer[a.m1].shape
-        return math.ceil(lq / c["BLOCK_M"]) * math.prod(batch) * split_k(c)
-    return 1
+    """Thread blocks the kernel launches (as its template computes its grid)."""
+    return template(spec.template).blocks(graph, spec)
 
 
 def loop_steps(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
     """(dependent loop steps per block, steps in flight at once)."""
-    c = spec.config
-    piped = max(1, c.num_stages - 1)
-    # split-K: its share
-    if spec.template in (MATMUL, MERGED_MATMUL, NORM_MATMUL, NORM_MERGED_MATMUL, LOW_RANK):
-        k = graph.types[graph.producer[spec.anchor].inputs[0]].shape[-1]
-        return math.ceil(math.ceil(k / c["BLOCK_K"]) / split_k(c)), piped
-    if spec.template == CONV:
-        w = graph.types[graph.producer[spec.anchor].inputs[1]]
-        return math.ceil(math.prod(w.shape[1:]) / c["BLOCK_K"]), piped
-    if spec.template == ATTENTION:
-        a = spec.roles
-        assert isinstance(a, AttentionRoles)
-        key_blocks = math.ceil(graph.producer[a.m1].shape[-1] / c["BLOCK_N"])
-        return math.ceil(key_blocks / split_k(c)), piped  # split-KV: each its share
-    if spec.template == ROW_REDUCE:
-        rows = spec.roles
-        assert isinstance(rows, Rows)
-        if rows.looped:  # no dot: Triton does not pipeline these loads
-            return math.ceil(rows.length / c["BLOCK_COLS"]) * passes(graph, spec), 1
-    return 0, 1
+    return template(spec.template).steps(graph, spec)
 
 
 def resident(graph: Graph, spec: KernelSpec, device: Device) -> int:
@@ -581,14 +283,9 @@ def resident(graph: Graph, spec: KernelSpec, device: Device) -> int:
 def cost(graph: Graph, spec: KernelSpec, device: Device) -> Cost:
     """The cost of ``spec`` writing its sinks (optional outputs are priced
     by ``Prices.price``)."""
-    if spec.template == VIEW:
-        return Cost(0, 0, 0.0, 0.0, 0.0)
-    if spec.template in LIBRARY:
-        return Cost(
-            *library_terms(
-                graph, spec, device, read_bytes(graph, spec), write_bytes(graph, spec.outputs)
-            )
-        )
+    t = template(spec.template)
+    if t.terms is not None:  # a view, a library call: the template's own terms
+        return Cost(*t.terms(graph, spec, device))
     loaded = _moved(graph, spec)
     nbytes = loaded + 2 * 4 * split_k_scratch(graph, spec)[0]  # split-K partials: out and in
     blocks = max(1, grid(graph, spec))
@@ -606,7 +303,8 @@ def cost(graph: Graph, spec: KernelSpec, device: Device) -> Cost:
     # compute: dots at their rate, the rest on CUDA cores, in whole waves over the SMs
     dots, other = split_flops(graph, spec)
     quantised = device.sms * math.ceil(blocks / device.sms) / blocks
-    compute_us = _dot_us(graph, spec, dots, device) + us_for_flops(other, device.fp32_tflops)
+    dots_us = t.dot_us(graph, spec, dots, device) if dots else 0.0
+    compute_us = dots_us + us_for_flops(other, device.fp32_tflops)
     compute_us *= quantised
     # latency: each wave of blocks waits for its chain of dependent loads
     waves = math.ceil(blocks / (device.sms * per_sm))
@@ -626,17 +324,3 @@ def _moved(graph: Graph, spec: KernelSpec) -> int:
     if key not in seen:
         seen[key] = read_bytes(graph, spec) * passes(graph, spec) + write_bytes(graph, spec.outputs)
     return seen[key]
-
-
-def _dot_us(graph: Graph, spec: KernelSpec, dots: int, device: Device) -> float:
-    if not dots:
-        return 0.0
-    if spec.template == ATTENTION:  # fp32 attention runs its dots in IEEE
-        a = spec.roles
-        return sum(
-            us_for_flops(_anchor_flops(graph, m), dot_tflops(m.dtype, "ieee", device))
-            for m in (graph.producer[a.m1], graph.producer[a.m2])
-        )
-    anchor = graph.producer[spec.anchor]
-    dtype = graph.types[anchor.inputs[0]].dtype
-    return us_for_flops(dots, dot_tflops(dtype, spec.config.precision, device))

@@ -3,8 +3,9 @@
 ``emit(graph, planned)`` returns the source of ``kernels.py``.  It prints the
 plan's kernel specs and never refuses one: what the rules accepted, a
 generator can print (a set no generator can print is refused by its rule).
-It depends on the primitive IR, the specs and the plain plan, never on the
-planner, the cost model or the linear program.
+Each spec is printed by its template's generator (``orchestrate/templates/``).
+It depends on the primitive IR, the specs, the plain plan and the templates,
+never on the planner, the cost model or the linear program.
 
 Planned kernels whose specs have the same structural hash and write the same
 outputs (a transformer's layers) share one ``@triton.jit`` function; the
@@ -17,51 +18,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from orchestrate.emit import (
-    attention,
-    conv,
-    library,
-    low_rank,
-    matmul,
-    norm_matmul,
-    norm_siblings,
-    pointwise,
-    row_reduce,
-    siblings,
-    window,
-)
+# the registry as a module, not its names: a template's generator imports
+# this package's modules while the registry is still being built
+from orchestrate import templates
 from orchestrate.emit.source import KernelSource, Launch, module, pointers
 from orchestrate.ir import Graph
-from orchestrate.kernels.spec import (
-    ATTENTION,
-    CONV,
-    LIBRARY,
-    LOW_RANK,
-    MATMUL,
-    MERGED_MATMUL,
-    NORM_MATMUL,
-    NORM_MERGED_MATMUL,
-    POINTWISE,
-    ROW_REDUCE,
-    VIEW,
-    WINDOW,
-    KernelSpec,
-)
+from orchestrate.kernels.spec import VIEW, KernelSpec
 from orchestrate.plan import Planned
-
-GENERATORS = {
-    POINTWISE: pointwise.pointwise,
-    ROW_REDUCE: row_reduce.row_reduce,
-    MATMUL: matmul.matmul,
-    MERGED_MATMUL: siblings.merged_matmul,
-    CONV: conv.conv,
-    WINDOW: window.window,
-    ATTENTION: attention.attention,
-    NORM_MATMUL: norm_matmul.norm_matmul,
-    NORM_MERGED_MATMUL: norm_siblings.norm_merged_matmul,
-    LOW_RANK: low_rank.low_rank,
-    **{template: library.library for template in LIBRARY},  # plain launchers calling torch
-}
 
 
 def function_key(spec_hash: str, nodes: Sequence[str], writes: Sequence[str]) -> str:
@@ -72,11 +35,12 @@ def function_key(spec_hash: str, nodes: Sequence[str], writes: Sequence[str]) ->
     return hashlib.sha1(f"{spec_hash}|{which}".encode()).hexdigest()[:16]
 
 
-def kernel_source(
-    graph: Graph, spec: KernelSpec, writes: Sequence[str], name: str
-) -> KernelSource | library.LibrarySource:
-    """The generated function for one spec writing ``writes``."""
-    return GENERATORS[spec.template](graph, spec, tuple(writes), name)
+def kernel_source(graph: Graph, spec: KernelSpec, writes: Sequence[str], name: str) -> KernelSource:
+    """The generated function (or library launcher) for one spec writing
+    ``writes``, printed by its template's generator."""
+    generate = templates.template(spec.template).generate
+    assert generate is not None, f"a {spec.template} kernel launches nothing"
+    return generate(graph, spec, tuple(writes), name)
 
 
 def emit(graph: Graph, planned: Planned, title: str = "") -> str:

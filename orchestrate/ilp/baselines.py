@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from orchestrate.cost.roofline import Prices
 from orchestrate.ir import Graph
-from orchestrate.kernels.rules import match
 from orchestrate.kernels.spec import KernelSpec, Rejection, Target
+from orchestrate.templates import match
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from orchestrate.ilp import program
 from orchestrate.ilp.baselines import Priced
 from orchestrate.ilp.partition import Partition
 from orchestrate.ir import Graph
-from orchestrate.kernels.enumerate import Enumeration
 from orchestrate.kernels.spec import KernelSpec
+from orchestrate.plan.candidates import Enumeration
 
 
 @dataclass

@@ -28,8 +28,8 @@ from orchestrate.cost.roofline import Prices
 from orchestrate.ilp.checker import schedule
 from orchestrate.ilp.partition import Partition
 from orchestrate.ir import Graph
-from orchestrate.kernels.rules import match
 from orchestrate.kernels.spec import VIEW, KernelSpec, Rejection, Target
+from orchestrate.templates import match
 
 Chosen = list[tuple[KernelSpec, tuple[str, ...], int]]  # spec, writes, partition index
 TRIES_PER_KERNEL = 4

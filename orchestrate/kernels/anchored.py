@@ -17,7 +17,7 @@ import math
 
 from orchestrate import ir
 from orchestrate.ir import Graph, Node, Op
-from orchestrate.kernels import config
+from orchestrate.kernels import config, fit
 from orchestrate.kernels.region import (
     POINTWISE_OPS,
     Region,
@@ -98,7 +98,7 @@ def matmul(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection:
     configs = config.matmul(
         m, n, a.shape[-1], a.dtype, target.tf32, math.prod(batch), target.device.sms
     )
-    return accept(graph, MATMUL, r, mm.shape, found, _optional(r, found), configs, target)
+    return accept(graph, MATMUL_RULE, r, mm.shape, found, _optional(r, found), configs, target)
 
 
 def conv(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection:
@@ -113,7 +113,7 @@ def conv(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection:
     gemm_m = x.shape[0] * math.prod(cv.shape[2:])
     gemm_n, gemm_k = w.shape[0] // groups, math.prod(w.shape[1:])
     configs = config.conv(gemm_m, gemm_n, gemm_k, x.dtype, target.tf32)
-    return accept(graph, CONV, r, cv.shape, found, _optional(r, found), configs, target)
+    return accept(graph, CONV_RULE, r, cv.shape, found, _optional(r, found), configs, target)
 
 
 def window(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection:
@@ -125,26 +125,26 @@ def window(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection:
     if isinstance(found, Rejection):
         return found
     configs = config.window(math.prod(pool.shape))
-    return accept(graph, WINDOW, r, pool.shape, found, _optional(r, found), configs, target)
+    return accept(graph, WINDOW_RULE, r, pool.shape, found, _optional(r, found), configs, target)
 
 
-RULES = [
-    Rule(
-        MATMUL,
-        "one matmul: prologue on operand tiles, aligned elementwise epilogue",
-        _one(Op.MATMUL),
-        matmul,
-    ),
-    Rule(
-        CONV,
-        "one convolution as implicit GEMM with an aligned elementwise epilogue",
-        _one(Op.CONV),
-        conv,
-    ),
-    Rule(
-        WINDOW,
-        "one max/avg pool with an elementwise prologue and an aligned epilogue",
-        _one(Op.POOL),
-        window,
-    ),
-]
+MATMUL_RULE = Rule(
+    MATMUL,
+    "one matmul: prologue on operand tiles, aligned elementwise epilogue",
+    _one(Op.MATMUL),
+    matmul,
+    working_set=fit.dot_tiles,
+)
+CONV_RULE = Rule(
+    CONV,
+    "one convolution as implicit GEMM with an aligned elementwise epilogue",
+    _one(Op.CONV),
+    conv,
+    working_set=fit.dot_tiles,
+)
+WINDOW_RULE = Rule(
+    WINDOW,
+    "one max/avg pool with an elementwise prologue and an aligned epilogue",
+    _one(Op.POOL),
+    window,
+)

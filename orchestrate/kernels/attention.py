@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 
 from orchestrate import ir
 from orchestrate.ir import Graph, Node, Op
-from orchestrate.kernels import config
+from orchestrate.kernels import config, fit
 from orchestrate.kernels.region import (
     POINTWISE_OPS,
     Region,
@@ -73,7 +73,7 @@ def attention(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection
     *_, lq, lk = m1.shape
     d, dv = graph.types[m1.inputs[0]].shape[-1], m2.shape[-1]
     configs = config.attention(lq, lk, d, dv, math.prod(m1.shape[:-2]), target.device.sms)
-    return accept(graph, ATTENTION, r, m1.shape, a, (), configs, target)
+    return accept(graph, RULE, r, m1.shape, a, (), configs, target)
 
 
 def propose(graph: Graph, nodes: Sequence[str]) -> list[tuple[str, ...]]:
@@ -404,12 +404,12 @@ def _with_prologue(graph: Graph, core: set[str], allowed: set[str]) -> set[str]:
     return names
 
 
-RULES = [
-    Rule(
-        ATTENTION,
-        "softmax(Q @ K, scaled and masked) @ V as one flash-attention kernel",
-        _judges,
-        attention,
-        propose,
-    ),
-]
+RULE = Rule(
+    ATTENTION,
+    "softmax(Q @ K, scaled and masked) @ V as one flash-attention kernel",
+    _judges,
+    attention,
+    propose,
+    working_set=fit.attention,
+    covering=("BLOCK_D", "BLOCK_DV"),
+)

@@ -1,8 +1,8 @@
 """On-chip working sets: does a kernel with this configuration fit one block?
 
 One model per template, read from the spec (its roles and its launch
-configuration), and the one fit check every rule runs before it accepts a
-set (``fits``).  Per thread block:
+configuration), which the template's rule names as its ``working_set``, and
+the one fit check every rule runs before it accepts a set (``fits``).  Per thread block:
 
 ``shared_bytes``  shared memory Triton allocates for the kernel as emitted.
                   Calibrated against ``metadata.shared`` of 4,512 compiles for
@@ -49,20 +49,13 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from orchestrate import ir
 from orchestrate.ir import HALF, Graph, Node, Op
 from orchestrate.kernels.region import ancestors_within
 from orchestrate.kernels.spec import (
-    ATTENTION,
-    CONV,
-    LOW_RANK,
-    MATMUL,
-    MERGED_MATMUL,
-    NORM_MATMUL,
-    NORM_MERGED_MATMUL,
-    ROW_REDUCE,
     Anchored,
     AttentionRoles,
     KernelSpec,
@@ -91,22 +84,16 @@ class WorkingSet:
     spills: bool  # ptxas would spill registers to local memory
 
 
-def working_set(graph: Graph, spec: KernelSpec) -> WorkingSet:
-    if spec.template in (MATMUL, NORM_MATMUL, CONV):  # a norm_matmul's roles are Anchored
-        return _dot_tiles(graph, spec)
-    if spec.template in (MERGED_MATMUL, NORM_MERGED_MATMUL):  # per segment: a (norm_)matmul
-        return _merged(graph, spec)
-    if spec.template == LOW_RANK:
-        return _low_rank(graph, spec)
-    if spec.template == ATTENTION:
-        return _attention(graph, spec)
-    if spec.template == ROW_REDUCE:
-        return WorkingSet(_row_reduce(graph, spec), False)
+def NOTHING_ON_CHIP(graph: Graph, spec: KernelSpec) -> WorkingSet:  # noqa: N802
+    """The working set of a kernel that keeps nothing in shared memory and
+    cannot spill (pointwise, window, view)."""
     return WorkingSet(0, False)
 
 
-def fits(graph: Graph, spec: KernelSpec, device) -> KernelSpec | Rejection:
-    """``spec`` when its working set fits one thread block of ``device``."""
+def fits(
+    graph: Graph, spec: KernelSpec, device, working_set: Callable[[Graph, KernelSpec], WorkingSet]
+) -> KernelSpec | Rejection:
+    """``spec`` when its ``working_set`` (the rule's) fits one thread block of ``device``."""
     ws = working_set(graph, spec)
     if ws.shared_bytes > device.smem_per_block_kb * 1024:
         return Rejection(
@@ -162,7 +149,7 @@ def _operand_loads(graph: Graph, spec: KernelSpec) -> tuple[list[int], list[int]
     return seen[key]
 
 
-def _dot_tiles(graph: Graph, spec: KernelSpec) -> WorkingSet:
+def dot_tiles(graph: Graph, spec: KernelSpec) -> WorkingSet:
     c, roles = spec.config, spec.roles
     assert isinstance(roles, Anchored)
     anchor = graph.producer[roles.anchor]
@@ -223,14 +210,14 @@ def _dot_tiles(graph: Graph, spec: KernelSpec) -> WorkingSet:
     return WorkingSet(smem, spills)
 
 
-def _merged(graph: Graph, spec: KernelSpec) -> WorkingSet:
+def merged(graph: Graph, spec: KernelSpec) -> WorkingSet:
     """One K loop for all segments: the largest segment's working set as a
     matmul (their tiles are the same; their epilogues' inputs differ)."""
-    parts = [_dot_tiles(graph, s) for s in segment_specs(graph, spec)]
+    parts = [dot_tiles(graph, s) for s in segment_specs(graph, spec)]
     return WorkingSet(max(p.shared_bytes for p in parts), any(p.spills for p in parts))
 
 
-def _low_rank(graph: Graph, spec: KernelSpec) -> WorkingSet:
+def low_rank(graph: Graph, spec: KernelSpec) -> WorkingSet:
     """A matmul whose K loop also loads an A tile (BLOCK_K, BLOCK_R), buffered
     ``num_stages`` times when the loop is pipelined (as wgmma's operand tiles
     are; Triton's FMA path buffers it once less for some ranks, once more for
@@ -240,7 +227,7 @@ def _low_rank(graph: Graph, spec: KernelSpec) -> WorkingSet:
     ranks 8 to 128, fp16, bf16 and fp32: 1.0x to 1.62x of the compiled figure)."""
     roles, c = spec.roles, spec.config
     assert isinstance(roles, LowRank)
-    base = _dot_tiles(graph, spec)
+    base = dot_tiles(graph, spec)
     x = graph.types[roles.x]
     it = 2 if x.dtype in HALF else x.itemsize
     bm, bn, bk, br = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], roles.block_r
@@ -259,7 +246,7 @@ def _low_rank(graph: Graph, spec: KernelSpec) -> WorkingSet:
     return WorkingSet(smem, base.spills or spills)
 
 
-def _attention(graph: Graph, spec: KernelSpec) -> WorkingSet:
+def attention(graph: Graph, spec: KernelSpec) -> WorkingSet:
     c, roles = spec.config, spec.roles
     assert isinstance(roles, AttentionRoles)
     m1, m2 = graph.producer[roles.m1], graph.producer[roles.m2]
@@ -311,6 +298,10 @@ def _attention(graph: Graph, spec: KernelSpec) -> WorkingSet:
         # SPLIT_K 2: 212,992 B compiled against 196,608 B without this term)
         smem += bm * bdv * 4
     return WorkingSet(smem, spills)
+
+
+def row_reduce(graph: Graph, spec: KernelSpec) -> WorkingSet:
+    return WorkingSet(_row_reduce(graph, spec), False)
 
 
 def _row_reduce(graph: Graph, spec: KernelSpec) -> int:

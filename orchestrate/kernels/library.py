@@ -2,7 +2,7 @@
 
 Peers of the generated templates in the rule table.  They judge the same
 sets as the Triton ``matmul``, ``conv`` and ``attention`` rules, so one node
-set can have two specs and the linear program chooses (``rules.match_all``);
+set can have two specs and the linear program chooses (``templates.match_all``);
 ``--gemm-backends`` says which may compete.  A library call computes only
 what the library computes, so it accepts only sets the call covers whole:
 
@@ -311,27 +311,25 @@ def _two_matmuls(r: Region) -> bool:
     return len(r.anchors) == 2 and all(a.op is Op.MATMUL for a in r.anchors)
 
 
-RULES = [
-    Rule(
-        LIBRARY_MATMUL,
-        "torch.addmm / baddbmm (cuBLAS): one matmul, a scale and a bias add",
-        _one(Op.MATMUL),
-        library_matmul,
-        backend=BACKEND,
-    ),
-    Rule(
-        LIBRARY_CONV,
-        "torch.nn.functional.conv1d/2d/3d (cuDNN): one convolution and its bias",
-        _one(Op.CONV),
-        library_conv,
-        backend=BACKEND,
-    ),
-    Rule(
-        LIBRARY_ATTENTION,
-        "scaled_dot_product_attention: scaled, masked softmax(Q @ K) @ V",
-        _two_matmuls,
-        library_attention,
-        propose,
-        backend=BACKEND,
-    ),
-]
+MATMUL_RULE = Rule(
+    LIBRARY_MATMUL,
+    "torch.addmm / baddbmm (cuBLAS): one matmul, a scale and a bias add",
+    _one(Op.MATMUL),
+    library_matmul,
+    backend=BACKEND,
+)
+CONV_RULE = Rule(
+    LIBRARY_CONV,
+    "torch.nn.functional.conv1d/2d/3d (cuDNN): one convolution and its bias",
+    _one(Op.CONV),
+    library_conv,
+    backend=BACKEND,
+)
+ATTENTION_RULE = Rule(
+    LIBRARY_ATTENTION,
+    "scaled_dot_product_attention: scaled, masked softmax(Q @ K) @ V",
+    _two_matmuls,
+    library_attention,
+    propose,
+    backend=BACKEND,
+)

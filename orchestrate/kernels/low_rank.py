@@ -46,7 +46,7 @@ from collections.abc import Sequence
 
 from orchestrate import ir
 from orchestrate.ir import Graph, Node, Op
-from orchestrate.kernels import config
+from orchestrate.kernels import config, fit
 from orchestrate.kernels.region import Region, ancestors_within, descendants_within
 from orchestrate.kernels.rule import Rule, accept
 from orchestrate.kernels.spec import LOW_RANK, KernelSpec, LowRank, Rejection, Target
@@ -79,7 +79,7 @@ def low_rank(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection:
     configs = config.matmul(m, n, x.shape[-1], x.dtype, target.tf32, math.prod(batch), 0)
     after = set(found.epilogue[found.epilogue.index(found.join) :])
     optional = tuple(e for e in r.exposed if e in after)
-    return accept(graph, LOW_RANK, r, mm.shape, found, optional, configs, target)
+    return accept(graph, RULE, r, mm.shape, found, optional, configs, target)
 
 
 def analyse(graph: Graph, r: Region) -> LowRank | Rejection:
@@ -337,12 +337,11 @@ def _with_epilogue(graph: Graph, join: Node, allowed: set[str]) -> set[str]:
     return names
 
 
-RULES = [
-    Rule(
-        LOW_RANK,
-        "x @ W + alpha (x @ A) @ B (LoRA, low-rank layers) as one matmul over K + r",
-        _judges,
-        low_rank,
-        propose,
-    ),
-]
+RULE = Rule(
+    LOW_RANK,
+    "x @ W + alpha (x @ A) @ B (LoRA, low-rank layers) as one matmul over K + r",
+    _judges,
+    low_rank,
+    propose,
+    working_set=fit.low_rank,
+)

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 from orchestrate import ir
 from orchestrate.ir import Graph, Op
-from orchestrate.kernels import config
+from orchestrate.kernels import config, fit
 from orchestrate.kernels.region import (
     POINTWISE_OPS,
     Region,
@@ -108,7 +108,7 @@ def norm_matmul(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejecti
     # no split-K (sms 0): every program walks whole rows for their statistics
     configs = config.matmul(m, n, a.shape[-1], a.dtype, target.tf32, math.prod(batch), 0)
     optional = tuple(e for e in r.exposed if e in found.epilogue or e == found.anchor)
-    return accept(graph, NORM_MATMUL, r, mm.shape, found, optional, configs, target)
+    return accept(graph, RULE, r, mm.shape, found, optional, configs, target)
 
 
 def analyse(graph: Graph, r: Region) -> NormMatmul | Rejection:
@@ -457,12 +457,11 @@ def _with_epilogue(graph: Graph, mm, allowed: set[str]) -> set[str]:
     return names - {mm.name}
 
 
-RULES = [
-    Rule(
-        NORM_MATMUL,
-        "RMSNorm / LayerNorm moved past the matmul it feeds: statistics in the K loop",
-        _judges,
-        norm_matmul,
-        propose,
-    ),
-]
+RULE = Rule(
+    NORM_MATMUL,
+    "RMSNorm / LayerNorm moved past the matmul it feeds: statistics in the K loop",
+    _judges,
+    norm_matmul,
+    propose,
+    working_set=fit.dot_tiles,
+)

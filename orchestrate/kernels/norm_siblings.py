@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrate.ir import Graph, Op
-from orchestrate.kernels import config, norm_matmul, siblings
+from orchestrate.kernels import config, fit, norm_matmul, siblings
 from orchestrate.kernels.norm_matmul import Linear, Monomial, NormMatmul
 from orchestrate.kernels.region import Region, ancestors_within, region
 from orchestrate.kernels.rule import Rule, accept
@@ -101,9 +101,7 @@ def norm_merged_matmul(graph: Graph, r: Region, target: Target) -> KernelSpec | 
     optional = tuple(
         e for e in r.exposed if any(e == g.anchor or e in g.epilogue for g in found.segments)
     )
-    return accept(
-        graph, NORM_MERGED_MATMUL, r, (*batch, m, total), found, optional, configs, target
-    )
+    return accept(graph, RULE, r, (*batch, m, total), found, optional, configs, target)
 
 
 def analyse(graph: Graph, r: Region) -> NormSiblings | Rejection:
@@ -172,12 +170,11 @@ def propose(graph: Graph, nodes: Sequence[str]) -> list[tuple[str, ...]]:
     return out
 
 
-RULES = [
-    Rule(
-        NORM_MERGED_MATMUL,
-        "RMSNorm / LayerNorm moved past the sibling matmuls it feeds (Q/K/V, gate/up), one launch",
-        _judges,
-        norm_merged_matmul,
-        propose,
-    ),
-]
+RULE = Rule(
+    NORM_MERGED_MATMUL,
+    "RMSNorm / LayerNorm moved past the sibling matmuls it feeds (Q/K/V, gate/up), one launch",
+    _judges,
+    norm_merged_matmul,
+    propose,
+    working_set=fit.merged,
+)

@@ -55,7 +55,7 @@ def pointwise(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection
     aligned = aligned_nodes(graph, r, shape)
     optional = tuple(e for e in r.exposed if e in aligned)
     configs = config.pointwise(math.prod(shape))
-    return accept(graph, POINTWISE, r, shape, Elementwise(), optional, configs, target)
+    return accept(graph, POINTWISE_RULE, r, shape, Elementwise(), optional, configs, target)
 
 
 def aligned_nodes(graph: Graph, r: Region, shape: tuple[int, ...]) -> set[str]:
@@ -71,12 +71,10 @@ def aligned_nodes(graph: Graph, r: Region, shape: tuple[int, ...]) -> set[str]:
     return aligned
 
 
-RULES = [
-    Rule(VIEW, "reshapes only: no kernel, the output aliases the input", _is_view, view),
-    Rule(
-        POINTWISE,
-        "elementwise and layout primitives per output element, one shape of outputs",
-        _judges_pointwise,
-        pointwise,
-    ),
-]
+VIEW_RULE = Rule(VIEW, "reshapes only: no kernel, the output aliases the input", _is_view, view)
+POINTWISE_RULE = Rule(
+    POINTWISE,
+    "elementwise and layout primitives per output element, one shape of outputs",
+    _judges_pointwise,
+    pointwise,
+)

@@ -23,7 +23,7 @@ import math
 
 from orchestrate import ir
 from orchestrate.ir import Graph, Op
-from orchestrate.kernels import config
+from orchestrate.kernels import config, fit
 from orchestrate.kernels.region import POINTWISE_OPS, ROW_REDUCTIONS, Region, reduce_axes
 from orchestrate.kernels.rule import Rule, accept
 from orchestrate.kernels.spec import ROW_REDUCE, KernelSpec, Rejection, Rows, Target
@@ -48,7 +48,7 @@ def row_reduce(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejectio
         or (e not in rows_.row_space and graph.types[e].shape == x)
     )
     configs = config.row_reduce(rows_.rows, rows_.length, rows_.looped)
-    return accept(graph, ROW_REDUCE, r, x, rows_, optional, configs, target)
+    return accept(graph, RULE, r, x, rows_, optional, configs, target)
 
 
 def analyse(graph: Graph, r: Region) -> Rows | Rejection:
@@ -119,12 +119,12 @@ def analyse(graph: Graph, r: Region) -> Rows | Rejection:
     )
 
 
-RULES = [
-    Rule(
-        ROW_REDUCE,
-        "reductions over the same rows with prologue, row ops and a broadcast "
-        "epilogue (softmax, layernorm)",
-        _judges,
-        row_reduce,
-    ),
-]
+RULE = Rule(
+    ROW_REDUCE,
+    "reductions over the same rows with prologue, row ops and a broadcast "
+    "epilogue (softmax, layernorm)",
+    _judges,
+    row_reduce,
+    working_set=fit.row_reduce,
+    covering=("BLOCK_COLS",),
+)

@@ -1,12 +1,14 @@
 """What a rule is, and the last step every rule takes: pick a configuration that fits.
 
-A :class:`Rule` is data: a name, a one-line summary, which sets it judges,
-and ``match(graph, region, target) -> KernelSpec | Rejection``, and its
-``backend``: generated Triton, or a library call (``kernels/library.py``).  A rule that
-recognises a pattern enumeration never builds (two matmuls around a softmax)
-also ``propose``s node sets; the planner judges those through the same table.
-Rule sets are flat lists exported by each template module and concatenated
-in ``kernels/rules.py``.
+A :class:`Rule` is data: a name (its template's), a one-line summary, which
+sets it judges, ``match(graph, region, target) -> KernelSpec | Rejection``,
+its ``backend`` (generated Triton, or a library call), and how it checks a
+configuration's fit: the on-chip ``working_set`` of a spec
+(``kernels/fit.py``) and the blocks that must ``cover`` a whole dimension.
+A rule that recognises a pattern enumeration never builds (two matmuls
+around a softmax) also ``propose``s node sets; the planner judges those
+through the same table.  Each rule is part of one template
+(``orchestrate/templates/``), whose registry is the rule table.
 """
 
 from __future__ import annotations
@@ -16,11 +18,9 @@ from dataclasses import dataclass, replace
 
 from orchestrate.ir import Graph
 from orchestrate.ir.bounds import device_checked
-from orchestrate.kernels.fit import fits
+from orchestrate.kernels.fit import NOTHING_ON_CHIP, WorkingSet, fits
 from orchestrate.kernels.region import Region
 from orchestrate.kernels.spec import (
-    ATTENTION,
-    ROW_REDUCE,
     KernelSpec,
     LaunchConfig,
     Rejection,
@@ -41,11 +41,16 @@ class Rule:
     match: Match
     propose: Propose | None = None  # sets beyond enumeration (pattern rules)
     backend: str = "triton"  # who runs the kernel: generated Triton, or a library call
+    # the on-chip working set of a spec (``kernels/fit.py``): checked before it is accepted
+    working_set: Callable[[Graph, KernelSpec], WorkingSet] = NOTHING_ON_CHIP
+    # blocks that must hold a whole dimension (the rest tile it, with masks): a
+    # pinned configuration must be at least as large as the rule's own choice
+    covering: tuple[str, ...] = ()
 
 
 def accept(
     graph: Graph,
-    template: str,
+    rule: Rule,
     r: Region,
     space: tuple[int, ...],
     roles: Roles,
@@ -56,31 +61,26 @@ def accept(
     """The spec with the best configuration that fits the device (the
     target's ``rank``; without one, the first that fits), or the reason the
     last (smallest) configuration does not fit."""
-    found = ranked(graph, template, r, space, roles, optional, configs, target)
+    found = ranked(graph, rule, r, space, roles, optional, configs, target)
     if isinstance(found, Rejection):
         return found
     return with_hash(graph, found[0])
 
 
-# blocks that must hold a whole dimension (the rest tile it, with masks): a
-# pinned configuration must be at least as large as the template's own choice
-COVERING = {ROW_REDUCE: ("BLOCK_COLS",), ATTENTION: ("BLOCK_D", "BLOCK_DV")}
-
-
 def pinned_config(
-    template: str, pin: LaunchConfig, space: Sequence[LaunchConfig], own_interpret: bool = False
+    rule: Rule, pin: LaunchConfig, space: Sequence[LaunchConfig], own_interpret: bool = False
 ) -> LaunchConfig | Rejection:
-    """``pin`` for this shape (its interpreter blocks the template's own
-    here when ``own_interpret``, else the pin's), when every block in
-    ``COVERING`` holds what the template's first configuration holds, on the
+    """``pin`` for this shape (its interpreter blocks the rule's own here
+    when ``own_interpret``, else the pin's), when every block the rule
+    ``covering`` names holds what its first configuration holds, on the
     GPU and in the interpreter (whose blocks are the GPU's, overridden by
     ``interpret``)."""
     if not space:
-        return Rejection(f"no {template} configuration")
+        return Rejection(f"no {rule.name} configuration")
     own = space[0]
     if own_interpret:
         pin = replace(pin, interpret=own.interpret)
-    for key in COVERING.get(template, ()):
+    for key in rule.covering:
         for mine, theirs in (
             (dict(pin.blocks), dict(own.blocks)),
             (
@@ -98,7 +98,7 @@ def pinned_config(
 
 def ranked(
     graph: Graph,
-    template: str,
+    rule: Rule,
     r: Region,
     space: tuple[int, ...],
     roles: Roles,
@@ -108,9 +108,10 @@ def ranked(
 ) -> list[KernelSpec] | Rejection:
     """Every configuration that fits, as unhashed specs, best first: the
     order a tuner measures them in.  A Rejection when none fits."""
+    template = rule.name
     refused: KernelSpec | Rejection = Rejection(f"no {template} configuration")
     if target.pin is not None and target.pin[0] == template:
-        pinned = pinned_config(template, target.pin[1], configs, target.pin[2])
+        pinned = pinned_config(rule, target.pin[1], configs, target.pin[2])
         if isinstance(pinned, Rejection):
             return pinned
         configs = [pinned]
@@ -118,7 +119,7 @@ def ranked(
     fitting: list[KernelSpec] = []
     for c in configs:
         spec = KernelSpec(template, r.names, r.inputs, r.sinks, optional, space, roles, c, checks)
-        refused = fits(graph, spec, target.device)
+        refused = fits(graph, spec, target.device, rule.working_set)
         if isinstance(refused, KernelSpec):
             if target.rank is None:
                 return [spec]

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 
 from orchestrate import ir
 from orchestrate.ir import Graph, Node, Op
-from orchestrate.kernels import config
+from orchestrate.kernels import config, fit
 from orchestrate.kernels.anchored import roles as anchored_roles
 from orchestrate.kernels.region import Region, ancestors_within, descendants_within, region
 from orchestrate.kernels.rule import Rule, accept
@@ -83,7 +83,7 @@ def merged_matmul(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejec
     optional = tuple(
         e for e in r.exposed if any(e == g.anchor or e in g.epilogue for g in found.segments)
     )
-    return accept(graph, MERGED_MATMUL, r, (*batch, m, total), found, optional, configs, target)
+    return accept(graph, RULE, r, (*batch, m, total), found, optional, configs, target)
 
 
 def analyse(graph: Graph, r: Region) -> Siblings | Rejection:
@@ -225,12 +225,11 @@ def _with_epilogues(graph: Graph, siblings: Sequence[Node], allowed: set[str]) -
     return names
 
 
-RULES = [
-    Rule(
-        MERGED_MATMUL,
-        "sibling matmuls reading one activation (Q/K/V, gate/up) as one grouped matmul",
-        _judges,
-        merged_matmul,
-        propose,
-    ),
-]
+RULE = Rule(
+    MERGED_MATMUL,
+    "sibling matmuls reading one activation (Q/K/V, gate/up) as one grouped matmul",
+    _judges,
+    merged_matmul,
+    propose,
+    working_set=fit.merged,
+)

@@ -1,6 +1,6 @@
 """The kernel spec: the one description of a kernel, and the refusal of one.
 
-A rule (``kernels/rules.py``) looks at a set of primitives and returns either
+A rule (``templates/__init__.py``) looks at a set of primitives and returns either
 a :class:`KernelSpec` (this set runs as one kernel, and here is everything
 about it) or a :class:`Rejection` (it cannot, and why).  Everything
 downstream reads the spec and never re-derives it:
@@ -48,21 +48,6 @@ LIBRARY_MATMUL = "library_matmul"
 LIBRARY_CONV = "library_conv"
 LIBRARY_ATTENTION = "library_attention"
 LIBRARY = (LIBRARY_MATMUL, LIBRARY_CONV, LIBRARY_ATTENTION)
-# every template a plan may name (the plan reader refuses any other)
-TEMPLATES = (
-    VIEW,
-    POINTWISE,
-    ROW_REDUCE,
-    MATMUL,
-    CONV,
-    WINDOW,
-    ATTENTION,
-    NORM_MATMUL,
-    MERGED_MATMUL,
-    NORM_MERGED_MATMUL,
-    LOW_RANK,
-    *LIBRARY,
-)
 # which kernels may run matmuls, convolutions and attention (--gemm-backends):
 # generated Triton, library calls, or both competing in the linear program
 GEMM_BACKENDS = ("triton", "library")
@@ -110,7 +95,7 @@ class Target:
     # a check every kernel must also pass: the kernel to use (the same, or
     # with blocks widened) or the Rejection saying why not.  A dynamic plan
     # admits only kernels legal at every binding of its range
-    # (``shapes/admit.py``); ``kernels/rules.match`` applies it
+    # (``shapes/admit.py``); ``templates.match`` applies it
     admit: Callable[[Graph, KernelSpec], KernelSpec | Rejection] | None = None
 
 

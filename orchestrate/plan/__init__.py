@@ -9,19 +9,19 @@ was not fused, and the primitive graph.  ``to_json`` writes PLAN.json;
 
 ``Planned`` pairs a plan with the kernel specs it was made from (emission
 prints those); a plan read back from a file is matched again to get them
-(``orchestrate.kernels.rules.match``, checked against the recorded hashes).
+(``orchestrate.templates.match``, checked against the recorded hashes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from orchestrate.errors import InputError, check_format
 from orchestrate.ir import Attrs, Graph, Node
-from orchestrate.kernels.spec import TEMPLATES, VIEW, KernelSpec, LaunchConfig
+from orchestrate.kernels.spec import VIEW, KernelSpec, LaunchConfig
 
 PLAN_FORMAT = "orchestrate-plan/5"
 # what each earlier format lacks, for the message that refuses it
@@ -224,11 +224,16 @@ class Plan:
         return {"format": PLAN_FORMAT, **data}
 
     @staticmethod
-    def from_json(data: Mapping[str, Any], source: str = "plan") -> Plan:
+    def from_json(
+        data: Mapping[str, Any], templates: Collection[str], source: str = "plan"
+    ) -> Plan:
+        """The plan ``data`` holds, checked (an InputError naming ``source``
+        says what is wrong); its kernels may name only ``templates`` (the
+        registry's, ``orchestrate.templates.NAMES``)."""
         fmt = data.get("format") if isinstance(data, Mapping) else None
         check_format(fmt, PLAN_FORMAT, _OLDER, source, "plan", "plan or optimize the model again")
         try:
-            return _plan(data)
+            return _plan(data, templates)
         except _Malformed as e:
             raise InputError(f"{source}: malformed plan: {e}") from None
 
@@ -279,7 +284,7 @@ class _Malformed(Exception):
     """A field of a plan file that is missing or of the wrong type."""
 
 
-def _plan(d: Mapping[str, Any]) -> Plan:
+def _plan(d: Mapping[str, Any], templates: Collection[str]) -> Plan:
     """The Plan in a JSON object, every field checked against the type the
     dataclasses declare (so a file cannot put a list where a number goes)."""
     d = dict(_expect(d, Mapping, "the plan"))
@@ -287,11 +292,11 @@ def _plan(d: Mapping[str, Any]) -> Plan:
     g["inputs"] = g.pop("input_types", None)  # the JSON lists names under "inputs"
     d["graph"] = g
     plan = _read(Plan, d, "plan")
-    _check_names(plan)
+    _check_names(plan, templates)
     return plan
 
 
-def _check_names(plan: Plan) -> None:
+def _check_names(plan: Plan, templates: Collection[str]) -> None:
     """Every name a plan uses is one it defines (so explain and the runner
     can look each up): primitives once each, kernels over primitives, their
     tensors among the inputs, constants and primitives."""
@@ -305,7 +310,7 @@ def _check_names(plan: Plan) -> None:
         _known(p.inputs, tensors, f"primitive {p.name!r} reads")
     _known(plan.graph.outputs, tensors, "graph.outputs")
     for k in plan.kernels:
-        if k.template not in TEMPLATES:
+        if k.template not in templates:
             raise _Malformed(f"kernel {k.name!r}: unknown template {k.template!r}")
         _known(k.primitives, prims, f"kernel {k.name!r} runs")
         _known(k.outputs, prims, f"kernel {k.name!r} writes")

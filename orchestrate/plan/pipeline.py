@@ -14,7 +14,7 @@ from pathlib import Path
 
 import onnx
 
-from orchestrate import frontend, ir
+from orchestrate import frontend, ir, templates
 from orchestrate.decompose import fission
 from orchestrate.errors import InputError
 from orchestrate.files import check_not_input, check_output_file, file_mode, signals_held
@@ -70,7 +70,7 @@ def read_plan(path: str | os.PathLike):
         result = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as e:
         raise InputError(f"{path}: not a JSON plan ({e})") from None
-    return Plan.from_json(result, str(path))
+    return Plan.from_json(result, templates.NAMES, str(path))
 
 
 def write_primitive_onnx(graph: ir.Graph, output: str | os.PathLike, name: str = "graph") -> None:

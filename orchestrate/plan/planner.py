@@ -1,7 +1,7 @@
 """Plan a primitive graph: the stages composed, one call each.
 
     partition   cut at single-tensor fork points; identical ones grouped  (ilp.partition)
-    enumerate   candidate specs per distinct partition, rules included   (kernels.enumerate)
+    enumerate   candidate specs per distinct partition, rules included   (plan.candidates)
     baselines   unfused and greedy, under the same cost model             (ilp.baselines)
     solve       binary linear program + cycle cuts, per distinct partition (ilp.problem)
     budget      per-partition frontiers and a knapsack, under a budget    (ilp.budget)
@@ -32,8 +32,6 @@ from orchestrate.ilp.partition import group_identical, partition, transplant
 from orchestrate.ilp.problem import Problem, problem
 from orchestrate.ilp.stitch import stitch
 from orchestrate.ir import precision
-from orchestrate.kernels.enumerate import Limits, enumerate_kernels
-from orchestrate.kernels.rules import match
 from orchestrate.kernels.spec import GEMM_BACKENDS, VIEW, KernelSpec, Rejection, Target
 from orchestrate.plan import (
     Declined,
@@ -51,6 +49,8 @@ from orchestrate.plan import (
     materialized,
     primitive,
 )
+from orchestrate.plan.candidates import Limits, enumerate_kernels
+from orchestrate.templates import match
 from orchestrate.tune import tuner
 from orchestrate.tune.tuner import Tune
 
@@ -130,7 +130,7 @@ class PlanOptions:
         object.__setattr__(self, "gemm_backends", tuple(b for b in GEMM_BACKENDS if b in names))
         if not isinstance(self.limits, Limits):
             raise PlanOptionError(
-                "limits", self.limits, "expected an orchestrate.kernels.enumerate.Limits"
+                "limits", self.limits, "expected an orchestrate.plan.candidates.Limits"
             )
         for f in fields(Limits):
             v = getattr(self.limits, f.name)

@@ -3,7 +3,7 @@
 The planner enumerates and prices candidates on the graph at OPT.  A kernel
 it may choose must also be one kernel, with the same launch configuration,
 on the graphs at the range's ends.  So fit on chip is checked at MAX, and a
-block that must hold a whole dimension (``kernels/rule.COVERING``: a
+block that must hold a whole dimension (its rule's ``covering``: a
 single-pass row's columns) is widened to what MAX needs, then checked to fit
 at OPT and at every end: the linear program prices the widened kernel.
 ``range_admit`` returns that check (``Target.admit``); a refused kernel is
@@ -16,9 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from orchestrate import ir
-from orchestrate.kernels.rule import COVERING
-from orchestrate.kernels.rules import match_all
 from orchestrate.kernels.spec import VIEW, KernelSpec, LaunchConfig, Rejection, Target
+from orchestrate.templates import match_all, template
 
 
 def range_admit(
@@ -67,10 +66,10 @@ def range_admit(
     return admit
 
 
-def _widened(template: str, pin: LaunchConfig, own: LaunchConfig) -> LaunchConfig:
+def _widened(name: str, pin: LaunchConfig, own: LaunchConfig) -> LaunchConfig:
     """``pin`` with each covering block at least ``own``'s."""
     mine, theirs = dict(pin.blocks), dict(own.blocks)
-    for key in COVERING.get(template, ()):
+    for key in template(name).rule.covering:
         if key in mine and key in theirs and theirs[key] > mine[key]:
             mine[key] = theirs[key]
     return replace(pin, blocks=tuple(mine.items()))

@@ -31,7 +31,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-from orchestrate.emit import GENERATORS, kernel_source
+from orchestrate.emit import kernel_source
 from orchestrate.emit.source import Launch, module, pointers
 from orchestrate.errors import OrchestrateError
 from orchestrate.ir import FLOATS, Graph
@@ -43,6 +43,7 @@ from orchestrate.kernels.spec import (
     KernelSpec,
     split_k_scratch,
 )
+from orchestrate.templates import template
 from orchestrate.tune.timer import TimerInfo
 
 TIMED = "timed"  # the one planned kernel's name in the module's KERNELS table
@@ -55,7 +56,7 @@ class NoGPU(OrchestrateError):
 
 def untimeable(spec: KernelSpec) -> str | None:
     """Why the timer cannot run ``spec`` alone (None: it can)."""
-    if spec.template not in GENERATORS:
+    if template(spec.template).generate is None:
         return f"no generated kernel for the {spec.template} template to time alone"
     return None
 

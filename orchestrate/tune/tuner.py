@@ -33,9 +33,9 @@ from orchestrate.cost.measured import Measured, calibrate
 from orchestrate.cost.roofline import Ranker
 from orchestrate.errors import InputError
 from orchestrate.ir import Graph
-from orchestrate.kernels.rules import match_all
 from orchestrate.kernels.spec import VIEW, KernelSpec, Target, with_hash
 from orchestrate.plan import Tuning
+from orchestrate.templates import match_all
 from orchestrate.tune.cache import Cache, Key, Row
 from orchestrate.tune.records import describe, spec_dtype
 from orchestrate.tune.timer import Timer

@@ -1,13 +1,19 @@
-"""The rule table: which sets of primitives one kernel runs, and how.
+"""The templates, one line each, and the rule table over them.
 
-One flat list of rules, peers: each template module exports its rules and
-they are concatenated here.  ``match(graph, names, target)`` works out the
-set's boundary once (``kernels/region.py``), hands it to the one rule that
-judges sets of its kind, and returns that rule's ``KernelSpec`` or
-``Rejection``.  It is a pure function of its arguments; every "no" carries
-the reason ``orchestrate explain --rejected`` prints.
+``REGISTRY`` lists every template (``templates/base.py``): its rule,
+its generator and its cost terms.  The planner, the cost model and the
+emitter look a spec's template up here (``template(name)``) and never
+dispatch on its name; adding a template is one module beside these and one
+line below.
 
-Library calls (``kernels/library.py``) judge the same matmul, conv and
+The rules are peers, judged in the registry's order.  ``match(graph,
+names, target)`` works out the set's boundary once (``kernels/region.py``),
+hands it to the one rule that judges sets of its kind, and returns that
+rule's ``KernelSpec`` or ``Rejection``.  It is a pure function of its
+arguments; every "no" carries the reason ``orchestrate explain --rejected``
+prints.
+
+Library calls (``templates/library.py``) judge the same matmul, conv and
 attention sets as the generated templates: ``match_all`` returns every spec
 the target's ``gemm_backends`` allow (Triton's first), so the linear program
 can choose between them; ``match`` the first backend's answer, so callers
@@ -22,52 +28,59 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from orchestrate.ir import Graph
-from orchestrate.kernels import (
-    anchored,
-    attention,
-    library,
-    low_rank,
-    norm_matmul,
-    norm_siblings,
-    pointwise,
-    row_reduce,
-    siblings,
-)
+from orchestrate.kernels.fit import WorkingSet
 from orchestrate.kernels.region import Region, region
 from orchestrate.kernels.rule import Rule
-from orchestrate.kernels.spec import (
-    ATTENTION,
-    CONV,
-    LOW_RANK,
-    MATMUL,
-    MERGED_MATMUL,
-    NORM_MATMUL,
-    NORM_MERGED_MATMUL,
-    KernelSpec,
-    Rejection,
-    Target,
+from orchestrate.kernels.spec import KernelSpec, Rejection, Target
+from orchestrate.templates import (
+    attention,
+    conv,
+    library,
+    low_rank,
+    matmul,
+    merged_matmul,
+    norm_matmul,
+    norm_merged_matmul,
+    pointwise,
+    row_reduce,
+    view,
+    window,
 )
+from orchestrate.templates.base import Template
 
-RULES: list[Rule] = (
-    pointwise.RULES
-    + row_reduce.RULES
-    + anchored.RULES
-    + norm_siblings.RULES
-    + siblings.RULES
-    + attention.RULES
-    + norm_matmul.RULES
-    + low_rank.RULES
-    + library.RULES
+REGISTRY: tuple[Template, ...] = (
+    view.TEMPLATE,
+    pointwise.TEMPLATE,
+    row_reduce.TEMPLATE,
+    matmul.TEMPLATE,
+    conv.TEMPLATE,
+    window.TEMPLATE,
+    norm_merged_matmul.TEMPLATE,
+    merged_matmul.TEMPLATE,
+    attention.TEMPLATE,
+    norm_matmul.TEMPLATE,
+    low_rank.TEMPLATE,
+    *library.TEMPLATES,
 )
-# the Triton rules --gemm-backends governs
-GEMM_RULES = frozenset(
-    {MATMUL, MERGED_MATMUL, NORM_MATMUL, NORM_MERGED_MATMUL, LOW_RANK, CONV, ATTENTION}
-)
+_BY_NAME = {t.name: t for t in REGISTRY}
+RULES: tuple[Rule, ...] = tuple(t.rule for t in REGISTRY)
+NAMES: frozenset[str] = frozenset(_BY_NAME)
+
+
+def template(name: str) -> Template:
+    """The registered template called ``name`` (KeyError for any other: a
+    plan naming one is refused when it is read)."""
+    return _BY_NAME[name]
+
+
+def working_set(graph: Graph, spec: KernelSpec) -> WorkingSet:
+    """The on-chip working set of ``spec``, as its template's rule models it."""
+    return template(spec.template).rule.working_set(graph, spec)
 
 
 def allowed(rule: Rule, target: Target) -> bool:
     """May ``rule``'s kernels run under the target's ``gemm_backends``?"""
-    if rule.backend != "triton" or rule.name in GEMM_RULES:
+    if rule.backend != "triton" or template(rule.name).gemm:
         return rule.backend in target.gemm_backends
     return True
 

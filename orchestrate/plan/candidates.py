@@ -18,7 +18,7 @@ they are judged by the same rule table, and each refusal is kept with its
 reason (``declined``) for ``orchestrate explain --rejected``.
 
 A set can be run by a generated kernel and by a library call
-(``rules.match_all``): both are candidates, and the linear program chooses.
+(``templates.match_all``): both are candidates, and the linear program chooses.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from orchestrate.errors import UnsupportedError
 from orchestrate.ir import Graph, Node
 from orchestrate.kernels.region import ANCHORS, ROW_REDUCTIONS, reduce_axes
-from orchestrate.kernels.rules import match_all, pattern_rules
 from orchestrate.kernels.spec import KernelSpec, Rejection, Target
+from orchestrate.templates import match_all, pattern_rules
 
 
 @dataclass(frozen=True)

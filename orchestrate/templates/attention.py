@@ -1,0 +1,83 @@
+"""The attention template: softmax(Q @ K, scaled and masked) @ V as one
+flash-attention kernel (split-KV where the blocks of query rows underfill
+the device); the scores and probabilities never leave the chip."""
+
+from __future__ import annotations
+
+import math
+
+from orchestrate.cost import terms
+from orchestrate.cost.devices import Device
+from orchestrate.cost.figures import SFU_FLOPS
+from orchestrate.emit.attention import attention
+from orchestrate.ir import Graph, Op
+from orchestrate.kernels.attention import RULE
+from orchestrate.kernels.spec import AttentionRoles, KernelSpec, Operand, split_k, split_k_scratch
+from orchestrate.templates.base import Template
+
+
+def flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
+    """(matmul flops, other flops) of an attention kernel (see the module doc)."""
+    a = spec.roles
+    assert isinstance(a, AttentionRoles)
+    m1, m2 = graph.producer[a.m1], graph.producer[a.m2]
+    *_, lq, lk = m1.shape
+    scores, outputs = m1.type.size, m2.type.size
+    rows = scores // lk
+    key_blocks = math.ceil(lk / spec.config["BLOCK_N"])
+    other = sum(scores * terms.weight(graph.producer[n].op) for n in a.scores)
+    for n in a.softmax:
+        node = graph.producer[n]
+        if node.op in (Op.RMAX, Op.SUM, Op.SUB, Op.EXP, Op.CAST):
+            other += scores * terms.weight(node.op)
+        elif node.op is Op.DIV:
+            other += outputs * terms.weight(node.op)  # the output is normalised once
+        else:  # a floor: one per row
+            other += rows
+    other += key_blocks * (rows * SFU_FLOPS + outputs)  # rescale by exp(m_old - m_new)
+    splits = split_k(spec.config)
+    if splits > 1:  # split-KV's combine: one exp per row and slot, the slots' sums added
+        other += splits * rows * SFU_FLOPS + split_k_scratch(graph, spec)[0]
+    # prologue: Q's once, K's and V's once per block of query rows, side inputs per score
+    query_blocks = math.ceil(lq / spec.config["BLOCK_M"])
+    for n, operand in a.prologue:
+        node = graph.producer[n]
+        if node.op in terms.FREE_OPS:
+            continue
+        evals = {
+            Operand.Q: node.type.size,
+            Operand.KV: node.type.size * query_blocks,
+            Operand.SCORES: scores,
+        }
+        other += evals[operand] * terms.weight(node.op)
+    return terms.anchor_flops(graph, m1) + terms.anchor_flops(graph, m2), other
+
+
+def blocks(graph: Graph, spec: KernelSpec) -> int:
+    """One program per ``BLOCK_M`` query rows per batch entry, times SPLIT_K."""
+    a = spec.roles
+    assert isinstance(a, AttentionRoles)
+    *batch, lq, _ = graph.producer[a.m1].shape
+    return math.ceil(lq / spec.config["BLOCK_M"]) * math.prod(batch) * split_k(spec.config)
+
+
+def steps(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
+    """Key blocks of ``BLOCK_N`` (split-KV: each program its share)."""
+    a, c = spec.roles, spec.config
+    assert isinstance(a, AttentionRoles)
+    key_blocks = math.ceil(graph.producer[a.m1].shape[-1] / c["BLOCK_N"])
+    return math.ceil(key_blocks / split_k(c)), max(1, c.num_stages - 1)
+
+
+def dot_us(graph: Graph, spec: KernelSpec, dots: int, device: Device) -> float:
+    """Both matmuls at their dtype's rate: fp32 attention runs its dots in IEEE."""
+    a = spec.roles
+    return sum(
+        terms.us_for_flops(terms.anchor_flops(graph, m), terms.dot_tflops(m.dtype, "ieee", device))
+        for m in (graph.producer[a.m1], graph.producer[a.m2])
+    )
+
+
+TEMPLATE = Template(
+    RULE, attention, flops=flops, blocks=blocks, steps=steps, dot_us=dot_us, gemm=True
+)

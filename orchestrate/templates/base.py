@@ -1,0 +1,54 @@
+"""What a template is: a rule, how its kernels are printed, and how they are priced.
+
+A :class:`Template` is data.  Its ``rule`` (``kernels/rule.py``) judges
+which sets of primitives it runs and with which launch configuration that
+fits on chip; ``generate`` prints the kernel of one spec (None: the
+template launches nothing, a view); the cost terms say what the roofline
+(``cost/roofline.py``) needs to know of one of its kernels:
+
+``flops``   (dot flops, other flops): tensor-core and CUDA-core work;
+``blocks``  thread blocks in its grid;
+``steps``   (dependent loop steps per block, steps in flight at once);
+``dot_us``  the time of its dots at their rate;
+``terms``   the whole cost, where the roofline's own terms do not apply (a
+            library call, which picks its own tiles; a view).
+
+``gemm`` says whether ``--gemm-backends`` governs a Triton template (it runs
+matmuls, convolutions or attention, which a library call may run instead).
+
+Every template is one line of the registry (``templates/__init__.py``);
+the rule table, the cost model and the emitter iterate the registry and
+never dispatch on a template's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from orchestrate.cost import terms
+from orchestrate.cost.devices import Device
+from orchestrate.ir import Graph
+from orchestrate.kernels.rule import Rule
+from orchestrate.kernels.spec import KernelSpec
+
+Generate = Callable[[Graph, KernelSpec, Sequence[str], str], object]
+Counts = Callable[[Graph, KernelSpec], tuple[int, int]]
+# (bytes, flops, memory µs, compute µs, launch µs[, latency µs, blocks])
+Terms = Callable[[Graph, KernelSpec, Device], tuple]
+
+
+@dataclass(frozen=True)
+class Template:
+    rule: Rule
+    generate: Generate | None
+    flops: Counts = terms.elementwise_flops
+    blocks: Callable[[Graph, KernelSpec], int] = terms.one_block
+    steps: Counts = terms.no_loop
+    dot_us: Callable[[Graph, KernelSpec, int, Device], float] = terms.anchor_dot_us
+    terms: Terms | None = None
+    gemm: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.rule.name

@@ -1,0 +1,28 @@
+"""The norm_merged_matmul template: a norm moved past the sibling matmuls it
+feeds, one launch over every segment."""
+
+from __future__ import annotations
+
+from orchestrate.cost import terms
+from orchestrate.emit.norm_siblings import norm_merged_matmul
+from orchestrate.ir import Graph
+from orchestrate.kernels.norm_siblings import RULE
+from orchestrate.kernels.spec import KernelSpec, segment_specs
+from orchestrate.templates import norm_matmul
+from orchestrate.templates.base import Template
+
+
+def flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
+    """Each segment as a norm_matmul of its columns."""
+    parts = [norm_matmul.flops(graph, s) for s in segment_specs(graph, spec)]
+    return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+
+TEMPLATE = Template(
+    RULE,
+    norm_merged_matmul,
+    flops=flops,
+    blocks=terms.merged_blocks,
+    steps=terms.matmul_steps,
+    gemm=True,
+)
