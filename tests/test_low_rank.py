@@ -25,13 +25,14 @@ from onnx import helper, numpy_helper
 import orchestrate
 from orchestrate import cli
 from orchestrate import templates as rules
-from orchestrate.kernels import config, low_rank
+from orchestrate.kernels import config
 from orchestrate.kernels.region import region
 from orchestrate.kernels.rule import ranked
-from orchestrate.kernels.spec import LOW_RANK, KernelSpec, structural_hash, with_hash
+from orchestrate.kernels.spec import KernelSpec, structural_hash, with_hash
 from orchestrate.plan import pipeline
 from orchestrate.plan.planner import PlanOptions, plan
-from orchestrate.templates import template, working_set
+from orchestrate.templates import low_rank, template, working_set
+from orchestrate.templates.low_rank import NAME as LOW_RANK
 from tests import graphs
 from tests.compile_util import compile_sm90
 from tests.test_every_candidate import candidate_failures, candidates

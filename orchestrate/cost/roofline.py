@@ -94,14 +94,6 @@ epilogue, once per output element.
 ``kernels/norm_siblings.py``): the merged grid and bytes (x in place of n);
 flops: each segment's as a ``norm_matmul`` of its columns.
 
-``low_rank`` (x @ W + alpha (x @ A) @ B as one matmul over K + r,
-``kernels/low_rank.py``): grid and loop steps of the matmul x @ W (no
-split-K); bytes: x, W, A, B and the epilogue inputs read once, the outputs
-written (x @ A, its product with B and x @ W are never written); dots: x @ W,
-x @ A once per column of tiles (each recomputes its rows') and t @ B, at
-the rank padded to BLOCK_R (the tensor cores multiply the padding too); CUDA
-cores: alpha on t per column of tiles, then the epilogue.
-
 A ``view`` (reshapes only) costs nothing and launches nothing.
 
 Library kernels (``library_matmul``, ``library_conv``, ``library_attention``:

@@ -59,7 +59,6 @@ from orchestrate.kernels.spec import (
     Anchored,
     AttentionRoles,
     KernelSpec,
-    LowRank,
     Operand,
     Rejection,
     Rows,
@@ -215,35 +214,6 @@ def merged(graph: Graph, spec: KernelSpec) -> WorkingSet:
     matmul (their tiles are the same; their epilogues' inputs differ)."""
     parts = [dot_tiles(graph, s) for s in segment_specs(graph, spec)]
     return WorkingSet(max(p.shared_bytes for p in parts), any(p.spills for p in parts))
-
-
-def low_rank(graph: Graph, spec: KernelSpec) -> WorkingSet:
-    """A matmul whose K loop also loads an A tile (BLOCK_K, BLOCK_R), buffered
-    ``num_stages`` times when the loop is pipelined (as wgmma's operand tiles
-    are; Triton's FMA path buffers it once less for some ranks, once more for
-    others), and keeps x @ A's (BLOCK_M, BLOCK_R) fp32 accumulator in
-    registers; after the loop the B tile (BLOCK_R, BLOCK_N) in shared memory
-    mostly reuses the loop's buffers (sm_90 compiles of 36 configurations,
-    ranks 8 to 128, fp16, bf16 and fp32: 1.0x to 1.62x of the compiled figure)."""
-    roles, c = spec.roles, spec.config
-    assert isinstance(roles, LowRank)
-    base = dot_tiles(graph, spec)
-    x = graph.types[roles.x]
-    it = 2 if x.dtype in HALF else x.itemsize
-    bm, bn, bk, br = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], roles.block_r
-    tensor_cores = x.dtype in HALF or c.precision == "tf32"
-    piped = c.num_stages >= 2 and math.ceil(x.shape[-1] / bk) > 1
-    a_tiles = bk * br * it * (c.num_stages if piped else 1)
-    # after the loop the B tile, and (FMA path, small BLOCK_K) the result
-    # tile's layout conversion beside it: fp32 64 x 64 x 16 at rank 16 had both
-    after = br * bn * it + min(bm, 128) * bn * it + a_tiles
-    smem = max(base.shared_bytes + a_tiles, after)
-    per_thread = 32 * c.num_warps
-    if tensor_cores:
-        spills = (bm * bn + bm * br) / per_thread >= 128
-    else:  # IEEE fp32 FMAs: the A slice and t beside the matmul's own
-        spills = (bm * bn + bm * br + (bm + bn + br) * bk) / per_thread >= 128
-    return WorkingSet(smem, base.spills or spills)
 
 
 def attention(graph: Graph, spec: KernelSpec) -> WorkingSet:

@@ -42,7 +42,6 @@ ATTENTION = "attention"
 NORM_MATMUL = "norm_matmul"  # a norm moved past the matmul it feeds (kernels/norm_matmul.py)
 MERGED_MATMUL = "merged_matmul"  # sibling matmuls reading one activation, one launch
 NORM_MERGED_MATMUL = "norm_merged_matmul"  # a norm moved past merged siblings (norm_siblings.py)
-LOW_RANK = "low_rank"  # x @ W + (x @ A) @ B as one matmul over K + r (kernels/low_rank.py)
 # library kernels: a call into torch (cuBLAS, cuDNN, SDPA) in place of generated Triton
 LIBRARY_MATMUL = "library_matmul"
 LIBRARY_CONV = "library_conv"
@@ -209,13 +208,23 @@ class Operand(enum.Enum):
     SCORES = "scores"  # a side input of the score chain: once per score
 
 
+class _Roles:
+    """What roles add to a spec's structural hash beyond its nodes' wiring:
+    nothing, unless they record more (which columns a sibling takes, a
+    folded branch's parts); ``local`` numbers the spec's nodes, ``ext`` its
+    inputs."""
+
+    def structure(self, local: Mapping[str, int], ext: Mapping[str, int]) -> str | None:
+        return None
+
+
 @dataclass(frozen=True)
-class Elementwise:
+class Elementwise(_Roles):
     """Pointwise and view kernels: every node is evaluated per output element."""
 
 
 @dataclass(frozen=True)
-class Rows:
+class Rows(_Roles):
     """A row-reduce kernel.  The reduced input X (shape ``x``) is a matrix of
     ``rows`` rows of ``length`` columns (the ``axes`` reduced).  Nodes in
     ``row_space`` hold one value per row (the reductions and what is computed
@@ -247,7 +256,7 @@ class Rows:
 
 
 @dataclass(frozen=True)
-class Anchored:
+class Anchored(_Roles):
     """A matmul, conv or window kernel: the anchor, the nodes evaluated on its
     operand tiles before it (``prologue``) and on its result after it
     (``epilogue``, element-aligned with the anchor), both in graph order."""
@@ -255,33 +264,6 @@ class Anchored:
     anchor: str
     prologue: tuple[str, ...]
     epilogue: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class LowRank(Anchored):
-    """A low-rank side branch folded into its matmul (``kernels/low_rank.py``):
-    Y = [x | alpha (x @ A)[:, :rank]] @ [W ; B[:rank]] + P's adds.
-    ``anchor``: C = x @ W; no prologue; ``epilogue``: P's adds, the join and
-    the nodes after it (graph order), as a matmul's epilogue (the spec's
-    renaming and the matmul cost and fit models read it as an ``Anchored``)."""
-
-    x: str = ""  # the activation both x @ W and x @ A read
-    down: str = ""  # T = x @ A
-    up: str = ""  # U = T @ B
-    scaling: tuple[str, ...] = ()  # U's scalar-constant MUL / DIV nodes: their product is alpha
-    main: str = ""  # P: C or its last add, what the join adds the low-rank term to
-    join: str = ""  # Y = P + alpha U
-    rank: int = 0  # r: the concatenation's extra K columns
-
-    @property
-    def block_r(self) -> int:
-        """The rank padded to a power of two of at least 16 (tl.dot's minimum)."""
-        return max(16, 1 << max(0, self.rank - 1).bit_length())
-
-    @property
-    def main_path(self) -> tuple[str, ...]:
-        """P's adds: the epilogue nodes before the join."""
-        return self.epilogue[: self.epilogue.index(self.join)]
 
 
 @dataclass(frozen=True)
@@ -299,7 +281,7 @@ class Segment:
 
 
 @dataclass(frozen=True)
-class Siblings:
+class Siblings(_Roles):
     """A merged matmul (``kernels/siblings.py``): ``activation`` @ the
     segments' weights concatenated along N, one launch, each segment's
     column range through its own epilogue into its own tensors."""
@@ -316,9 +298,17 @@ class Siblings:
         """Segment ``g`` as the roles of a one-matmul kernel."""
         return Anchored(g.anchor, self.prologue, g.epilogue)
 
+    def structure(self, local: Mapping[str, int], ext: Mapping[str, int]) -> str:
+        """Which columns each sibling takes, and its epilogue."""
+        return "seg" + ";".join(
+            f"n{local[g.anchor]}:x{ext[g.weight]}:{g.start}-{g.stop}:"
+            + ",".join(str(local[e]) for e in g.epilogue)
+            for g in self.segments
+        )
+
 
 @dataclass(frozen=True)
-class AttentionRoles:
+class AttentionRoles(_Roles):
     """A flash-attention kernel: ``softmax(chain(m1)) @ V``."""
 
     m1: str  # scores = Q @ K
@@ -337,7 +327,7 @@ class AttentionRoles:
 
 
 @dataclass(frozen=True)
-class LibraryCall:
+class LibraryCall(_Roles):
     """A library kernel: one torch call on the anchor's operands, computing
 
         out = alpha * anchor + beta * bias
@@ -355,7 +345,7 @@ class LibraryCall:
 
 
 @dataclass(frozen=True)
-class LibraryAttention:
+class LibraryAttention(_Roles):
     """``scaled_dot_product_attention(q, k^T, v, attn_mask, scale)``: the
     scores ``m1`` = q @ k (k as the graph holds it, [.., D, Lk]), scaled by
     ``scale``, plus ``mask`` (an additive float tensor, or a boolean one
@@ -375,6 +365,9 @@ class LibraryAttention:
     @property
     def anchor(self) -> str:
         return self.m2
+
+    def structure(self, local: Mapping[str, int], ext: Mapping[str, int]) -> str | None:
+        return "causal" if self.causal else None  # read from a constant
 
 
 Roles = Elementwise | Rows | Anchored | Siblings | AttentionRoles | LibraryCall | LibraryAttention
@@ -474,26 +467,9 @@ def structural_hash(graph: Graph, spec: KernelSpec) -> str:
     parts.append("opt" + ",".join(str(local[o]) for o in spec.optional))
     if spec.checks:  # (absent otherwise: the hashes of plans made before stay valid)
         parts.append("chk" + ",".join(str(local[o]) for o in spec.checks))
-    if isinstance(spec.roles, LibraryAttention) and spec.roles.causal:  # read from a constant
-        parts.append("causal")
-    if isinstance(spec.roles, LowRank):  # the branch's matmuls and scales, the join, the rank
-        lr = spec.roles
-        parts.append(
-            "lr"
-            + ",".join(
-                str(local.get(t, "-")) for t in (lr.down, lr.up, *lr.scaling, lr.main, lr.join)
-            )
-            + f":r{lr.rank}"
-        )
-    if isinstance(spec.roles, Siblings):  # which columns each sibling takes, and its epilogue
-        parts.append(
-            "seg"
-            + ";".join(
-                f"n{local[g.anchor]}:x{ext[g.weight]}:{g.start}-{g.stop}:"
-                + ",".join(str(local[e]) for e in g.epilogue)
-                for g in spec.roles.segments
-            )
-        )
+    extra = spec.roles.structure(local, ext)
+    if extra is not None:
+        parts.append(extra)
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
 
 

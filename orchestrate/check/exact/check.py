@@ -19,7 +19,7 @@ past the siblings (``kernels/norm_siblings.py``) is the roles' ``prologue``:
 its nodes are evaluated first, as any kernel's (what is outside the fragment
 becomes a variable, as in a norm_matmul kernel), and give the activation.
 
-A low-rank branch folded into its matmul (``kernels/low_rank.py``) is
+A low-rank branch folded into its matmul (``templates/low_rank/``) is
 evaluated from its roles too: one matmul of [x | alpha (x @ A)[:, :rank]]
 by [W ; B[:rank]] (alpha the product of the branch's scales, in the field),
 P's adds on that, P as the join's value, then the nodes after the join.  The
@@ -56,7 +56,8 @@ from orchestrate import ir
 from orchestrate.check.exact import field as F
 from orchestrate.check.exact.evaluate import Trial, Value, evaluate
 from orchestrate.check.exact.fragment import Fragment, analyse
-from orchestrate.kernels.spec import LowRank, Siblings
+from orchestrate.kernels.spec import Siblings
+from orchestrate.templates.low_rank import LowRank
 
 TARGET = 1e-9
 MAX_TRIALS = 50

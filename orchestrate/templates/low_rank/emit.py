@@ -30,7 +30,8 @@ from orchestrate.emit.expr import Sym
 from orchestrate.emit.matmul import accumulator_dtype, grouped_tile, traffic_note
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import HALF, Graph, Op
-from orchestrate.kernels.spec import KernelSpec, LowRank
+from orchestrate.kernels.spec import KernelSpec
+from orchestrate.templates.low_rank.roles import LowRank
 
 
 def low_rank(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
