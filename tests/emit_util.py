@@ -10,12 +10,12 @@ from orchestrate import ir
 from orchestrate.cost.devices import get_device
 from orchestrate.emit import emit, kernel_source
 from orchestrate.ir import reference
-from orchestrate.kernels import attention
 from orchestrate.kernels.spec import KernelSpec, Target
 from orchestrate.plan import Planned
 from orchestrate.plan.planner import PlanOptions, plan_sets
 from orchestrate.run.runtime import Program, load_kernels
 from orchestrate.templates import match
+from orchestrate.templates.attention import rule as attention
 
 
 def plan_from_sets(

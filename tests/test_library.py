@@ -16,14 +16,12 @@ import pytest
 
 from examples import EXAMPLES, gemm_backends
 from orchestrate import api, ir
-from orchestrate.cost import library as library_cost
 from orchestrate.cost.devices import get_device
 from orchestrate.cost.roofline import Prices, cost
 from orchestrate.ilp.baselines import greedy
 from orchestrate.ilp.partition import partition
 from orchestrate.ilp.problem import problem
 from orchestrate.ir.export import to_onnx
-from orchestrate.kernels import library
 from orchestrate.kernels.spec import (
     ATTENTION,
     CONV,
@@ -42,6 +40,8 @@ from orchestrate.plan.candidates import enumerate_kernels
 from orchestrate.plan.planner import PlanOptionError, PlanOptions, plan
 from orchestrate.run.runtime import interpreter_refusal
 from orchestrate.templates import match, match_all
+from orchestrate.templates.library import cost as library_cost
+from orchestrate.templates.library import rule as library
 from tests import graphs
 from tests.emit_util import assert_matches_reference, plan_from_sets
 from tests.test_attention import attention_fn

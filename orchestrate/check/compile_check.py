@@ -287,7 +287,7 @@ LIBRARY_SKIPPED = "a library launcher (a torch call): no Triton function to comp
 
 def library_launchers(module) -> list[str]:
     """The functions of a generated module that are library calls
-    (``emit/library.py``: a plain launcher with no jitted function), which
+    (``templates/library/emit.py``: a plain launcher with no jitted function), which
     ``compile_module`` skips (``LIBRARY_SKIPPED``)."""
     found = []
     for launcher, _ in module.KERNELS.values():

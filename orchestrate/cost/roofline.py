@@ -53,26 +53,6 @@ flight, fuller waves) and each block a chain 1/S as long.  What it costs:
 * latency: ``FIXUP_LATENCIES`` dependent accesses after the last wave (the
   arrival counter's atomic, then the partial tiles' loads).
 
-``attention`` (flash attention, one kernel for softmax(scores) @ V):
-
-* bytes: Q, K, V and every other external input (a mask, a bias) read once,
-  the output written once; the scores and probabilities never leave the chip
-  (K and V tiles re-read by each block of query rows are served from L2);
-* flops: both matmuls (2·Lq·Lk·D and 2·Lq·Lk·Dv per batch entry), the score
-  chain and the softmax per score (max, subtract, ``SFU_FLOPS`` for exp,
-  sum), the online rescaling (one exp per row and one multiply per output
-  element, per block of keys) and one division per output element; prologue
-  nodes once per evaluation (Q once, K and V once per block of query rows,
-  the score chain's side inputs once per score);
-* the matmuls run at the tensor-core rate in half precision and on CUDA
-  cores in fp32 (the kernel runs fp32 dots in IEEE, also under ``--tf32``);
-* blocks: one per ``BLOCK_M`` query rows per batch entry; loop steps: key
-  blocks of ``BLOCK_N``;
-* split-KV (``SPLIT_K`` = S > 1): S times the blocks, each with 1/S of the
-  key blocks; bytes: the fp32 partial states, S x (Dv + 2) per query row,
-  written and read back; flops: the combine's S exps per row and its sums;
-  latency: ``FIXUP_LATENCIES`` after the last wave, as split-K's fix-up.
-
 ``merged_matmul`` (sibling matmuls of one activation, ``kernels/siblings.py``):
 one launch whose grid is every sibling's tiles, segment after segment (more
 blocks than any one of them: fuller waves, more bytes in flight); bytes: the
@@ -99,7 +79,7 @@ A ``view`` (reshapes only) costs nothing and launches nothing.
 Library kernels (``library_matmul``, ``library_conv``, ``library_attention``:
 cuBLAS, cuDNN and SDPA through torch) have no launch configuration; their
 terms, with the library's own efficiency figures and what torch launches
-around the call, are in ``cost/library.py``.
+around the call, are in ``templates/library/cost.py``.
 
 **measured** (``optimize --tune``, ``cost/measured.py``): a spec timed on the
 GPU costs its measured time instead of all of the above (plus the model's

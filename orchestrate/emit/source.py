@@ -8,7 +8,7 @@ with the spec's ``num_warps`` and ``num_stages``.  In interpreter mode (no
 GPU) the launchers pick larger blocks: the interpreter's cost grows with the
 number of programs, not with the block size.
 
-A library spec (``emit/library.py``) prints a plain launcher with the same
+A library spec (``templates/library/emit.py``) prints a plain launcher with the same
 signature that calls torch; the module then imports torch too.
 
 Pointer arguments are named by position, not after tensors: ``in<j>`` for
@@ -42,7 +42,7 @@ from orchestrate.text import comment, docstring, string
 
 class Function(Protocol):
     """What a module holds per distinct spec: a ``KernelSource`` (a jitted
-    function and its launcher) or a library launcher (``emit/library.py``,
+    function and its launcher) or a library launcher (``templates/library/emit.py``,
     which imports this module, so it is named here by what it provides)."""
 
     helpers: list[Helper]

@@ -21,7 +21,7 @@ The spaces:
   the device (decoding: a few query rows, many keys), each also with
   split-KV: SPLIT_K 2, 4 or 8 programs per block of rows, each walking its
   share of the keys into an fp32 partial state (running max, sum and
-  output), which the block's last program combines (``emit/attention.py``);
+  output), which the block's last program combines (``templates/attention/emit.py``);
   the cost model prices the fuller device against the partials' bytes and
   the combine's latency.
 * pointwise, row reduce, window: one configuration each (their time is

@@ -57,9 +57,7 @@ from orchestrate.ir import HALF, Graph, Node, Op
 from orchestrate.kernels.region import ancestors_within
 from orchestrate.kernels.spec import (
     Anchored,
-    AttentionRoles,
     KernelSpec,
-    Operand,
     Rejection,
     Rows,
     inlined,
@@ -110,19 +108,19 @@ def _tiles(spec: KernelSpec) -> str:
     return f"{spec.template} tiles ({blocks}, {c.num_warps} warps, {c.num_stages} stages)"
 
 
-def _itemsize(graph: Graph, tensor: str) -> int:
+def itemsize(graph: Graph, tensor: str) -> int:
     return graph.types[tensor].itemsize
 
 
-def _tile_loads(graph: Graph, spec: KernelSpec, operand: str, prologue) -> list[int]:
+def tile_loads(graph: Graph, spec: KernelSpec, operand: str, prologue) -> list[int]:
     """Item sizes of the tensors loaded to make one tile of ``operand``: the
     operand itself, or each input its prologue nodes read from memory."""
     inside = set(spec.nodes)
     if operand not in inside:
-        return [] if inlined(graph, operand) else [_itemsize(graph, operand)]
+        return [] if inlined(graph, operand) else [itemsize(graph, operand)]
     nodes = (ancestors_within(graph, operand, prologue) | {operand}) & set(prologue)
     return [
-        _itemsize(graph, i)
+        itemsize(graph, i)
         for n in nodes
         for i in graph.producer[n].inputs
         if i not in inside and not inlined(graph, i)
@@ -142,8 +140,8 @@ def _operand_loads(graph: Graph, spec: KernelSpec) -> tuple[list[int], list[int]
         assert isinstance(roles, Anchored)
         a, b = graph.producer[roles.anchor].inputs
         seen[key] = (
-            _tile_loads(graph, spec, a, roles.prologue),
-            _tile_loads(graph, spec, b, roles.prologue),
+            tile_loads(graph, spec, a, roles.prologue),
+            tile_loads(graph, spec, b, roles.prologue),
         )
     return seen[key]
 
@@ -160,8 +158,8 @@ def dot_tiles(graph: Graph, spec: KernelSpec) -> WorkingSet:
     if anchor.op is Op.CONV:
         k = math.prod(graph.types[anchor.inputs[1]].shape[1:])
         a_loads, b_loads = (
-            [_itemsize(graph, anchor.inputs[0])],
-            [_itemsize(graph, anchor.inputs[1])],
+            [itemsize(graph, anchor.inputs[0])],
+            [itemsize(graph, anchor.inputs[1])],
         )
         a_piped = not half  # the im2col gather of 2-byte values is not pipelined
         b_piped = not (half and k % 8)  # nor weight rows off 16-byte alignment
@@ -216,60 +214,6 @@ def merged(graph: Graph, spec: KernelSpec) -> WorkingSet:
     return WorkingSet(max(p.shared_bytes for p in parts), any(p.spills for p in parts))
 
 
-def attention(graph: Graph, spec: KernelSpec) -> WorkingSet:
-    c, roles = spec.config, spec.roles
-    assert isinstance(roles, AttentionRoles)
-    m1, m2 = graph.producer[roles.m1], graph.producer[roles.m2]
-    half = m1.dtype in HALF
-    it = 2 if half else 4
-    bm, bn, bd, bdv = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_D"], c["BLOCK_DV"]
-    stages, warps = c.num_stages, c.num_warps
-    prologue = [n for n, _ in roles.prologue]
-    k_loads = _tile_loads(graph, spec, m1.inputs[1], prologue)
-    v_loads = _tile_loads(graph, spec, m2.inputs[1], prologue)
-    side = [n for n, op in roles.prologue if op is Operand.SCORES] + list(roles.scores)
-    s_loads = [
-        _itemsize(graph, i)
-        for n in side
-        for i in graph.producer[n].inputs
-        if i not in spec.nodes and not inlined(graph, i)
-    ]
-    with_prologue = len(k_loads) > 1 or len(v_loads) > 1
-    looped = (
-        sum(k_loads) * bd * bn
-        + sum(v_loads) * bn * bdv
-        + (sum(s_loads) * bm * bn if with_prologue else 0)
-    )
-    base = (bm * bd + bn * bd + bm * bn) * it + (0 if half else 4 * bm)
-    if stages >= 2 and m1.shape[-1] > bn:  # the key loop is pipelined
-        smem = base + (stages - 1) * looped
-    else:
-        # without pipelining Triton's allocator reuses fp16 buffers unevenly
-        # (0.5x to 2x of the tiles between 4 and 8 warps): the safe bound
-        smem = base if not half else 2 * base
-    per_thread = 32 * warps
-    if half:
-        spills = bm * (bn + bdv) / per_thread >= 128
-    else:
-        # IEEE fp32 dots run as FMAs with each key step's products unrolled:
-        # from 512 products a thread (BLOCK_M x BLOCK_N x head dim / threads)
-        # ptxas spills (sm_90, Triton 3.9: head dim 128 at 32 x 16 tiles and
-        # 4 warps 556-656 B, at 32 x 32 and 8 warps 304-412 B; head dim 64 at
-        # 16 x 64, 4 warps, 1 stage 524 B); below it none did, masked or not
-        # (16 x 16 tiles of head dim 256 at 8 warps, 32 x 16 of 128 at 8: 0 B)
-        spills = bm * bn * max(bd, bdv) / per_thread >= 512
-    # split-KV's combine holds the output tile beside the SPLIT_K partial
-    # tiles it loads (an unrolled loop), as split-K's fix-up does
-    splits = split_k(c)
-    if splits > 1:
-        spills = spills or (splits + 1) * bm * bdv / per_thread >= SPLIT_K_SPILL
-        # and converts that fp32 tile's layout through shared memory, beside
-        # the pipelined buffers (sm_90, head dim 128 fp16, 64 x 128 tiles,
-        # SPLIT_K 2: 212,992 B compiled against 196,608 B without this term)
-        smem += bm * bdv * 4
-    return WorkingSet(smem, spills)
-
-
 def row_reduce(graph: Graph, spec: KernelSpec) -> WorkingSet:
     return WorkingSet(_row_reduce(graph, spec), False)
 
@@ -299,9 +243,7 @@ def _mixed_widths(graph: Graph, spec: KernelSpec) -> bool:
     """Whether the kernel reads tensors of both 2- and 4-byte elements (a
     half-precision activation next to fp32 parameters)."""
     sizes = {
-        _itemsize(graph, t)
-        for t in spec.inputs
-        if not inlined(graph, t) and graph.types[t].size > 1
+        itemsize(graph, t) for t in spec.inputs if not inlined(graph, t) and graph.types[t].size > 1
     }
     return {2, 4} <= sizes
 
@@ -320,7 +262,7 @@ def _per_row_loads(graph: Graph, spec: KernelSpec, rows: Rows) -> list[int]:
             if t in spec.nodes or inlined(graph, t) or graph.types[t].size != rows.rows:
                 continue
             if _per_row(graph, node, j, rows):
-                out.append(_itemsize(graph, t))
+                out.append(itemsize(graph, t))
     return out
 
 

@@ -22,7 +22,7 @@ plus what torch adds around the call:
 **compute** = dot flops / (peak x the library's efficiency) x tile
 quantisation + other flops / the CUDA-core peak.  The peak is the dense
 tensor-core rate for fp16 and bf16 and the CUDA-core rate for fp32 (library
-kernels run IEEE fp32, see ``emit/library.py``); efficiency is
+kernels run IEEE fp32, see ``templates/library/emit.py``); efficiency is
 ``LIBRARY_GEMM_EFFICIENCY`` (matmul), ``LIBRARY_CONV_EFFICIENCY`` or
 ``LIBRARY_ATTENTION_EFFICIENCY``.  Blocks are ``LIBRARY_TILE`` squares of the
 GEMM's output (per batch entry, per group) or 128 query rows per batch

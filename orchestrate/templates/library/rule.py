@@ -14,7 +14,7 @@ what the library computes, so it accepts only sets the call covers whole:
 ``library_conv``       one CONV, then at most a per-channel bias add, as
                        ``torch.nn.functional.conv1d/2d/3d`` (cuDNN) with its
                        groups, stride, padding and dilation.
-``library_attention``  the attention pattern (``kernels/attention.py``
+``library_attention``  the attention pattern (``templates/attention/rule.py``
                        ``analyse``) without a prologue, as
                        ``scaled_dot_product_attention``: the score chain may
                        scale the scores by constants and then add one mask
@@ -40,7 +40,6 @@ import numpy as np
 from orchestrate import ir
 from orchestrate.ir import Graph, Node, Op
 from orchestrate.ir.bounds import device_checked
-from orchestrate.kernels import attention
 from orchestrate.kernels.region import Region, descendants_within, region
 from orchestrate.kernels.rule import Rule
 from orchestrate.kernels.spec import (
@@ -56,6 +55,7 @@ from orchestrate.kernels.spec import (
     Target,
     with_hash,
 )
+from orchestrate.templates.attention import rule as attention
 
 BACKEND = "library"
 # A finite WHERE fill at most this hides a key as -inf does (see _where_mask).

@@ -34,8 +34,9 @@ import math
 from collections.abc import Iterable, Sequence
 
 from orchestrate import ir
-from orchestrate.ir import Graph, Node, Op
+from orchestrate.ir import HALF, Graph, Node, Op
 from orchestrate.kernels import config, fit
+from orchestrate.kernels.fit import WorkingSet
 from orchestrate.kernels.region import (
     POINTWISE_OPS,
     Region,
@@ -50,6 +51,8 @@ from orchestrate.kernels.spec import (
     Operand,
     Rejection,
     Target,
+    inlined,
+    split_k,
 )
 
 DOT_DTYPES = ("float16", "bfloat16", "float32")
@@ -404,12 +407,69 @@ def _with_prologue(graph: Graph, core: set[str], allowed: set[str]) -> set[str]:
     return names
 
 
+def working_set(graph: Graph, spec: KernelSpec) -> WorkingSet:
+    """The Q, K and probability tiles, a row of fp32 running state, and
+    ``S - 1`` more copies of the K, V (and score side input) tiles when the
+    key loop is pipelined (``kernels/fit.py`` says how it was calibrated)."""
+    c, roles = spec.config, spec.roles
+    assert isinstance(roles, AttentionRoles)
+    m1, m2 = graph.producer[roles.m1], graph.producer[roles.m2]
+    half = m1.dtype in HALF
+    it = 2 if half else 4
+    bm, bn, bd, bdv = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_D"], c["BLOCK_DV"]
+    stages, warps = c.num_stages, c.num_warps
+    prologue = [n for n, _ in roles.prologue]
+    k_loads = fit.tile_loads(graph, spec, m1.inputs[1], prologue)
+    v_loads = fit.tile_loads(graph, spec, m2.inputs[1], prologue)
+    side = [n for n, op in roles.prologue if op is Operand.SCORES] + list(roles.scores)
+    s_loads = [
+        fit.itemsize(graph, i)
+        for n in side
+        for i in graph.producer[n].inputs
+        if i not in spec.nodes and not inlined(graph, i)
+    ]
+    with_prologue = len(k_loads) > 1 or len(v_loads) > 1
+    looped = (
+        sum(k_loads) * bd * bn
+        + sum(v_loads) * bn * bdv
+        + (sum(s_loads) * bm * bn if with_prologue else 0)
+    )
+    base = (bm * bd + bn * bd + bm * bn) * it + (0 if half else 4 * bm)
+    if stages >= 2 and m1.shape[-1] > bn:  # the key loop is pipelined
+        smem = base + (stages - 1) * looped
+    else:
+        # without pipelining Triton's allocator reuses fp16 buffers unevenly
+        # (0.5x to 2x of the tiles between 4 and 8 warps): the safe bound
+        smem = base if not half else 2 * base
+    per_thread = 32 * warps
+    if half:
+        spills = bm * (bn + bdv) / per_thread >= 128
+    else:
+        # IEEE fp32 dots run as FMAs with each key step's products unrolled:
+        # from 512 products a thread (BLOCK_M x BLOCK_N x head dim / threads)
+        # ptxas spills (sm_90, Triton 3.9: head dim 128 at 32 x 16 tiles and
+        # 4 warps 556-656 B, at 32 x 32 and 8 warps 304-412 B; head dim 64 at
+        # 16 x 64, 4 warps, 1 stage 524 B); below it none did, masked or not
+        # (16 x 16 tiles of head dim 256 at 8 warps, 32 x 16 of 128 at 8: 0 B)
+        spills = bm * bn * max(bd, bdv) / per_thread >= 512
+    # split-KV's combine holds the output tile beside the SPLIT_K partial
+    # tiles it loads (an unrolled loop), as split-K's fix-up does
+    splits = split_k(c)
+    if splits > 1:
+        spills = spills or (splits + 1) * bm * bdv / per_thread >= fit.SPLIT_K_SPILL
+        # and converts that fp32 tile's layout through shared memory, beside
+        # the pipelined buffers (sm_90, head dim 128 fp16, 64 x 128 tiles,
+        # SPLIT_K 2: 212,992 B compiled against 196,608 B without this term)
+        smem += bm * bdv * 4
+    return WorkingSet(smem, spills)
+
+
 RULE = Rule(
     ATTENTION,
     "softmax(Q @ K, scaled and masked) @ V as one flash-attention kernel",
     _judges,
     attention,
     propose,
-    working_set=fit.attention,
+    working_set=working_set,
     covering=("BLOCK_D", "BLOCK_DV"),
 )

@@ -1,6 +1,28 @@
 """The attention template: softmax(Q @ K, scaled and masked) @ V as one
 flash-attention kernel (split-KV where the blocks of query rows underfill
-the device); the scores and probabilities never leave the chip."""
+the device), in one package: its rule, configurations and fit
+(``rule.py``), its kernel (``emit.py``) and, here, its cost terms.
+
+Cost (``cost/roofline.py`` turns these counts into time):
+
+* bytes: Q, K, V and every other external input (a mask, a bias) read once,
+  the output written once; the scores and probabilities never leave the chip
+  (K and V tiles re-read by each block of query rows are served from L2);
+* flops: both matmuls (2·Lq·Lk·D and 2·Lq·Lk·Dv per batch entry), the score
+  chain and the softmax per score (max, subtract, ``SFU_FLOPS`` for exp,
+  sum), the online rescaling (one exp per row and one multiply per output
+  element, per block of keys) and one division per output element; prologue
+  nodes once per evaluation (Q once, K and V once per block of query rows,
+  the score chain's side inputs once per score);
+* the matmuls run at the tensor-core rate in half precision and on CUDA
+  cores in fp32 (the kernel runs fp32 dots in IEEE, also under ``--tf32``);
+* blocks: one per ``BLOCK_M`` query rows per batch entry; loop steps: key
+  blocks of ``BLOCK_N``;
+* split-KV (``SPLIT_K`` = S > 1): S times the blocks, each with 1/S of the
+  key blocks; bytes: the fp32 partial states, S x (Dv + 2) per query row,
+  written and read back; flops: the combine's S exps per row and its sums;
+  latency: ``FIXUP_LATENCIES`` after the last wave, as split-K's fix-up.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +31,15 @@ import math
 from orchestrate.cost import terms
 from orchestrate.cost.devices import Device
 from orchestrate.cost.figures import SFU_FLOPS
-from orchestrate.emit.attention import attention
 from orchestrate.ir import Graph, Op
-from orchestrate.kernels.attention import RULE
 from orchestrate.kernels.spec import AttentionRoles, KernelSpec, Operand, split_k, split_k_scratch
+from orchestrate.templates.attention.emit import attention
+from orchestrate.templates.attention.rule import RULE
 from orchestrate.templates.base import Template
 
 
 def flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
-    """(matmul flops, other flops) of an attention kernel (see the module doc)."""
+    """(matmul flops, other flops) of an attention kernel (see the package doc)."""
     a = spec.roles
     assert isinstance(a, AttentionRoles)
     m1, m2 = graph.producer[a.m1], graph.producer[a.m2]

@@ -1,6 +1,6 @@
 """Library kernels: a plain Python launcher that calls torch, no ``@triton.jit``.
 
-A library spec (``kernels/library.py``) prints as a launcher with the same
+A library spec (``templates/library/rule.py``) prints as a launcher with the same
 signature as a generated one, ``launch_<fn>(in0, ..., out0, ...,
 interpret=False)``, so the runner, its CUDA-graph capture and the bundle
 format treat it as any other kernel.  The call writes into ``out0`` with
