@@ -27,11 +27,12 @@ from orchestrate import cli
 from orchestrate import templates as rules
 from orchestrate.cost.devices import get_device
 from orchestrate.cost.roofline import cost
-from orchestrate.kernels import config, norm_matmul
+from orchestrate.kernels import config
 from orchestrate.kernels.spec import NORM_MATMUL, ROW_REDUCE, KernelSpec
 from orchestrate.plan import pipeline
 from orchestrate.plan.planner import PlanOptions, plan
 from orchestrate.templates import working_set
+from orchestrate.templates.norm_matmul import rule as norm_matmul
 from orchestrate.tune import FakeTimer, Tune
 from tests import graphs
 from tests.compile_util import compile_sm90

@@ -24,11 +24,12 @@ import orchestrate
 from orchestrate import cli
 from orchestrate import templates as rules
 from orchestrate.check.exact.bundle import verify_exact
-from orchestrate.kernels import config, norm_siblings
+from orchestrate.kernels import config
 from orchestrate.kernels.spec import NORM_MERGED_MATMUL, ROW_REDUCE, KernelSpec
 from orchestrate.plan import pipeline
 from orchestrate.plan.planner import PlanOptions, plan
 from orchestrate.templates import working_set
+from orchestrate.templates.norm_merged_matmul import rule as norm_siblings
 from tests.compile_util import compile_sm90
 from tests.test_fit import SPILL_TOLERANCE
 from tests.test_norm_matmul import _info, _model

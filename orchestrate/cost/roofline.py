@@ -53,27 +53,6 @@ flight, fuller waves) and each block a chain 1/S as long.  What it costs:
 * latency: ``FIXUP_LATENCIES`` dependent accesses after the last wave (the
   arrival counter's atomic, then the partial tiles' loads).
 
-``merged_matmul`` (sibling matmuls of one activation, ``kernels/siblings.py``):
-one launch whose grid is every sibling's tiles, segment after segment (more
-blocks than any one of them: fuller waves, more bytes in flight); bytes: the
-activation read once, every weight and epilogue input, every output; flops
-and loop steps: each segment's, as a matmul with its epilogue.
-
-``norm_matmul`` (an RMSNorm / LayerNorm moved past the matmul it feeds,
-``kernels/norm_matmul.py``): a matmul whose A operand is the norm's input x,
-not the normalised n: bytes are x, gamma, beta, W and the epilogue inputs
-read once and the outputs written (n is never written, and no row-reduce
-kernel runs); grid, loop steps and dots are the matmul's (no split-K).  CUDA
-cores: per element of x, once per column of tiles, x's own prologue,
-``NORM_STAT_FLOPS`` for the running statistics and the multiply by gamma;
-the row nodes once per row per column of tiles; each shift's column vector
-@ W once per row of tiles; scaling and shifting the accumulator, then the
-epilogue, once per output element.
-
-``norm_merged_matmul`` (a norm moved past merged siblings,
-``kernels/norm_siblings.py``): the merged grid and bytes (x in place of n);
-flops: each segment's as a ``norm_matmul`` of its columns.
-
 A ``view`` (reshapes only) costs nothing and launches nothing.
 
 Library kernels (``library_matmul``, ``library_conv``, ``library_attention``:

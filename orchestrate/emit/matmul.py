@@ -177,7 +177,7 @@ def tile_program(
     """Emit into ``body`` what one program does for its tile of ``k``'s
     matmul: map ``pid`` to the tile, walk K through the prologue, run the
     epilogue and store ``writes``.  ``pid``: a merged matmul's program id
-    within the segment ``k`` is (``emit/siblings.py``)."""
+    within the segment ``k`` is (``templates/merged_matmul/emit.py``)."""
     mm = graph.producer[k.roles.anchor]
     a_name, b_name = mm.inputs
     a_t, b_t = graph.types[a_name], graph.types[b_name]

@@ -29,19 +29,14 @@ fp32), ``S`` stages and ``W`` warps:
   is converted to the store layout through ``min(BLOCK_M, 128) x BLOCK_N``.
   Split-K adds no shared memory (its partial tiles go through the result
   tile's layout conversion) but registers: ``SPLIT_K_SPILL``.
-* merged matmul: one K loop whatever the segments (``emit/siblings.py``),
+* merged matmul: one K loop whatever the segments (``templates/merged_matmul/emit.py``),
   so the largest segment's as a matmul (sm_90 compiles of 32
   configurations, 1 to 3 segments, fp16 and fp32: equal to the compiled
   figure, or twice it where the matmul model is).  A loop per segment
   would cost their sum: Triton gives each branch's pipelined buffers their
   own shared memory, though only one branch runs.
-* attention: the Q, K and probability tiles, a row of fp32 running state,
-  and ``S - 1`` more copies of the K, V (and, with a K/V prologue, score
-  side input) tiles when the key loop is pipelined.
-* row reduce: cross-warp partial sums (``4 x BLOCK_ROWS`` per warp along the
-  row), the layout change of a stored row value, the conversion of a
-  per-row input loaded under the whole tile's mask, and of a tile whose
-  loads mix 2- and 4-byte elements (half activations, fp32 parameters).
+* attention and row reduce: their own models, beside their rules
+  (``templates/attention/rule.py``, ``templates/row_reduce/rule.py``).
 * pointwise, window, view: none.
 """
 
@@ -52,14 +47,12 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from orchestrate import ir
-from orchestrate.ir import HALF, Graph, Node, Op
+from orchestrate.ir import HALF, Graph, Op
 from orchestrate.kernels.region import ancestors_within
 from orchestrate.kernels.spec import (
     Anchored,
     KernelSpec,
     Rejection,
-    Rows,
     inlined,
     segment_specs,
     split_k,
@@ -212,72 +205,3 @@ def merged(graph: Graph, spec: KernelSpec) -> WorkingSet:
     matmul (their tiles are the same; their epilogues' inputs differ)."""
     parts = [dot_tiles(graph, s) for s in segment_specs(graph, spec)]
     return WorkingSet(max(p.shared_bytes for p in parts), any(p.spills for p in parts))
-
-
-def row_reduce(graph: Graph, spec: KernelSpec) -> WorkingSet:
-    return WorkingSet(_row_reduce(graph, spec), False)
-
-
-def _row_reduce(graph: Graph, spec: KernelSpec) -> int:
-    c, rows = spec.config, spec.roles
-    assert isinstance(rows, Rows)
-    br, bc, warps = c["BLOCK_ROWS"], c["BLOCK_COLS"], c.num_warps
-    if bc == 1:
-        return 0
-    warps_along = min(warps, math.ceil(bc / 128))
-    partial = 4 * br * warps_along if warps_along >= 2 else 0
-    stored_row = br * warps if any(t in rows.row_space for t in spec.outputs + spec.optional) else 0
-    convert = 0
-    for item in _per_row_loads(graph, spec, rows):
-        convert = max(
-            convert, br * bc * 8 if item == 8 else min(4 * br * bc, 128 * warps * max(br, 4))
-        )
-    if _mixed_widths(graph, spec):
-        # a 2-byte tile is loaded 8 to a thread, a 4-byte one 4: meeting in one
-        # expression, one of them changes layout through shared memory
-        convert = max(convert, min(4 * br * bc, 128 * warps * max(br, 4)))
-    return max(partial, stored_row, convert)
-
-
-def _mixed_widths(graph: Graph, spec: KernelSpec) -> bool:
-    """Whether the kernel reads tensors of both 2- and 4-byte elements (a
-    half-precision activation next to fp32 parameters)."""
-    sizes = {
-        itemsize(graph, t) for t in spec.inputs if not inlined(graph, t) and graph.types[t].size > 1
-    }
-    return {2, 4} <= sizes
-
-
-def _per_row_loads(graph: Graph, spec: KernelSpec, rows: Rows) -> list[int]:
-    """Item sizes of the inputs a full-space node reads once per row (a
-    keepdims bias, a gather's index): loaded under the whole tile's mask."""
-    if rows.rows == 1:
-        return []
-    out = []
-    for n in spec.nodes:
-        node = graph.producer[n]
-        if n in rows.row_space:
-            continue
-        for j, t in enumerate(node.inputs):
-            if t in spec.nodes or inlined(graph, t) or graph.types[t].size != rows.rows:
-                continue
-            if _per_row(graph, node, j, rows):
-                out.append(itemsize(graph, t))
-    return out
-
-
-def _per_row(graph: Graph, node: Node, j: int, rows: Rows) -> bool:
-    """Whether input ``j`` of full-space ``node`` varies along kept axes only."""
-    shape = graph.types[node.inputs[j]].shape
-    if node.op is Op.GATHER:
-        if j != 1:
-            return False
-        ax = node.attrs["axis"]
-        return all(a not in rows.axes for a in range(ax, ax + len(shape)))
-    if node.op not in _BROADCASTING:
-        return False
-    lead = len(node.shape) - len(shape)
-    return all(shape[a - lead] == 1 for a in rows.axes if a >= lead)
-
-
-_BROADCASTING = ir.BINARY | ir.TERNARY

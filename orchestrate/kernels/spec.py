@@ -39,7 +39,7 @@ MATMUL = "matmul"
 CONV = "conv"
 WINDOW = "window"
 ATTENTION = "attention"
-NORM_MATMUL = "norm_matmul"  # a norm moved past the matmul it feeds (kernels/norm_matmul.py)
+NORM_MATMUL = "norm_matmul"  # a norm moved past the matmul it feeds (templates/norm_matmul/rule.py)
 MERGED_MATMUL = "merged_matmul"  # sibling matmuls reading one activation, one launch
 NORM_MERGED_MATMUL = "norm_merged_matmul"  # a norm moved past merged siblings (norm_siblings.py)
 # library kernels: a call into torch (cuBLAS, cuDNN, SDPA) in place of generated Triton
@@ -282,7 +282,7 @@ class Segment:
 
 @dataclass(frozen=True)
 class Siblings(_Roles):
-    """A merged matmul (``kernels/siblings.py``): ``activation`` @ the
+    """A merged matmul (``templates/merged_matmul/rule.py``): ``activation`` @ the
     segments' weights concatenated along N, one launch, each segment's
     column range through its own epilogue into its own tensors."""
 

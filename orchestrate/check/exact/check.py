@@ -8,14 +8,14 @@ and only what it writes is visible after it.  A kernel wired to the wrong
 tensor, work dropped or done twice, or a rewrite that changes the function
 gives a different value somewhere in the fragment (``fragment.py``).
 
-A merged matmul (``kernels/siblings.py``) is evaluated from its roles, not
+A merged matmul (``templates/merged_matmul/rule.py``) is evaluated from its roles, not
 from the sibling matmuls it replaces: its activation times its segments'
 weights concatenated along N (in segment order), each segment's recorded
 columns [start, stop) as that sibling's result, then each segment's own
 epilogue, which sees only its own segment.  A wrong split of the merged
 weights (ranges swapped or shifted, a weight in the wrong segment, a sibling
 dropped, an epilogue on another sibling's columns) is a wrong value.  A norm moved
-past the siblings (``kernels/norm_siblings.py``) is the roles' ``prologue``:
+past the siblings (``templates/norm_merged_matmul/rule.py``) is the roles' ``prologue``:
 its nodes are evaluated first, as any kernel's (what is outside the fragment
 becomes a variable, as in a norm_matmul kernel), and give the activation.
 

@@ -3,7 +3,8 @@ one matmul over K + r, in one package: its roles (``roles.py``), its rule,
 configurations and fit (``rule.py``), its kernel (``emit.py``) and, here,
 its cost terms and its registry entry.
 
-Cost (``cost/roofline.py`` turns these counts into time): grid and loop
+Cost (``cost/roofline.py`` turns these counts into time):
+grid and loop
 steps of the matmul x @ W (no split-K); bytes: x, W, A, B and the epilogue
 inputs read once, the outputs written (x @ A, its product with B and x @ W
 are never written); dots: x @ W, x @ A once per column of tiles (each

@@ -8,15 +8,15 @@ projections):
     Y_i = MATMUL(n, W_i)          two or more, W_i constant [K, N_i]
     Z_i = elementwise(Y_i, ...)   optionally, each sibling's own epilogue
 
-``merged_matmul`` (``kernels/siblings.py``) takes no prologue, and
-``norm_matmul`` (``kernels/norm_matmul.py``) moves a norm past one matmul,
+``merged_matmul`` (``templates/merged_matmul/rule.py``) takes no prologue, and
+``norm_matmul`` (``templates/norm_matmul/rule.py``) moves a norm past one matmul,
 so without this rule the norm stays a row-reduce kernel writing n (M x K)
 that the merged kernel reads back.  The replacement is the merged kernel
 whose shared K loop does what norm_matmul's does: raw x tiles, each row's
 running statistics, the A tile times gamma, and per shift of n the column
 vector h_j @ W_i of the program's own segment; after the loop the row
 factors scale the accumulator and the shifts are added, then the segment's
-epilogue and stores (``emit/norm_siblings.py``).
+epilogue and stores (``templates/norm_merged_matmul/emit.py``).
 
 The analysis is the two rules' own: ``norm_matmul.analyse`` reads n as
 scale * x + shifts from the norm's nodes and the first sibling, and
@@ -36,8 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrate.ir import Graph, Op
-from orchestrate.kernels import config, fit, norm_matmul, siblings
-from orchestrate.kernels.norm_matmul import Linear, Monomial, NormMatmul
+from orchestrate.kernels import config, fit
 from orchestrate.kernels.region import Region, ancestors_within, region
 from orchestrate.kernels.rule import Rule, accept
 from orchestrate.kernels.spec import (
@@ -48,6 +47,9 @@ from orchestrate.kernels.spec import (
     Siblings,
     Target,
 )
+from orchestrate.templates.merged_matmul import rule as siblings
+from orchestrate.templates.norm_matmul import rule as norm_matmul
+from orchestrate.templates.norm_matmul.rule import Linear, Monomial, NormMatmul
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
     C[batch, M, N] = norm(x)[batch, M, K] @ W[K, N],   norm(x) = scale * x + shifts
 
-(``kernels/norm_matmul.py`` reads n that way: ``scale`` a row factor times a
+(``templates/norm_matmul/rule.py`` reads n that way: ``scale`` a row factor times a
 column factor, r[m] * g[k]; each shift a row factor times a column vector.)
 The row factors are constant along K, so they leave the dot:
 
@@ -48,8 +48,8 @@ from orchestrate.emit.matmul import (
 )
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph
-from orchestrate.kernels.norm_matmul import Linear, Monomial, NormMatmul
 from orchestrate.kernels.spec import KernelSpec
+from orchestrate.templates.norm_matmul.rule import Linear, Monomial, NormMatmul
 
 
 def norm_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:

@@ -18,7 +18,7 @@ real arithmetic:
     RMS:  (x r g) @ W            = r * ((x g) @ W)
     LN:   ((x - mu) r g + b) @ W = r * ((x g) @ W) - (mu r) * (g @ W) + (b @ W)
 
-The replacement (``emit/norm_matmul.py``) is one matmul kernel whose K loop
+The replacement (``templates/norm_matmul/emit.py``) is one matmul kernel whose K loop
 loads raw x tiles (through x's own elementwise prologue, a residual add say),
 accumulates each row's mean and sum of squared deviations beside the dot,
 and multiplies the A tile by g before it; the column vectors g @ W and b @ W

@@ -1,15 +1,20 @@
 """The norm_merged_matmul template: a norm moved past the sibling matmuls it
-feeds, one launch over every segment."""
+feeds, one launch over every segment.
+
+Cost (``cost/roofline.py`` turns these counts into time):
+the merged grid and bytes (x in place of n);
+flops: each segment's as a ``norm_matmul`` of its columns.
+"""
 
 from __future__ import annotations
 
 from orchestrate.cost import terms
-from orchestrate.emit.norm_siblings import norm_merged_matmul
 from orchestrate.ir import Graph
-from orchestrate.kernels.norm_siblings import RULE
 from orchestrate.kernels.spec import KernelSpec, segment_specs
 from orchestrate.templates import norm_matmul
 from orchestrate.templates.base import Template
+from orchestrate.templates.norm_merged_matmul.emit import norm_merged_matmul
+from orchestrate.templates.norm_merged_matmul.rule import RULE
 
 
 def flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:

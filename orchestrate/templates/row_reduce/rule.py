@@ -22,11 +22,12 @@ from __future__ import annotations
 import math
 
 from orchestrate import ir
-from orchestrate.ir import Graph, Op
+from orchestrate.ir import Graph, Node, Op
 from orchestrate.kernels import config, fit
+from orchestrate.kernels.fit import WorkingSet
 from orchestrate.kernels.region import POINTWISE_OPS, ROW_REDUCTIONS, Region, reduce_axes
 from orchestrate.kernels.rule import Rule, accept
-from orchestrate.kernels.spec import ROW_REDUCE, KernelSpec, Rejection, Rows, Target
+from orchestrate.kernels.spec import ROW_REDUCE, KernelSpec, Rejection, Rows, Target, inlined
 
 ROW_OPS = ir.ELEMENTWISE | {Op.RESHAPE, Op.IDENTITY}  # what may run on row values
 MAX_ROW = 2**31  # column indices are int32
@@ -119,12 +120,88 @@ def analyse(graph: Graph, r: Region) -> Rows | Rejection:
     )
 
 
+def working_set(graph: Graph, spec: KernelSpec) -> WorkingSet:
+    """Shared memory only (a row reduce keeps nothing that spills): the
+    cross-warp partial sums (``4 x BLOCK_ROWS`` per warp along the row), the
+    layout change of a stored row value, the conversion of a per-row input
+    loaded under the whole tile's mask, and of a tile whose loads mix 2- and
+    4-byte elements (half activations, fp32 parameters)."""
+    return WorkingSet(_row_reduce(graph, spec), False)
+
+
+def _row_reduce(graph: Graph, spec: KernelSpec) -> int:
+    c, rows = spec.config, spec.roles
+    assert isinstance(rows, Rows)
+    br, bc, warps = c["BLOCK_ROWS"], c["BLOCK_COLS"], c.num_warps
+    if bc == 1:
+        return 0
+    warps_along = min(warps, math.ceil(bc / 128))
+    partial = 4 * br * warps_along if warps_along >= 2 else 0
+    stored_row = br * warps if any(t in rows.row_space for t in spec.outputs + spec.optional) else 0
+    convert = 0
+    for item in _per_row_loads(graph, spec, rows):
+        convert = max(
+            convert, br * bc * 8 if item == 8 else min(4 * br * bc, 128 * warps * max(br, 4))
+        )
+    if _mixed_widths(graph, spec):
+        # a 2-byte tile is loaded 8 to a thread, a 4-byte one 4: meeting in one
+        # expression, one of them changes layout through shared memory
+        convert = max(convert, min(4 * br * bc, 128 * warps * max(br, 4)))
+    return max(partial, stored_row, convert)
+
+
+def _mixed_widths(graph: Graph, spec: KernelSpec) -> bool:
+    """Whether the kernel reads tensors of both 2- and 4-byte elements (a
+    half-precision activation next to fp32 parameters)."""
+    sizes = {
+        fit.itemsize(graph, t)
+        for t in spec.inputs
+        if not inlined(graph, t) and graph.types[t].size > 1
+    }
+    return {2, 4} <= sizes
+
+
+def _per_row_loads(graph: Graph, spec: KernelSpec, rows: Rows) -> list[int]:
+    """Item sizes of the inputs a full-space node reads once per row (a
+    keepdims bias, a gather's index): loaded under the whole tile's mask."""
+    if rows.rows == 1:
+        return []
+    out = []
+    for n in spec.nodes:
+        node = graph.producer[n]
+        if n in rows.row_space:
+            continue
+        for j, t in enumerate(node.inputs):
+            if t in spec.nodes or inlined(graph, t) or graph.types[t].size != rows.rows:
+                continue
+            if _per_row(graph, node, j, rows):
+                out.append(fit.itemsize(graph, t))
+    return out
+
+
+def _per_row(graph: Graph, node: Node, j: int, rows: Rows) -> bool:
+    """Whether input ``j`` of full-space ``node`` varies along kept axes only."""
+    shape = graph.types[node.inputs[j]].shape
+    if node.op is Op.GATHER:
+        if j != 1:
+            return False
+        ax = node.attrs["axis"]
+        return all(a not in rows.axes for a in range(ax, ax + len(shape)))
+    if node.op not in _BROADCASTING:
+        return False
+    lead = len(node.shape) - len(shape)
+    return all(shape[a - lead] == 1 for a in rows.axes if a >= lead)
+
+
+_BROADCASTING = ir.BINARY | ir.TERNARY
+
+
 RULE = Rule(
     ROW_REDUCE,
     "reductions over the same rows with prologue, row ops and a broadcast "
     "epilogue (softmax, layernorm)",
     _judges,
     row_reduce,
-    working_set=fit.row_reduce,
+    working_set=working_set,
     covering=("BLOCK_COLS",),
 )

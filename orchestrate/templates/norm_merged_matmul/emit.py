@@ -2,10 +2,10 @@
 
     C_i[batch, M, N_i] = norm(x)[batch, M, K] @ W_i[K, N_i]    for each segment i
 
-The grid and segment selection are the merged matmul's (``emit/siblings.py``:
+The grid and segment selection are the merged matmul's (``templates/merged_matmul/emit.py``:
 each segment's tiles in turn, a program finds its weight, width and first
 tile from its program id); the K loop and what follows it are norm_matmul's
-(``emit/norm_matmul.py``): raw x tiles through x's own prologue, each row's
+(``templates/norm_matmul/emit.py``): raw x tiles through x's own prologue, each row's
 running mean and sum of squared deviations, the A tile times gamma, and each
 shift's column vector @ the segment's W tile; after the loop the row values
 scale the accumulator and the shifts are added, then the segment's own
@@ -25,12 +25,12 @@ from orchestrate.emit.body import Body
 from orchestrate.emit.codegen import Evaluator, Index, split_linear
 from orchestrate.emit.expr import Const, Sym
 from orchestrate.emit.matmul import epilogue, grouped_tile
-from orchestrate.emit.norm_matmul import _monomial, _sum, _times, statistics_loop
-from orchestrate.emit.siblings import select_segment
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph
-from orchestrate.kernels.norm_siblings import NormSiblings
 from orchestrate.kernels.spec import KernelSpec, segment_specs
+from orchestrate.templates.merged_matmul.emit import select_segment
+from orchestrate.templates.norm_matmul.emit import _monomial, _sum, _times, statistics_loop
+from orchestrate.templates.norm_merged_matmul.rule import NormSiblings
 
 
 def norm_merged_matmul(

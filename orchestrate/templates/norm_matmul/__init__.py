@@ -1,17 +1,29 @@
 """The norm_matmul template: an RMSNorm or LayerNorm moved past the matmul it
 feeds, its statistics gathered in the K loop (no split-K: each program needs
-whole rows)."""
+whole rows).
+
+Cost (``cost/roofline.py`` turns these counts into time):
+a matmul whose A operand is the norm's input x,
+not the normalised n: bytes are x, gamma, beta, W and the epilogue inputs
+read once and the outputs written (n is never written, and no row-reduce
+kernel runs); grid, loop steps and dots are the matmul's (no split-K).  CUDA
+cores: per element of x, once per column of tiles, x's own prologue,
+``NORM_STAT_FLOPS`` for the running statistics and the multiply by gamma;
+the row nodes once per row per column of tiles; each shift's column vector
+@ W once per row of tiles; scaling and shifting the accumulator, then the
+epilogue, once per output element.
+"""
 
 from __future__ import annotations
 
 import math
 
 from orchestrate.cost import terms
-from orchestrate.emit.norm_matmul import norm_matmul
 from orchestrate.ir import Graph
-from orchestrate.kernels.norm_matmul import RULE
 from orchestrate.kernels.spec import KernelSpec
 from orchestrate.templates.base import Template
+from orchestrate.templates.norm_matmul.emit import norm_matmul
+from orchestrate.templates.norm_matmul.rule import RULE
 
 NORM_STAT_FLOPS = 4
 

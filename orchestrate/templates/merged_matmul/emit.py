@@ -2,7 +2,7 @@
 
     C_i[batch, M, N_i] = A[batch, M, K] @ W_i[K, N_i]    for each segment i
 
-as A @ concat(W_0, W_1, ...) along N (``kernels/siblings.py``).  The grid
+as A @ concat(W_0, W_1, ...) along N (``templates/merged_matmul/rule.py``).  The grid
 lists every segment's output tiles, segment after segment: programs
 ``[end_{i-1}, end_i)`` of grid axis 0 compute tiles of segment i.  A program
 first selects its segment's weight pointer, width and first tile from its

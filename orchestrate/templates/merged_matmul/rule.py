@@ -17,7 +17,7 @@ merged kernel or the separate ones by cost.
 How the weights are concatenated: by the launch, not in memory.  The grid
 holds every sibling's output tiles, segment after segment; a program finds
 its segment from its program id and walks that sibling's own weight and
-bias (``emit/siblings.py``).  Concatenating the constants instead would put
+bias (``templates/merged_matmul/emit.py``).  Concatenating the constants instead would put
 a derived constant in the plan that a bundle cannot regenerate from its
 weights (``regenerate.py`` rebuilds kernels from plan.json and the model's
 own constants); the grouped launch is as fast (the same tiles, one launch,

@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 
 from orchestrate.cost import terms
-from orchestrate.emit.row_reduce import row_reduce
 from orchestrate.ir import Graph
-from orchestrate.kernels.row_reduce import RULE
 from orchestrate.kernels.spec import KernelSpec, Rows
 from orchestrate.templates.base import Template
+from orchestrate.templates.row_reduce.emit import row_reduce
+from orchestrate.templates.row_reduce.rule import RULE
 
 
 def blocks(graph: Graph, spec: KernelSpec) -> int:
