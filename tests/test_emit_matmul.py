@@ -223,7 +223,7 @@ def test_large_tensors_use_64_bit_offsets():
 def test_a_batch_beyond_grid_axis_1_joins_grid_axis_0(monkeypatch):
     """Grid axis 1 holds 65,535 programs: a larger batch is counted on axis 0
     with the tiles, so even a lone matmul of 70,000 batch entries is a kernel."""
-    from orchestrate.emit import matmul as matmul_module
+    from orchestrate.templates.matmul import emit as matmul_module
 
     g = graphs.build(lambda b, x, y: b.matmul(x, y), [(70000, 2, 2), (2, 2)])
     assert isinstance(spec_of(g, [n.name for n in g.nodes]), KernelSpec)
@@ -300,7 +300,7 @@ def test_split_k_sums_partials_once_and_resets_its_counters(fn, shapes, splits, 
 
 def test_split_k_with_a_batch_beyond_grid_axis_1(monkeypatch, split_k):
     """The tile's counter counts the batch entry too when the batch shares grid axis 0."""
-    from orchestrate.emit import matmul as matmul_module
+    from orchestrate.templates.matmul import emit as matmul_module
 
     monkeypatch.setattr(matmul_module, "MAX_GRID_AXIS1", 2)
     split_k(2)

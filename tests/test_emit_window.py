@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrate.decompose import fission
-from orchestrate.emit import window as window_module
 from orchestrate.frontend import prepare
 from orchestrate.ir import Op
 from orchestrate.kernels.spec import WINDOW, Rejection
 from orchestrate.plan.planner import PlanOptions, plan
+from orchestrate.templates.window import emit as window_module
 from tests import graphs
 from tests.emit_util import assert_matches_reference, one_kernel, plan_from_sets, spec_of
 from tests.util import node_model

@@ -41,7 +41,7 @@ what makes a small GEMM cost microseconds rather than nothing.
 **launch** = ``LAUNCH_US`` per kernel (CUDA-graph replay; see figures.py).
 
 Split-K (a matmul whose configuration has ``SPLIT_K`` = S > 1; see
-``emit/matmul.py``): S programs per output tile, each walking 1/S of the K
+``templates/matmul/emit.py``): S programs per output tile, each walking 1/S of the K
 steps, so the grid has S times the blocks (more SMs busy, more bytes in
 flight, fuller waves) and each block a chain 1/S as long.  What it costs:
 

@@ -33,7 +33,7 @@ The spaces:
   steps, while that share stays at least ``MIN_SPLIT_STEPS``; the cost model
   prices the better SM fill against the fp32 partials written and read back
   and the fix-up's latency, so the rank takes one only where it pays.  The
-  generator (``emit/matmul.py``) sums the partials in a fixed order in the
+  generator (``templates/matmul/emit.py``) sums the partials in a fixed order in the
   tile's last program, which applies the epilogue once.
 
 Not yet: persistent (stream-K) kernels, which need their own emission.

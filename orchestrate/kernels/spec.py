@@ -147,7 +147,7 @@ def split_k(config: LaunchConfig) -> int:
 
 
 # The names under which a kernels module's KERNELS table binds the scratch a
-# split-K matmul needs (``emit/matmul.py``): an fp32 workspace of SPLIT_K
+# split-K matmul needs (``templates/matmul/emit.py``): an fp32 workspace of SPLIT_K
 # partial tiles per output element, and one int32 arrival counter per output
 # tile, zero between launches (the last program of a tile resets it).  The
 # runner allocates one of each, as large as the largest kernel's, and binds

@@ -27,11 +27,11 @@ import math
 from orchestrate.emit.body import Body
 from orchestrate.emit.codegen import TL_DTYPE, Evaluator, Index, broadcast_index, split_linear
 from orchestrate.emit.expr import Sym
-from orchestrate.emit.matmul import accumulator_dtype, grouped_tile, traffic_note
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import HALF, Graph, Op
 from orchestrate.kernels.spec import KernelSpec
 from orchestrate.templates.low_rank.roles import LowRank
+from orchestrate.templates.matmul.emit import accumulator_dtype, grouped_tile, traffic_note
 
 
 def low_rank(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:

@@ -7,7 +7,7 @@ lists every segment's output tiles, segment after segment: programs
 ``[end_{i-1}, end_i)`` of grid axis 0 compute tiles of segment i.  A program
 first selects its segment's weight pointer, width and first tile from its
 program id, then runs the matmul template's body once for all segments
-(``emit/matmul.py``: grouped tile order, K loop with masked loads, fp32
+(``templates/matmul/emit.py``: grouped tile order, K loop with masked loads, fp32
 accumulator), and ends in its segment's own epilogue (its bias add) and
 stores.  The concatenation is done by the launch: a program reads its own
 segment's weight and writes its own segment's outputs, so no weight is
@@ -27,10 +27,15 @@ import math
 from orchestrate.emit.body import Body
 from orchestrate.emit.codegen import TL_DTYPE, Evaluator, Index, broadcast_index, split_linear
 from orchestrate.emit.expr import Sym
-from orchestrate.emit.matmul import accumulator_dtype, epilogue, grouped_tile, multiply_accumulate
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph
 from orchestrate.kernels.spec import KernelSpec, Siblings, segment_specs
+from orchestrate.templates.matmul.emit import (
+    accumulator_dtype,
+    epilogue,
+    grouped_tile,
+    multiply_accumulate,
+)
 
 
 def merged_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:

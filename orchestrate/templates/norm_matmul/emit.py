@@ -39,16 +39,16 @@ from orchestrate.emit.codegen import (
     split_linear,
 )
 from orchestrate.emit.expr import Const, Sym
-from orchestrate.emit.matmul import (
+from orchestrate.emit.source import KernelSource, describe, pointers, store
+from orchestrate.ir import Graph
+from orchestrate.kernels.spec import KernelSpec
+from orchestrate.templates.matmul.emit import (
     accumulator_dtype,
     epilogue,
     grouped_tile,
     multiply_accumulate,
     traffic_note,
 )
-from orchestrate.emit.source import KernelSource, describe, pointers, store
-from orchestrate.ir import Graph
-from orchestrate.kernels.spec import KernelSpec
 from orchestrate.templates.norm_matmul.rule import Linear, Monomial, NormMatmul
 
 

@@ -24,10 +24,10 @@ import math
 from orchestrate.emit.body import Body
 from orchestrate.emit.codegen import Evaluator, Index, split_linear
 from orchestrate.emit.expr import Const, Sym
-from orchestrate.emit.matmul import epilogue, grouped_tile
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph
 from orchestrate.kernels.spec import KernelSpec, segment_specs
+from orchestrate.templates.matmul.emit import epilogue, grouped_tile
 from orchestrate.templates.merged_matmul.emit import select_segment
 from orchestrate.templates.norm_matmul.emit import _monomial, _sum, _times, statistics_loop
 from orchestrate.templates.norm_merged_matmul.rule import NormSiblings

@@ -1,10 +1,6 @@
-"""The view and pointwise rules.
-
-``view``       reshapes only: no kernel at all, the output aliases the input.
-``pointwise``  elementwise and layout primitives evaluated per output element;
-               all outputs share one shape (the iteration space); layout ops
-               become index arithmetic on the loads.
-"""
+"""The pointwise rule: elementwise and layout primitives evaluated per output
+element; all outputs share one shape (the iteration space); layout ops
+become index arithmetic on the loads."""
 
 from __future__ import annotations
 
@@ -17,24 +13,11 @@ from orchestrate.kernels.region import POINTWISE_OPS, Region
 from orchestrate.kernels.rule import Rule, accept
 from orchestrate.kernels.spec import (
     POINTWISE,
-    VIEW,
     Elementwise,
     KernelSpec,
-    LaunchConfig,
     Rejection,
     Target,
-    with_hash,
 )
-
-
-def _is_view(r: Region) -> bool:
-    return all(n.op is Op.RESHAPE for n in r.nodes) and len(r.sinks) == 1 and not r.exposed
-
-
-def view(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection:
-    space = graph.types[r.sinks[0]].shape
-    spec = KernelSpec(VIEW, r.names, r.inputs, r.sinks, (), space, Elementwise(), LaunchConfig())
-    return with_hash(graph, spec)
 
 
 def _judges_pointwise(r: Region) -> bool:
@@ -55,7 +38,7 @@ def pointwise(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection
     aligned = aligned_nodes(graph, r, shape)
     optional = tuple(e for e in r.exposed if e in aligned)
     configs = config.pointwise(math.prod(shape))
-    return accept(graph, POINTWISE_RULE, r, shape, Elementwise(), optional, configs, target)
+    return accept(graph, RULE, r, shape, Elementwise(), optional, configs, target)
 
 
 def aligned_nodes(graph: Graph, r: Region, shape: tuple[int, ...]) -> set[str]:
@@ -71,8 +54,7 @@ def aligned_nodes(graph: Graph, r: Region, shape: tuple[int, ...]) -> set[str]:
     return aligned
 
 
-VIEW_RULE = Rule(VIEW, "reshapes only: no kernel, the output aliases the input", _is_view, view)
-POINTWISE_RULE = Rule(
+RULE = Rule(
     POINTWISE,
     "elementwise and layout primitives per output element, one shape of outputs",
     _judges_pointwise,

@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 
 from orchestrate.cost import terms
-from orchestrate.emit.conv import conv
 from orchestrate.ir import Graph
-from orchestrate.kernels.anchored import CONV_RULE
 from orchestrate.kernels.spec import KernelSpec
 from orchestrate.templates.base import Template
+from orchestrate.templates.conv.emit import conv
+from orchestrate.templates.conv.rule import RULE
 
 
 def blocks(graph: Graph, spec: KernelSpec) -> int:
@@ -31,5 +31,5 @@ def steps(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
 
 
 TEMPLATE = Template(
-    CONV_RULE, conv, flops=terms.anchored_split_flops, blocks=blocks, steps=steps, gemm=True
+    RULE, conv, flops=terms.anchored_split_flops, blocks=blocks, steps=steps, gemm=True
 )

@@ -28,10 +28,10 @@ import math
 
 from orchestrate.emit.body import Body
 from orchestrate.emit.expr import Const, Expr, Sym, and_, ge, lt, ne
-from orchestrate.emit.matmul import WIDE, epilogue, grouped_tile
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import HALF, Graph
 from orchestrate.kernels.spec import KernelSpec
+from orchestrate.templates.matmul.emit import WIDE, epilogue, grouped_tile
 
 AXES = {1: ("w",), 2: ("h", "w"), 3: ("d", "h", "w")}
 

@@ -4,12 +4,12 @@ aligned elementwise epilogue (split-K where the tiles underfill the device)."""
 from __future__ import annotations
 
 from orchestrate.cost import terms
-from orchestrate.emit.matmul import matmul
-from orchestrate.kernels.anchored import MATMUL_RULE
 from orchestrate.templates.base import Template
+from orchestrate.templates.matmul.emit import matmul
+from orchestrate.templates.matmul.rule import RULE
 
 TEMPLATE = Template(
-    MATMUL_RULE,
+    RULE,
     matmul,
     flops=terms.anchored_split_flops,
     blocks=terms.matmul_blocks,

@@ -4,8 +4,8 @@ and an aligned epilogue, one program per ``BLOCK`` output elements."""
 from __future__ import annotations
 
 from orchestrate.cost import terms
-from orchestrate.emit.window import window
-from orchestrate.kernels.anchored import WINDOW_RULE
 from orchestrate.templates.base import Template
+from orchestrate.templates.window.emit import window
+from orchestrate.templates.window.rule import RULE
 
-TEMPLATE = Template(WINDOW_RULE, window, flops=terms.anchored_split_flops, blocks=terms.flat_blocks)
+TEMPLATE = Template(RULE, window, flops=terms.anchored_split_flops, blocks=terms.flat_blocks)

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from orchestrate.cost import terms
-from orchestrate.emit.pointwise import pointwise
-from orchestrate.kernels.pointwise import POINTWISE_RULE
 from orchestrate.templates.base import Template
+from orchestrate.templates.pointwise.emit import pointwise
+from orchestrate.templates.pointwise.rule import RULE
 
-TEMPLATE = Template(POINTWISE_RULE, pointwise, blocks=terms.flat_blocks)
+TEMPLATE = Template(RULE, pointwise, blocks=terms.flat_blocks)
