@@ -41,7 +41,7 @@ def small_blocks(monkeypatch):
     steps.  The configuration space is cached per problem size, so the cache
     is cleared around the change (else a size seen before keeps its large
     blocks)."""
-    from orchestrate.kernels import config
+    from orchestrate.templates.attention import config
 
     space = config.attention
     space.cache_clear()

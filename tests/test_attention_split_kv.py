@@ -13,10 +13,10 @@ import pytest
 
 from orchestrate.emit import emit
 from orchestrate.ir import reference
-from orchestrate.kernels import config
 from orchestrate.kernels.spec import ATTENTION, SPLIT_K_COUNTERS, split_k
 from orchestrate.plan.planner import PlanOptions, plan
 from orchestrate.run.runtime import Program, load_kernels
+from orchestrate.templates.attention import config
 from tests import graphs
 from tests.test_attention import _kernel, _onnx_attention, _plan, attention_fn
 

@@ -19,8 +19,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from orchestrate.ir import Op
-from orchestrate.kernels import config
 from orchestrate.kernels.spec import Rejection
+from orchestrate.templates.row_reduce import config
 from tests import graphs
 from tests.emit_util import assert_matches_reference, one_kernel, plan_from_sets, spec_of
 from tests.util import has_nvidia_backend
@@ -415,7 +415,7 @@ _COMPILE = textwrap.dedent(
     from orchestrate.emit import emit
     from orchestrate.check.compile_check import compile_module
     from orchestrate.ir import Op
-    from orchestrate.kernels import config
+    from orchestrate.templates.row_reduce import config
     from tests import graphs
     from tests.emit_util import one_kernel
 

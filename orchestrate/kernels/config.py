@@ -16,16 +16,8 @@ The spaces:
   give a small problem more blocks; a deep BLOCK_K and more stages shorten
   the chain of dependent loads) with 2, 3 or 4 software-pipeline stages and
   4 warps (8 for tiles over 64 x 128); GROUP_M 8.
-* attention: query rows x keys per step from 128 x 128 down to 16 x 16,
-  4 or 8 warps, 3, 2 or 1 stages; where the blocks of query rows underfill
-  the device (decoding: a few query rows, many keys), each also with
-  split-KV: SPLIT_K 2, 4 or 8 programs per block of rows, each walking its
-  share of the keys into an fp32 partial state (running max, sum and
-  output), which the block's last program combines (``templates/attention/emit.py``);
-  the cost model prices the fuller device against the partials' bytes and
-  the combine's latency.
-* pointwise, row reduce, window: one configuration each (their time is
-  bandwidth: the block size only needs enough bytes in flight).
+* attention, row reduce, pointwise and window: their own spaces, beside
+  their rules (``templates/<name>/config.py``).
 
 * matmul split-K: when the output tiles alone underfill the device (fewer
   blocks than SMs, batch included) each dot configuration also comes with
@@ -56,15 +48,6 @@ from orchestrate.kernels.spec import LaunchConfig, launch_config
 NUM_WARPS, NUM_STAGES = 4, 3
 MIN_DOT = 16
 
-# pointwise: output elements per program
-POINTWISE_BLOCK, INTERPRET_POINTWISE_BLOCK = 1024, 1 << 16
-
-# row reduce: a row longer than SINGLE_PASS_ROW is reduced in a loop over
-# column blocks (one pass per phase) instead of being held in registers
-SINGLE_PASS_ROW = 16384
-SINGLE_PASS_TILE = 4096  # elements per program (several short rows per program)
-LOOP_BLOCK = 2048  # columns per loop step
-INTERPRET_TILE, INTERPRET_LOOP_BLOCK = 1 << 16, 1 << 14
 
 # matmul: (BLOCK_M, BLOCK_N, BLOCK_K) tiles, GROUP_M rows of tiles per group;
 # the default first, then the space the rank chooses from
@@ -111,15 +94,8 @@ INTERPRET_SLOW_VOLUME = 1 << 20
 # conv (implicit GEMM): output pixels x output channels x reduction; the dot tiles
 CONV_INTERPRET_BLOCK_M, CONV_INTERPRET_BLOCK = 1024, 256
 
-# window (pooling): output elements per program
-WINDOW_BLOCK, INTERPRET_WINDOW_BLOCK = 512, 1 << 14
 
-# attention: query rows x keys per step; head dims padded to a power of two
-ATTENTION_TILE = (64, 64)
-ATTENTION_INTERPRET_BLOCK = 128
-
-
-def _space(fn):
+def space(fn):
     """A template's configuration space as an immutable tuple, computed once
     per problem size (enumeration judges the same anchor many times)."""
 
@@ -154,36 +130,7 @@ def _fewer_stages(first: LaunchConfig) -> list[LaunchConfig]:
     return out
 
 
-@_space
-def pointwise(numel: int) -> list[LaunchConfig]:
-    return [
-        launch_config(
-            {"BLOCK": min(POINTWISE_BLOCK, next_pow2(numel))},
-            {"BLOCK": min(INTERPRET_POINTWISE_BLOCK, next_pow2(numel))},
-        )
-    ]
-
-
-@_space
-def row_reduce(rows: int, length: int, looped: bool) -> list[LaunchConfig]:
-    cols = next_pow2(length)
-    if looped:
-        gpu = {"BLOCK_ROWS": 1, "BLOCK_COLS": min(LOOP_BLOCK, cols)}
-        fast_cols = min(INTERPRET_LOOP_BLOCK, cols)
-    else:
-        gpu = {
-            "BLOCK_ROWS": min(next_pow2(rows), max(1, SINGLE_PASS_TILE // cols)),
-            "BLOCK_COLS": cols,
-        }
-        fast_cols = cols
-    fast = {
-        "BLOCK_ROWS": min(next_pow2(rows), max(1, INTERPRET_TILE // fast_cols)),
-        "BLOCK_COLS": fast_cols,
-    }
-    return [launch_config(gpu, fast)]
-
-
-@_space
+@space
 def matmul(
     m: int, n: int, k: int, dtype: str, tf32: bool, batch: int = 1, sms: int = 0
 ) -> list[LaunchConfig]:
@@ -252,7 +199,7 @@ def _split_k(
     return out
 
 
-@_space
+@space
 def conv(gemm_m: int, gemm_n: int, gemm_k: int, dtype: str, tf32: bool) -> list[LaunchConfig]:
     """An implicit GEMM of [gemm_m pixels, gemm_k] @ [gemm_k, gemm_n channels]."""
     fast = {
@@ -296,85 +243,6 @@ def _dot_space(
         )
         for (bm, bn, bk), warps, stages in dict.fromkeys(out)
     ]
-
-
-@_space
-def window(numel: int) -> list[LaunchConfig]:
-    block = min(WINDOW_BLOCK, next_pow2(numel))
-    return [
-        launch_config(
-            {"BLOCK": block}, {"BLOCK": min(INTERPRET_WINDOW_BLOCK, max(block, next_pow2(numel)))}
-        )
-    ]
-
-
-@_space
-def attention(
-    lq: int, lk: int, d: int, dv: int, batch: int = 1, sms: int = 0
-) -> list[LaunchConfig]:
-    """Query tiles of BLOCK_M rows, key steps of BLOCK_N: the default 64 x 64
-    first, down to 16 x 16 (large head dims need small tiles), then up to
-    128 x 128; each with 4 then 8 warps and 3, 2, then 1 stages.  Then, on a
-    device of ``sms`` SMs (0: none), split-KV for ``batch`` entries whose
-    query tiles underfill it (``_split_kv``)."""
-    heads = {"BLOCK_D": max(MIN_DOT, next_pow2(d)), "BLOCK_DV": max(MIN_DOT, next_pow2(dv))}
-    fast = {
-        "BLOCK_M": clamp_pow2(lq, MIN_DOT, ATTENTION_INTERPRET_BLOCK),
-        "BLOCK_N": clamp_pow2(lk, MIN_DOT, ATTENTION_INTERPRET_BLOCK),
-    }
-    bm, bn = ATTENTION_TILE
-    tiles = [
-        (bm, bn),
-        (bm, bn // 2),
-        (bm // 2, bn),
-        (bm // 2, bn // 2),
-        (bm // 2, bn // 4),
-        (bm // 4, bn // 4),
-        (2 * bm, bn),
-        (2 * bm, 2 * bn),
-        (2 * bm, bn // 2),
-        (bm, 2 * bn),
-    ]
-    out = []
-    for m, n in tiles:
-        for warps in (NUM_WARPS, 2 * NUM_WARPS):
-            for stages in range(NUM_STAGES, 0, -1):
-                gpu = {
-                    "BLOCK_M": clamp_pow2(lq, MIN_DOT, m),
-                    "BLOCK_N": clamp_pow2(lk, MIN_DOT, n),
-                    **heads,
-                }
-                c = launch_config(gpu, fast, num_warps=warps, num_stages=stages)
-                if c not in out:
-                    out.append(c)
-    return out + _split_kv(out, lq, lk, dv, batch, sms)
-
-
-def _split_kv(
-    space: list[LaunchConfig], lq: int, lk: int, dv: int, batch: int, sms: int
-) -> list[LaunchConfig]:
-    """Split-KV (flash-decoding): each configuration of ``space`` whose
-    blocks of query rows underfill ``sms`` SMs again, with SPLIT_K 2, 4 or 8
-    programs per block of rows, each walking its share of the key blocks,
-    while that share stays at least ``MIN_SPLIT_STEPS`` and the fp32
-    partial states keep int32 offsets."""
-    out = []
-    for c in space:
-        blocks = dict(c.blocks)
-        tiles = math.ceil(lq / blocks["BLOCK_M"]) * batch
-        steps = math.ceil(lk / blocks["BLOCK_N"])
-        for s in SPLIT_KS:
-            if tiles < sms and steps >= MIN_SPLIT_STEPS * s and s * batch * lq * (dv + 2) < 2**31:
-                out.append(
-                    LaunchConfig(
-                        (*c.blocks, ("SPLIT_K", s)),
-                        c.num_warps,
-                        c.num_stages,
-                        c.interpret,
-                        c.precision,
-                    )
-                )
-    return out
 
 
 def _precision(dtype: str, tf32: bool) -> str:

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 
 from orchestrate import ir
 from orchestrate.ir import HALF, Graph, Node, Op
-from orchestrate.kernels import config, fit
+from orchestrate.kernels import fit
 from orchestrate.kernels.fit import WorkingSet
 from orchestrate.kernels.region import (
     POINTWISE_OPS,
@@ -54,6 +54,7 @@ from orchestrate.kernels.spec import (
     inlined,
     split_k,
 )
+from orchestrate.templates.attention import config as spaces
 
 DOT_DTYPES = ("float16", "bfloat16", "float32")
 MAX_BATCH = 65535  # the batch runs on grid axis 1
@@ -75,7 +76,7 @@ def attention(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection
     m1, m2 = graph.producer[a.m1], graph.producer[a.m2]
     *_, lq, lk = m1.shape
     d, dv = graph.types[m1.inputs[0]].shape[-1], m2.shape[-1]
-    configs = config.attention(lq, lk, d, dv, math.prod(m1.shape[:-2]), target.device.sms)
+    configs = spaces.attention(lq, lk, d, dv, math.prod(m1.shape[:-2]), target.device.sms)
     return accept(graph, RULE, r, m1.shape, a, (), configs, target)
 
 

@@ -8,7 +8,6 @@ import math
 
 from orchestrate import ir
 from orchestrate.ir import Graph, Op
-from orchestrate.kernels import config
 from orchestrate.kernels.region import POINTWISE_OPS, Region
 from orchestrate.kernels.rule import Rule, accept
 from orchestrate.kernels.spec import (
@@ -18,6 +17,7 @@ from orchestrate.kernels.spec import (
     Rejection,
     Target,
 )
+from orchestrate.templates.pointwise import config as spaces
 
 
 def _judges_pointwise(r: Region) -> bool:
@@ -37,7 +37,7 @@ def pointwise(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection
             )
     aligned = aligned_nodes(graph, r, shape)
     optional = tuple(e for e in r.exposed if e in aligned)
-    configs = config.pointwise(math.prod(shape))
+    configs = spaces.pointwise(math.prod(shape))
     return accept(graph, RULE, r, shape, Elementwise(), optional, configs, target)
 
 

@@ -22,7 +22,7 @@ Reductions that read a value depending on an earlier reduction (softmax's
 sum of ``exp(x - max)``, layernorm's variance) form dependent *phases*.
 
 Two forms, chosen by the rule (``Rows.looped``, rows longer than
-``kernels.config.SINGLE_PASS_ROW``):
+``config.SINGLE_PASS_ROW``):
 
 * single pass (short rows): a [BLOCK_ROWS, BLOCK_COLS] block per program
   holds whole rows; every input is loaded once, each phase reduces along

@@ -23,11 +23,12 @@ import math
 
 from orchestrate import ir
 from orchestrate.ir import Graph, Node, Op
-from orchestrate.kernels import config, fit
+from orchestrate.kernels import fit
 from orchestrate.kernels.fit import WorkingSet
 from orchestrate.kernels.region import POINTWISE_OPS, ROW_REDUCTIONS, Region, reduce_axes
 from orchestrate.kernels.rule import Rule, accept
 from orchestrate.kernels.spec import ROW_REDUCE, KernelSpec, Rejection, Rows, Target, inlined
+from orchestrate.templates.row_reduce import config as spaces
 
 ROW_OPS = ir.ELEMENTWISE | {Op.RESHAPE, Op.IDENTITY}  # what may run on row values
 MAX_ROW = 2**31  # column indices are int32
@@ -48,7 +49,7 @@ def row_reduce(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejectio
         if (e in rows_.row_space and graph.types[e].size == rows_.rows)
         or (e not in rows_.row_space and graph.types[e].shape == x)
     )
-    configs = config.row_reduce(rows_.rows, rows_.length, rows_.looped)
+    configs = spaces.row_reduce(rows_.rows, rows_.length, rows_.looped)
     return accept(graph, RULE, r, x, rows_, optional, configs, target)
 
 
@@ -116,7 +117,7 @@ def analyse(graph: Graph, r: Region) -> Rows | Rejection:
         frozenset(row_space),
         tuple(depth.items()),
         phases,
-        length > config.SINGLE_PASS_ROW,
+        length > spaces.SINGLE_PASS_ROW,
     )
 
 

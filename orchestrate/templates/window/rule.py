@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 
 from orchestrate.ir import Graph, Op
-from orchestrate.kernels import config
 from orchestrate.kernels.anchored import one, optional, roles
 from orchestrate.kernels.region import Region
 from orchestrate.kernels.rule import Rule, accept
 from orchestrate.kernels.spec import WINDOW, KernelSpec, Rejection, Target
+from orchestrate.templates.window import config as spaces
 
 POOL_DIMS = (1, 2, 3)  # spatial dimensions the window template unrolls
 
@@ -23,7 +23,7 @@ def window(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection:
     found = roles(graph, r, pool, WINDOW)
     if isinstance(found, Rejection):
         return found
-    configs = config.window(math.prod(pool.shape))
+    configs = spaces.window(math.prod(pool.shape))
     return accept(graph, RULE, r, pool.shape, found, optional(r, found), configs, target)
 
 
