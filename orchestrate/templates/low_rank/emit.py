@@ -3,7 +3,7 @@
     Y[batch, M, N] = [x | alpha (x @ A)] @ [W ; B] + P's adds
                    = x @ W + alpha (x @ A) @ B + bias ...
 
-(``kernels/low_rank.py``; x [.., M, K], W [K, N], A [K, r], B [r, N].)
+(``rule.py``; x [.., M, K], W [K, N], A [K, r], B [r, N].)
 One program per (BLOCK_M, BLOCK_N) tile, grouped as in the Triton matmul
 tutorial.  Its K loop loads each x tile once and feeds two dots: the W tile
 into the output tile's accumulator, the A tile (BLOCK_K, BLOCK_R) into
