@@ -174,6 +174,24 @@ def test_mod_drops_multiples_of_the_divisor():
     check(x % 6 % 4, Mod(Mod(x, Const(6)), Const(4)), "x % 6 % 4")
 
 
+def _c_mod(p: int, q: int) -> int:
+    """``p % q`` as the kernel computes it: truncating, like C."""
+    r = abs(p) % abs(q)
+    return -r if p < 0 else r
+
+
+def test_mod_keeps_a_dividend_that_dropping_terms_would_make_negative():
+    """``(11 - e) % 6`` must not become ``(5 - e) % 6``: for e > 5 that
+    dividend is negative, where the kernel's truncating ``%`` differs from
+    Python's (a reversed slice reshaped reads such an index)."""
+    e = Sym("e", 0, 12)
+    m = (as_expr(11) - e) % 6
+    for v in range(12):
+        text = render(m).replace("e", str(v))
+        p, q = text.rsplit(" % ", 1)
+        assert _c_mod(eval(p), int(q)) == (11 - v) % 6, (v, text)
+
+
 # rule 6: the reshape round trip
 
 

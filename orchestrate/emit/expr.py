@@ -334,7 +334,8 @@ def mod(a: Expr | int, b: Expr | int) -> Expr:
     constant ``d``: ``x % d -> x - q*d`` when ``bounds`` put ``x`` in bucket ``q`` (so
     ``x % d -> x`` for ``x`` in ``[0, d)``), ``(x * k) % d -> 0`` when ``d | k``,
     ``(x % a) % d -> x % d`` when ``d | a``, and a sum drops its terms whose factor is a
-    multiple of ``d`` and reduces its constant mod ``d`` (``(i * 6 + j) % 6 -> j % 6``)."""
+    multiple of ``d`` and reduces its constant mod ``d`` (``(i * 6 + j) % 6 -> j % 6``)
+    where what is left cannot be negative (Triton's ``%`` truncates)."""
     a, b = as_expr(a), as_expr(b)
     if isinstance(a, Const) and isinstance(b, Const) and b.value != 0:
         return Const(a.value % b.value)
@@ -355,8 +356,13 @@ def mod(a: Expr | int, b: Expr | int) -> Expr:
             for t in a.terms
             if not (isinstance(t, Mul) and _split(t)[1] % d == 0)
         ]
-        if kept != list(a.terms):
-            return mod(add(*kept), d)
+        rest = add(*kept)
+        # only onto a dividend that stays non-negative: the kernel's ``%``
+        # truncates (C), which agrees with Python's only there
+        low = bounds(rest)[0]
+        signed = any(_split(t)[1] < 0 for t in kept if not isinstance(t, Const))
+        if kept != list(a.terms) and (low >= 0 if low is not None else not signed):
+            return mod(rest, d)
     return Mod(a, b)
 
 
