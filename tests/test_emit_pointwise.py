@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrate import ir
+from orchestrate.emit import emit
 from orchestrate.ir import reference, type_rules
 from tests import graphs
 from tests.emit_util import assert_matches_reference, one_kernel, run_plan
@@ -43,6 +44,20 @@ def test_layout_folds_into_indexing(m, n, seed):
 
     g = graphs.build(fn, [(m, n)])
     assert_matches_reference(g, one_kernel(g), graphs.random_inputs(g, seed))
+
+
+def test_a_head_split_reads_its_input_without_dividing_the_flat_index():
+    """Splitting heads ([2, 12] -> [2, 3, 4]) and moving them first reads x
+    at (s, h * 4 + d): the flat index splits exactly, so no name is bound to
+    it and re-divided (it was: ``r1 = ...; i2 = r1 // 12``)."""
+
+    def fn(b, x):
+        return b.exp(b.transpose(b.reshape(x, (2, 3, 4)), (1, 0, 2)))
+
+    g = graphs.build(fn, [(2, 12)])
+    source = emit(g, one_kernel(g))
+    assert "r1 = " not in source and "// 12" not in source, source
+    assert_matches_reference(g, one_kernel(g), graphs.random_inputs(g, 0))
 
 
 @pytest.mark.parametrize("mode", ["reflect", "edge"])

@@ -38,6 +38,7 @@ from orchestrate.emit.expr import (
     Expr,
     Sym,
     and_,
+    children,
     ge,
     gt,
     is_false,
@@ -142,21 +143,37 @@ def split_linear(
     body: Body, linear: Expr, shape: Sequence[int], stem: str = "i"
 ) -> tuple[Expr, ...]:
     """The multi-index of a row-major ``linear`` index into ``shape``.  The
-    outermost dimension takes no modulo: masked-out lanes may run past it."""
+    outermost dimension takes no modulo: masked-out lanes may run past it.
+    Each component is simplified from ``linear`` itself, so a sum whose
+    terms fall in one bucket of a stride splits exactly (``(i * 64 + j) // 64
+    -> i`` for ``j`` in ``[0, 64)``); only a component that still divides the
+    whole sum reads it through one let-bound name (``r``)."""
     if not shape:
         return ()
     out = []
     total = math.prod(shape)
+    named: Expr | None = linear if isinstance(linear, (Sym, Const)) else None
     for d, s in zip(shape, strides(shape)):
         if d == 1:
             out.append(Const(0))
             continue
-        e = linear // s
-        if s * d != total:
-            e = e % d
+        e = _component(linear, s, d, total)
+        if named is not linear and _reads(e, linear):
+            named = named if named is not None else body.let(linear, "r")
+            e = _component(named, s, d, total)
         out.append(_within(body.let(e, stem), d))
     body.linear_of[(tuple(out), tuple(shape))] = linear
     return tuple(out)
+
+
+def _component(linear: Expr, stride: int, d: int, total: int) -> Expr:
+    e = linear // stride
+    return e % d if stride * d != total else e
+
+
+def _reads(e: Expr, part: Expr) -> bool:
+    """Whether ``part`` is a subexpression of ``e``."""
+    return e == part or any(_reads(c, part) for c in children(e))
 
 
 def _within(e: Expr, d: int) -> Expr:
@@ -296,7 +313,7 @@ class Evaluator:
                 dims[p] = index.dims[i]
             return self.value(src, Index(tuple(dims), index.mask))
         if n.op is Op.RESHAPE:
-            linear = self.body.let(linearise(index.dims, n.shape, self.body), "r")
+            linear = linearise(index.dims, n.shape, self.body)
             return self.value(src, Index(split_linear(self.body, linear, in_shape), index.mask))
         if n.op is Op.EXPAND:
             return self.value(src, broadcast_index(index, n.shape, in_shape))
