@@ -69,7 +69,7 @@ examples: install
 	$(PY) -m examples.build --out examples/models --only bert
 
 golden-update: install
-	$(PY) -m tests.test_emit_golden --update
+	$(PY) -m tests.emit.test_emit_golden --update
 
 # pass / bound / declined counts over the ONNX node conformance cases
 conformance: install

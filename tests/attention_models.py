@@ -1,5 +1,5 @@
 """Small ONNX attention models in the forms exporters write them, for the
-attention matrix (``tests/test_attention_matrix.py``).
+attention matrix (``tests/templates/test_attention_matrix.py``).
 
 ``model(case)`` builds, with ``onnx.helper``, one attention layer on
 graph inputs ``q`` [B, H, L, D], ``k`` and ``v`` [B, Hkv, L, D] (and a

@@ -7,7 +7,7 @@ the one fit check every rule runs before it accepts a set (``fits``).  Per threa
 ``shared_bytes``  shared memory Triton allocates for the kernel as emitted.
                   Calibrated against ``metadata.shared`` of 4,512 compiles for
                   sm_90 (Triton 3.9, pointers 16-byte aligned as the JIT
-                  specialises them); ``tests/test_fit.py`` keeps every
+                  specialises them); ``tests/templates/test_fit.py`` keeps every
                   template x configuration the examples use between 1x and 2x
                   of the compiled figure.
 ``spills``        a rule per template that says when ptxas would spill
@@ -15,7 +15,7 @@ the one fit check every rule runs before it accepts a set (``fits``).  Per threa
                   tiles per thread, and IEEE fp32 dots' K tile); calibrated
                   on the same compiles: it catches every fp32 attention and
                   fp32 matmul that spills, and misses fp16 matmul and
-                  attention spills of at most 0.6 KB (``tests/test_fit.py``
+                  attention spills of at most 0.6 KB (``tests/templates/test_fit.py``
                   holds every planned kernel of the examples under 1 KB).
 
 The terms, with ``it`` the operand item size (2 for fp16 and bf16, 4 for

@@ -308,7 +308,7 @@ class Program:
         self.device = "cpu" if self.interpret else "cuda"
         # the block sizes the launchers pick: the interpreter's, unless
         # ``gpu_blocks`` asks for the GPU's there too (a CPU check of what a
-        # GPU will launch: tests/test_gpu_blocks.py)
+        # GPU will launch: tests/run/test_gpu_blocks.py)
         self.interpreter_blocks = self.interpret and not gpu_blocks
         self.launches = kernels_module.KERNELS
         # a dynamic bundle's launchers take the binding of its dimensions
