@@ -42,6 +42,7 @@ from orchestrate.shapes.dims import DimRange
 from orchestrate.shapes.family import Binding, Dim, Family, lift_family, named, same_array
 from orchestrate.shapes.poly import Grid
 from orchestrate.shapes.probes import grid_values
+from orchestrate.templates import template
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,15 @@ def build(
 
 def _pinned(plan: Plan, family: Family, g_max: ir.Graph, top: Binding, source: str) -> Plan:
     """``plan`` with each kernel's interpreter blocks those of MAX, so that
-    the recorded configuration serves the whole range there too."""
+    the recorded configuration serves the whole range there too; and one
+    software-pipeline stage for a kernel whose loop takes one step at MAX.
+
+    At every binding such a loop takes at most one step, so more stages
+    buy nothing, but the lifted kernel's loop bound is a runtime value and
+    Triton pipelines it anyway: tiny GPT-2's attention over 2..64 keys, in
+    64 x 64 tiles, needed 57,600 B of shared memory and 255 registers at
+    3 stages (spilling), 24,832 B and 196 at 1, where the fit model, which
+    sees one step, allows for 24,832."""
     bare = replace(
         plan,
         kernels=tuple(replace(k, config=replace(k.config, interpret=())) for k in plan.kernels),
@@ -199,13 +208,14 @@ def _pinned(plan: Plan, family: Family, g_max: ir.Graph, top: Binding, source: s
     at_max = regenerate.planned(
         family.plan_at(bare, top), g_max, source, check_hash=False, own_interpret=True
     )
-    return replace(
-        plan,
-        kernels=tuple(
-            replace(k, config=s.config) if not k.is_view else k
-            for k, s in zip(plan.kernels, at_max.specs)
-        ),
-    )
+    kernels = []
+    for k, s in zip(plan.kernels, at_max.specs):
+        if not k.is_view:
+            one_step = template(s.template).steps(g_max, s)[0] == 1
+            config = replace(s.config, num_stages=1) if one_step else s.config
+            k = replace(k, config=config)
+        kernels.append(k)
+    return replace(plan, kernels=tuple(kernels))
 
 
 def _stored(plan: Plan, g_opt: ir.Graph, g_max: ir.Graph, family: Family) -> dict[str, np.ndarray]:

@@ -714,3 +714,25 @@ def test_a_huge_range_is_one_line_not_all_memory(model_file, tmp_path):
     at once (the grid of the range once listed every value: 24 GB)."""
     r = invoke("plan", model_file, "-o", tmp_path / "p.json", "--shape", "x=1..1000000000x2..8x16")
     assert_user_error(r, "more than the 68,719,476,736 (2**36) one tensor may have")
+
+
+@pytest.mark.parametrize("opt", [64, 16])
+def test_a_loop_of_one_step_at_max_is_not_pipelined(tmp_path, opt):
+    """Tiny GPT-2's attention over 2..64 keys, planned at 64 (64-key blocks),
+    takes one step at every binding, so its lifted kernel, whose loop bound
+    is a runtime value, gets one stage (Triton would pipeline it: 2.3x the
+    shared memory, spilling); planned at 16 (16-key blocks) it takes up to
+    four steps and keeps its pipeline."""
+    from examples import export_example
+    from orchestrate import dynamic
+    from orchestrate.dynamic_api import parse_ranges
+    from orchestrate.kernels.spec import ATTENTION
+    from orchestrate.plan.planner import PlanOptions
+
+    src = tmp_path / "gpt2.onnx"
+    model, _ = export_example("gpt2", src, dynamo=False, opset=17, size="tiny", dynamic=True)
+    ranges = parse_ranges(None, {"batch": "1..2@1", "sequence": f"2..64@{opt}"})
+    made = dynamic.build(model, ranges, PlanOptions(device="h200"), str(src), str(src))
+    (config,) = {k.config for k in made.plan.kernels if k.template == ATTENTION}
+    assert config["BLOCK_N"] == opt, config
+    assert (config.num_stages == 1) is (opt == 64), config
