@@ -209,6 +209,9 @@ def optimize(
     bundle.check_destination(out, model_path)
     if rtol is None:
         rtol = default_rtol(options.dtype, options.tf32)
+    if ranges is not None:  # every range a point: the static shape it fixes
+        point = dynamic.point_shapes(pipeline.load(model_path), ranges, str(model_path))
+        ranges, shapes = (None, point) if point is not None else (ranges, shapes)
     if ranges is not None:
         if tune is not None:
             raise InputError(

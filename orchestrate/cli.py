@@ -195,6 +195,16 @@ def _ranges(texts, dims):
     return given, symbols
 
 
+def _point(model: Path, ranges) -> dict[str, tuple[int, ...]] | None:
+    """The static shapes ``ranges`` fix when every one is a point (MIN = MAX)."""
+    if ranges is None:
+        return None
+    from orchestrate.dynamic import Ranges, point_shapes
+    from orchestrate.plan import pipeline
+
+    return point_shapes(pipeline.load(model), Ranges(*ranges), str(model))
+
+
 def _shapes(texts) -> dict[str, tuple[int, ...]]:
     """--shape options as {NAME: dims}; parsed here, not by click, so that a
     bad one is a one-line error like any other."""
@@ -553,6 +563,9 @@ def plan(model: Path, output: Path, shapes, dims, tune, tune_configs, **opts) ->
     from orchestrate.plan import pipeline
 
     ranges = _ranges(shapes, dims)
+    point = _point(model, ranges)
+    if point is not None:
+        ranges = None
     _no_tune_with_range(tune, ranges)
     tuning = _tuning(tune, tune_configs, opts["device"])
     options = _plan_options(**opts)
@@ -578,7 +591,8 @@ def plan(model: Path, output: Path, shapes, dims, tune, tune_configs, **opts) ->
         )
         result, family = made.plan, made.family
     else:
-        graph = _lowered(pipeline.fission_file(model, _shapes(shapes)), options.dtype, model)
+        given = point if point is not None else _shapes(shapes)
+        graph = _lowered(pipeline.fission_file(model, given), options.dtype, model)
         result = pipeline.plan_graph(graph, options, progress=StageProgress(), tune=tuning).plan
     pipeline.write_plan(result, output)
     if stale is not None:

@@ -69,8 +69,9 @@ class Symbolic:
 
 
 def bind(model: onnx.ModelProto, ranges: Ranges, source: str) -> Symbolic:
-    """InputError naming the flag when the ranges do not fit the model, or
-    when they leave no dimension dynamic (then plan a static shape)."""
+    """The model's inputs bound to ``ranges``; InputError naming the flag
+    when they do not fit the model.  With every range a point (MIN = MAX)
+    no dimension is left dynamic: ``dims`` is empty (``point_shapes``)."""
     inputs, found = bind_inputs(
         graph_inputs(model), ranges.shapes, ranges.dims, source, ranges.flags
     )
@@ -78,10 +79,18 @@ def bind(model: onnx.ModelProto, ranges: Ranges, source: str) -> Symbolic:
     for shape in inputs.values():
         for a in shape:
             order += [s for s in sorted(a.symbols) if s not in order]
-    if not order:
-        raise InputError("--shape: every range has MIN = MAX; give the shape as numbers instead")
     dims = tuple(Dim(name, f"dim{i}", found[name]) for i, name in enumerate(order))
     return Symbolic(inputs, dims)
+
+
+def point_shapes(
+    model: onnx.ModelProto, ranges: Ranges, source: str
+) -> dict[str, tuple[int, ...]] | None:
+    """The input shapes ``ranges`` fix when each is a range of one point
+    (``x=2..2x16..16``, ``--dim seq=16``): a static shape, planned, emitted,
+    run and verified as one.  None when a dimension is left dynamic."""
+    symbolic = bind(model, ranges, source)
+    return None if symbolic.dims else symbolic.shapes_at(())
 
 
 @dataclass(frozen=True)
@@ -168,6 +177,7 @@ def build(
     report = progress or (lambda stage, i, n: None)
     symbolic = bind(model, ranges, source)
     dims = symbolic.dims
+    assert dims, "a range of one point is a static shape: plan it as one (point_shapes)"
     graphs = _Graphs(model, symbolic, options.dtype, source)
     at = {w: tuple(getattr(d.range, w) for d in dims) for w in ("opt", "min", "max")}
     g_opt = graphs(at["opt"])

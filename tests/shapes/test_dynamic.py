@@ -736,3 +736,39 @@ def test_a_loop_of_one_step_at_max_is_not_pipelined(tmp_path, opt):
     (config,) = {k.config for k in made.plan.kernels if k.template == ATTENTION}
     assert config["BLOCK_N"] == opt, config
     assert (config.num_stages == 1) is (opt == 64), config
+
+
+def test_a_range_of_one_point_plans_and_runs_as_the_static_shape(model_file, tmp_path):
+    """``--shape x=3..3x7..7x16`` and ``--dim`` points fix a static shape (the
+    mask's too, through the dimensions they share): the plan is the static
+    one, byte for byte, with no dimensions file, and the bundle optimized
+    for it is a static bundle that runs at that shape."""
+    static, point, dimmed = (tmp_path / f"{n}.json" for n in ("static", "point", "dimmed"))
+    r = invoke(
+        "plan",
+        model_file,
+        "--reproducible",
+        "-o",
+        static,
+        "--shape",
+        "x=3x7x16",
+        "--shape",
+        "mask=3x7",
+    )
+    assert r.exit_code == 0, r.output
+    r = invoke("plan", model_file, "--reproducible", "-o", point, "--shape", "x=3..3x7..7x16")
+    assert r.exit_code == 0, r.output
+    r = invoke(
+        "plan", model_file, "--reproducible", "-o", dimmed, "--dim", "batch=3", "--dim", "seq=7..7"
+    )
+    assert r.exit_code == 0, r.output
+    assert point.read_bytes() == static.read_bytes() == dimmed.read_bytes()
+    assert not list(tmp_path.glob("*.dims.json"))
+    result = orchestrate.optimize(model_file, tmp_path / "b.orch", shapes={"x": "3..3x7..7x16"})
+    assert result.family is None and result.report.ok
+    loaded = orchestrate.load(tmp_path / "b.orch")
+    feeds = _feeds(3, 7)
+    want = ort.InferenceSession(str(model_file), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(
+        loaded.run(feeds)["y"], want.run(None, feeds)[0], rtol=1e-4, atol=1e-5
+    )
