@@ -476,6 +476,7 @@ def _bind_shapes(
             known = ", ".join(map(text.shown, inputs)) or "none"
             where = f"{option} {name}=..." if cli else f"{option}[{name!r}]"
             raise InputError(f"{where}: the model has no input {name!r} (inputs: {known})")
+    shapes = {**shapes, **_shared_dims(inputs, shapes, option)}
     for name, vi in inputs.items():
         tt = vi.type.tensor_type
         if not vi.type.HasField("tensor_type"):
@@ -512,6 +513,45 @@ def _bind_shapes(
                     else f"{option}={{{name!r}: ({', '.join(dims)}{',' * (len(dims) == 1)})}}"
                 )
                 raise InputError(f"{source}: input {name!r} has {what} at axis {k}; pass {hint}")
+
+
+def _shared_dims(inputs: dict, shapes: dict, option: str) -> dict[str, tuple[int, ...]]:
+    """The shapes of the inputs not given whose every dynamic dimension is a
+    named one a given shape fixes (``mask[batch, seq]`` from ``--shape
+    x=3x7x16`` for ``x[batch, seq, 16]``), as a range of one point binds
+    them; an InputError when two given shapes fix one name differently."""
+    cli = option.startswith("--")
+    fixed: dict[str, tuple[int, str]] = {}
+    for name, want in shapes.items():
+        tt = inputs[name].type.tensor_type
+        if not tt.HasField("shape") or len(tt.shape.dim) != len(want):
+            continue  # the rank is refused below, naming the option
+        for d, v in zip(tt.shape.dim, want):
+            if d.HasField("dim_value") or not d.dim_param:
+                continue
+            seen = fixed.setdefault(d.dim_param, (v, name))
+            if seen[0] != v:
+                where = lambda n: f"{option} {n}=..." if cli else f"{option}[{n!r}]"
+                raise InputError(
+                    f"{where(name)}: dimension {d.dim_param!r} is {v} here but {seen[0]} "
+                    f"in {where(seen[1])}"
+                )
+    out = {}
+    for name, vi in inputs.items():
+        tt = vi.type.tensor_type
+        if name in shapes or not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+            continue
+        dims = [
+            d.dim_value if d.HasField("dim_value") else fixed.get(d.dim_param, (None,))[0]
+            for d in tt.shape.dim
+        ]
+        if (
+            tt.shape.dim
+            and None not in dims
+            and any(not d.HasField("dim_value") for d in tt.shape.dim)
+        ):
+            out[name] = tuple(dims)
+    return out
 
 
 def _infer(m: onnx.ModelProto, source: str) -> onnx.ModelProto:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from orchestrate import frontend
 from orchestrate.decompose import fission
@@ -53,6 +53,43 @@ def test_dynamic_dimension_without_shape_is_named():
         InputError, match=r"input 'x' has dimension 'N' at axis 0; pass --shape x=Nx4x8"
     ):
         frontend.prepare(_shape_arith_model(), None, "dyn.onnx")
+
+
+def _two_inputs_model() -> onnx.ModelProto:
+    """y = x + mask (unsqueezed): x[batch, seq, 4], mask[batch, seq]."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 4])
+    mask = helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", "seq"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    axes = numpy_helper.from_array(np.array([-1], np.int64), "axes")
+    nodes = [
+        helper.make_node("Unsqueeze", ["mask", "axes"], ["m3"], name="unsqueeze"),
+        helper.make_node("Add", ["x", "m3"], ["y"], name="add"),
+    ]
+    graph = helper.make_graph(nodes, "two", [x, mask], [y], [axes])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_input_sharing_named_dimensions_with_a_given_shape_is_bound_by_it():
+    """--shape x=3x7x4 fixes batch and seq, so mask[batch, seq] needs no shape
+    of its own (a range of one point binds it so too); the graph computes
+    what onnxruntime does."""
+    m = frontend.prepare(_two_inputs_model(), {"x": (3, 7, 4)}, "two.onnx")
+    mask = next(i for i in m.graph.input if i.name == "mask")
+    assert [d.dim_value for d in mask.type.tensor_type.shape.dim] == [3, 7]
+    rng = np.random.default_rng(0)
+    feeds = {
+        "x": rng.standard_normal((3, 7, 4)).astype(np.float32),
+        "mask": rng.standard_normal((3, 7)).astype(np.float32),
+    }
+    want = onnxrt.run(_two_inputs_model(), feeds)["y"]
+    np.testing.assert_allclose(reference.run(fission(m), feeds)["y"], want)
+
+
+def test_two_shapes_fixing_one_named_dimension_differently_are_refused():
+    with pytest.raises(
+        InputError, match=r"--shape mask=\.\.\.: dimension 'seq' is 8 here but 7 in --shape x="
+    ):
+        frontend.prepare(_two_inputs_model(), {"x": (3, 7, 4), "mask": (3, 8)}, "two.onnx")
 
 
 def _paddle_model() -> onnx.ModelProto:
