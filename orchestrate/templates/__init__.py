@@ -3,17 +3,19 @@
 ``REGISTRY`` lists every template (``templates/base.py``): its rule,
 its generator and its cost terms.  The planner, the cost model and the
 emitter look a spec's template up here (``template(name)``) and never
-dispatch on its name; adding a template is one module beside these and one
-line below.
+dispatch on its name; adding a template is one package beside these, its
+import and its line in ``REGISTRY``.
 
-The rules are peers, judged in the registry's order.  ``match(graph,
+The rules are peers, judged in the registry's order: of the rules that
+judge a set, the first of each backend decides it (a norm moved past merged
+siblings before the merged siblings alone).  ``match(graph,
 names, target)`` works out the set's boundary once (``kernels/region.py``),
 hands it to the one rule that judges sets of its kind, and returns that
 rule's ``KernelSpec`` or ``Rejection``.  It is a pure function of its
 arguments; every "no" carries the reason ``orchestrate explain --rejected``
 prints.
 
-Library calls (``templates/library.py``) judge the same matmul, conv and
+Library calls (``templates/library/``) judge the same matmul, conv and
 attention sets as the generated templates: ``match_all`` returns every spec
 the target's ``gemm_backends`` allow (Triton's first), so the linear program
 can choose between them; ``match`` the first backend's answer, so callers
