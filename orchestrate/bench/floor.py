@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from orchestrate.cost.devices import Device
 from orchestrate.cost.figures import ACHIEVABLE_BANDWIDTH, SFU_FLOPS
-from orchestrate.cost.roofline import FREE_OPS, SFU_OPS
+from orchestrate.cost.terms import FREE_OPS, SFU_OPS
 from orchestrate.ir import Graph, Op
 from orchestrate.kernels.region import ROW_REDUCTIONS
 

@@ -92,20 +92,10 @@ from orchestrate.cost.figures import (
     WARPS_PER_SM,
 )
 from orchestrate.cost.measured import Measured
-from orchestrate.cost.terms import (
-    FREE_OPS,
-    SFU_OPS,
-    passes,
-    read_bytes,
-    us_for_bytes,
-    us_for_flops,
-    write_bytes,
-)
+from orchestrate.cost.terms import passes, read_bytes, us_for_bytes, us_for_flops, write_bytes
 from orchestrate.ir import Graph
 from orchestrate.kernels.spec import VIEW, KernelSpec, split_k, split_k_scratch
 from orchestrate.templates import template, working_set
-
-__all__ = ["FREE_OPS", "SFU_OPS", "Cost", "Price", "Prices", "Ranker", "cost", "us_for_bytes"]
 
 
 @dataclass(frozen=True)

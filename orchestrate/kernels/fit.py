@@ -74,7 +74,7 @@ class WorkingSet:
     spills: bool  # ptxas would spill registers to local memory
 
 
-def NOTHING_ON_CHIP(graph: Graph, spec: KernelSpec) -> WorkingSet:  # noqa: N802
+def nothing_on_chip(graph: Graph, spec: KernelSpec) -> WorkingSet:
     """The working set of a kernel that keeps nothing in shared memory and
     cannot spill (pointwise, window, view)."""
     return WorkingSet(0, False)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from orchestrate.ir import Graph
 from orchestrate.ir.bounds import device_checked
-from orchestrate.kernels.fit import NOTHING_ON_CHIP, WorkingSet, fits
+from orchestrate.kernels.fit import WorkingSet, fits, nothing_on_chip
 from orchestrate.kernels.region import Region
 from orchestrate.kernels.spec import (
     KernelSpec,
@@ -42,7 +42,7 @@ class Rule:
     propose: Propose | None = None  # sets beyond enumeration (pattern rules)
     backend: str = "triton"  # who runs the kernel: generated Triton, or a library call
     # the on-chip working set of a spec (``kernels/fit.py``): checked before it is accepted
-    working_set: Callable[[Graph, KernelSpec], WorkingSet] = NOTHING_ON_CHIP
+    working_set: Callable[[Graph, KernelSpec], WorkingSet] = nothing_on_chip
     # blocks that must hold a whole dimension (the rest tile it, with masks): a
     # pinned configuration must be at least as large as the rule's own choice
     covering: tuple[str, ...] = ()

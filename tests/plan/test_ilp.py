@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from orchestrate.cost.devices import get_device
-from orchestrate.cost.roofline import cost, us_for_bytes
+from orchestrate.cost.roofline import cost
+from orchestrate.cost.terms import us_for_bytes
 from orchestrate.errors import InputError
 from orchestrate.ilp import program
 from orchestrate.ilp.checker import schedule
