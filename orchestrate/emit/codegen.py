@@ -152,14 +152,15 @@ def split_linear(
         return ()
     out = []
     total = math.prod(shape)
-    named: Expr | None = linear if isinstance(linear, (Sym, Const)) else None
+    named: Expr | None = None  # ``linear`` bound to a name, once a component needs it
     for d, s in zip(shape, strides(shape)):
         if d == 1:
             out.append(Const(0))
             continue
         e = _component(linear, s, d, total)
-        if named is not linear and _reads(e, linear):
-            named = named if named is not None else body.let(linear, "r")
+        if not isinstance(linear, (Sym, Const)) and _reads(e, linear):
+            if named is None:
+                named = body.let(linear, "r")
             e = _component(named, s, d, total)
         out.append(_within(body.let(e, stem), d))
     body.linear_of[(tuple(out), tuple(shape))] = linear
