@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from orchestrate import bundle, dynamic, dynamic_api, explain
 from orchestrate.bundle import regenerate
@@ -209,8 +210,9 @@ def optimize(
     bundle.check_destination(out, model_path)
     if rtol is None:
         rtol = default_rtol(options.dtype, options.tf32)
+    model = pipeline.load(model_path)
     if ranges is not None:  # every range a point: the static shape it fixes
-        point = dynamic.point_shapes(pipeline.load(model_path), ranges, str(model_path))
+        point = dynamic.point_shapes(model, ranges, str(model_path))
         ranges, shapes = (None, point) if point is not None else (ranges, shapes)
     if ranges is not None:
         if tune is not None:
@@ -218,9 +220,10 @@ def optimize(
                 "--tune: not with a range of shapes yet (it times kernels at one "
                 "shape); tune a static shape, or plan the range by the cost model"
             )
-        return _optimize_range(model_path, out, ranges, options, trials, rtol, atol, progress)
+        return _optimize_range(
+            model_path, model, out, ranges, options, trials, rtol, atol, progress
+        )
     report_step = progress or (lambda stage, i, n: None)
-    model = pipeline.load(model_path)
     # made before the work, so a model onnxruntime refuses is refused up front
     session = onnxrt.reference(model, str(model_path)) if trials > 0 else None
     graph = pipeline.fission_model(model, shapes, str(model_path), option=_shape_option)
@@ -274,12 +277,20 @@ def optimize(
 
 
 def _optimize_range(
-    model_path: Path, out: Path, ranges, options: PlanOptions, trials: int, rtol, atol, progress
+    model_path: Path,
+    model: onnx.ModelProto,
+    out: Path,
+    ranges,
+    options: PlanOptions,
+    trials: int,
+    rtol,
+    atol,
+    progress,
 ) -> Optimized:
-    """``optimize`` for a range of shapes: one dynamic bundle, verified at
-    MIN, OPT, MAX and ``trials`` random bindings."""
+    """``optimize`` for a range of shapes (``model``, loaded from
+    ``model_path``): one dynamic bundle, verified at MIN, OPT, MAX and
+    ``trials`` random bindings."""
     report_step = progress or (lambda stage, i, n: None)
-    model = pipeline.load(model_path)
     session = onnxrt.reference(model, str(model_path))  # refused up front, as for one shape
     made = dynamic.build(model, ranges, options, model_path.name, str(model_path), progress)
     plan, family = made.plan, made.family

@@ -195,16 +195,6 @@ def _ranges(texts, dims):
     return given, symbols
 
 
-def _point(model: Path, ranges) -> dict[str, tuple[int, ...]] | None:
-    """The static shapes ``ranges`` fix when every one is a point (MIN = MAX)."""
-    if ranges is None:
-        return None
-    from orchestrate.dynamic import Ranges, point_shapes
-    from orchestrate.plan import pipeline
-
-    return point_shapes(pipeline.load(model), Ranges(*ranges), str(model))
-
-
 def _shapes(texts) -> dict[str, tuple[int, ...]]:
     """--shape options as {NAME: dims}; parsed here, not by click, so that a
     bad one is a one-line error like any other."""
@@ -563,9 +553,13 @@ def plan(model: Path, output: Path, shapes, dims, tune, tune_configs, **opts) ->
     from orchestrate.plan import pipeline
 
     ranges = _ranges(shapes, dims)
-    point = _point(model, ranges)
-    if point is not None:
-        ranges = None
+    loaded = point = None
+    if ranges is not None:  # every range a point: the static shape it fixes
+        from orchestrate.dynamic import Ranges, point_shapes
+
+        loaded = pipeline.load(model)
+        point = point_shapes(loaded, Ranges(*ranges), str(model))
+        ranges = ranges if point is None else None
     _no_tune_with_range(tune, ranges)
     tuning = _tuning(tune, tune_configs, opts["device"])
     options = _plan_options(**opts)
@@ -584,15 +578,17 @@ def plan(model: Path, output: Path, shapes, dims, tune, tune_configs, **opts) ->
             f"remove it or choose another --output"
         ) from None
     if ranges is not None:
-        from orchestrate.dynamic import Ranges, build
+        from orchestrate.dynamic import build
 
-        made = build(
-            pipeline.load(model), Ranges(*ranges), options, model.name, str(model), StageProgress()
-        )
+        made = build(loaded, Ranges(*ranges), options, model.name, str(model), StageProgress())
         result, family = made.plan, made.family
     else:
-        given = point if point is not None else _shapes(shapes)
-        graph = _lowered(pipeline.fission_file(model, given), options.dtype, model)
+        graph = (
+            pipeline.fission_file(model, _shapes(shapes))
+            if point is None
+            else pipeline.fission_model(loaded, point, str(model))
+        )
+        graph = _lowered(graph, options.dtype, model)
         result = pipeline.plan_graph(graph, options, progress=StageProgress(), tune=tuning).plan
     pipeline.write_plan(result, output)
     if stale is not None:
