@@ -4,6 +4,12 @@ Without CUDA, Triton must run in its interpreter, and triton decides that once,
 when it is first imported (some tests import it early: torch's dynamo exporter,
 the compile checks).  So the interpreter is switched on here, before any test
 module is imported, and the `gpu` tier is skipped.
+
+Every hypothesis property runs under the profile ``tests/fuzz_util.py``
+registers: "ci" in `make test` (the same examples every run, so a run is
+deterministic, whichever worker a test lands on), "fuzz" under
+ORCHESTRATE_FUZZ=1.  Loaded here, not by the fuzz suite's import, which
+only some workers make.
 """
 
 from __future__ import annotations
@@ -24,6 +30,12 @@ def _cuda() -> bool:
 
 if not _cuda():
     os.environ["TRITON_INTERPRET"] = "1"
+
+from hypothesis import settings  # noqa: E402
+
+from tests import fuzz_util  # noqa: E402
+
+settings.load_profile(fuzz_util.PROFILE)
 
 
 def pytest_collection_modifyitems(config, items):
