@@ -207,10 +207,9 @@ def _pinned(plan: Plan, family: Family, g_max: ir.Graph, top: Binding, source: s
 
     At every binding such a loop takes at most one step, so more stages
     buy nothing, but the lifted kernel's loop bound is a runtime value and
-    Triton pipelines it anyway: tiny GPT-2's attention over 2..64 keys, in
-    64 x 64 tiles, needed 57,600 B of shared memory and 255 registers at
-    3 stages (spilling), 24,832 B and 196 at 1, where the fit model, which
-    sees one step, allows for 24,832."""
+    Triton pipelines it anyway, allocating every stage's buffers, where
+    the fit model sees one step.  (Attention whose keys fit one block at
+    MAX prints no loop at all: ``templates/attention/emit.py``.)"""
     bare = replace(
         plan,
         kernels=tuple(replace(k, config=replace(k.config, interpret=())) for k in plan.kernels),
@@ -278,13 +277,14 @@ def regenerate_dynamic(
     title = regenerate.title(model_file)
     opt = family.at("opt")
     here = instance(plan, family, constants, opt, source, at_opt)
+    # the rules take the plan's kernels at the range's ends too
+    upper = instance(plan, family, constants, family.at("max"), source).graph
+    instance(plan, family, constants, family.at("min"), source)
     printed = {}
     for p in family.grid.points:
         inst = instance(plan, family, constants, p, source)
-        printed[p] = emit(inst.graph, inst.planned, title=title)
-    for end in ("min", "max"):  # the rules take the plan's kernels at the range's ends too
-        instance(plan, family, constants, family.at(end), source)
-    shown = emit(here.graph, here.planned, title=title)
+        printed[p] = emit(inst.graph, inst.planned, title=title, upper=upper)
+    shown = emit(here.graph, here.planned, title=title, upper=upper)
     lifted = lift_source(
         printed, family.grid, family.codes, [d.name for d in family.dims], shown, family.named(opt)
     )

@@ -35,15 +35,26 @@ def function_key(spec_hash: str, nodes: Sequence[str], writes: Sequence[str]) ->
     return hashlib.sha1(f"{spec_hash}|{which}".encode()).hexdigest()[:16]
 
 
-def kernel_source(graph: Graph, spec: KernelSpec, writes: Sequence[str], name: str) -> KernelSource:
+def kernel_source(
+    graph: Graph,
+    spec: KernelSpec,
+    writes: Sequence[str],
+    name: str,
+    upper: Graph | None = None,
+) -> KernelSource:
     """The generated function (or library launcher) for one spec writing
-    ``writes``, printed by its template's generator."""
+    ``writes``, printed by its template's generator.  ``upper``: the graph at
+    the largest binding the kernel serves (a range's MAX; ``graph`` itself at
+    a static shape), where a generator reads the bound of an extent it
+    specialises on (a loop that takes one step at every binding)."""
     generate = templates.template(spec.template).generate
     assert generate is not None, f"a {spec.template} kernel launches nothing"
-    return generate(graph, spec, tuple(writes), name)
+    return generate(graph, spec, tuple(writes), name, upper if upper is not None else graph)
 
 
-def emit(graph: Graph, planned: Planned, title: str = "") -> str:
+def emit(graph: Graph, planned: Planned, title: str = "", upper: Graph | None = None) -> str:
+    """``kernels.py`` for ``planned`` at ``graph``'s shapes; ``upper`` as
+    for :func:`kernel_source`, the same node names at a range's MAX."""
     plan = planned.plan
     functions: dict[str, KernelSource] = {}
     counts: dict[str, int] = {}
@@ -55,7 +66,7 @@ def emit(graph: Graph, planned: Planned, title: str = "") -> str:
         if key not in functions:
             counts[spec.template] = counts.get(spec.template, 0) + 1
             name = f"{spec.template}_{counts[spec.template]}"
-            functions[key] = kernel_source(graph, spec, entry.outputs, name)
+            functions[key] = kernel_source(graph, spec, entry.outputs, name, upper)
         f = functions[key]
         slots = {v: k for k, v in pointers(graph, spec, entry.outputs).slots.items()}
         launches.append(Launch(entry.name, f.name, tuple(slots[p] for p in f.params)))

@@ -3,7 +3,8 @@
 A :class:`Template` is data.  Its ``rule`` (``kernels/rule.py``) judges
 which sets of primitives it runs and with which launch configuration that
 fits on chip; ``generate`` prints the kernel of one spec (None: the
-template launches nothing, a view); the cost terms say what the roofline
+template launches nothing, a view), given also the graph at the largest
+binding it serves, where it reads the bound of an extent it specialises on; the cost terms say what the roofline
 (``cost/roofline.py``) needs to know of one of its kernels:
 
 ``flops``   (dot flops, other flops): tensor-core and CUDA-core work;
@@ -32,7 +33,8 @@ from orchestrate.ir import Graph
 from orchestrate.kernels.rule import Rule
 from orchestrate.kernels.spec import KernelSpec
 
-Generate = Callable[[Graph, KernelSpec, Sequence[str], str], object]
+# (graph, spec, writes, function name, the graph at the largest binding served)
+Generate = Callable[[Graph, KernelSpec, Sequence[str], str, Graph], object]
 Counts = Callable[[Graph, KernelSpec], tuple[int, int]]
 # (bytes, flops, memory µs, compute µs, launch µs[, latency µs, blocks])
 Terms = Callable[[Graph, KernelSpec, Device], tuple]

@@ -736,6 +736,64 @@ def test_a_loop_of_one_step_at_max_is_not_pipelined(tmp_path, opt):
     (config,) = {k.config for k in made.plan.kernels if k.template == ATTENTION}
     assert config["BLOCK_N"] == opt, config
     assert (config.num_stages == 1) is (opt == 64), config
+    # one block of keys at every binding: the lifted kernel has no key loop
+    assert ("for start_n in range(0, dim1, BLOCK_N):" in made.source) is (opt == 16)
+
+
+_REGISTERS = """
+import importlib.util, json, sys
+from orchestrate.check.compile_check import compile_module
+path, dtypes, dims = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+spec = importlib.util.spec_from_file_location("k", path)
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+(c,) = compile_module(m, dtypes, dims=dims, only={"attention_1"})
+print(json.dumps([c.shared, c.registers]))
+"""
+
+
+def test_the_lifted_attention_costs_about_what_the_static_one_does(tmp_path):
+    """Tiny GPT-2's attention lifted over 2..64 keys compiles for sm_90 with
+    at most 1.25x the registers and shared memory of the same plan printed
+    at MAX (64 keys), the static kernel it generalises."""
+    if not has_nvidia_backend():
+        pytest.skip("triton has no NVIDIA backend")
+    from examples import export_example
+    from orchestrate import dynamic
+    from orchestrate.dynamic_api import parse_ranges
+    from orchestrate.emit import emit
+    from orchestrate.plan.planner import PlanOptions
+
+    src = tmp_path / "gpt2.onnx"
+    model, _ = export_example("gpt2", src, dynamo=False, opset=17, size="tiny", dynamic=True)
+    ranges = parse_ranges(None, {"batch": "1..2@1", "sequence": "2..64@64"})
+    made = dynamic.build(model, ranges, PlanOptions(device="h200"), str(src), str(src))
+    top = made.family.at("max")
+    at_max = dynamic.instance(made.plan, made.family, made.constants, top, str(src))
+    dtypes = {t: v.dtype for t, v in made.graph.types.items()}
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    usage = {}
+    for which, source, dims in (
+        ("lifted", made.source, {"dim0": 2, "dim1": 64}),
+        ("static", emit(at_max.graph, at_max.planned), {}),
+    ):
+        path = tmp_path / f"{which}.py"
+        path.write_text(source)
+        run = subprocess.run(
+            [sys.executable, "-c", _REGISTERS, str(path), json.dumps(dtypes), json.dumps(dims)],
+            cwd=Path(__file__).resolve().parents[2],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert run.returncode == 0, run.stderr[-4000:]
+        usage[which] = json.loads(run.stdout.strip().splitlines()[-1])
+    (shared, registers), (static_shared, static_registers) = usage["lifted"], usage["static"]
+    assert shared <= 1.25 * static_shared, usage
+    if registers is None:
+        pytest.skip(f"no cuobjdump to read registers (shared {shared} <= 1.25 x {static_shared})")
+    assert registers <= 1.25 * static_registers, usage
 
 
 def test_a_range_of_one_point_plans_and_runs_as_the_static_shape(model_file, tmp_path):

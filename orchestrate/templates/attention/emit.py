@@ -64,7 +64,9 @@ from orchestrate.ir import HALF, Graph
 from orchestrate.kernels.spec import SPLIT_K_COUNTERS, SPLIT_K_PARTIALS, KernelSpec, split_k
 
 
-def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
+def attention(
+    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, upper: Graph
+) -> KernelSource:
     a = k.roles
     m1, m2 = graph.producer[a.m1], graph.producer[a.m2]
     q_name, k_name = m1.inputs
@@ -127,6 +129,12 @@ def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
 
     # -- the key loop ---------------------------------------------------------
     splits = split_k(k.config)
+    # one step when one BLOCK_N block holds every key at the largest binding
+    # served: a runtime loop bound would keep the loop, and its registers
+    # (tiny GPT-2 over 2..64 keys: 196 against 74 for the one step)
+    # (under the interpreter's blocks too)
+    block_n = min(k.config["BLOCK_N"], dict(k.config.interpret).get("BLOCK_N", k.config["BLOCK_N"]))
+    one_step = splits == 1 and upper.producer[a.m1].shape[-1] <= block_n
     if splits > 1:
         body.comment(
             f"split-KV: program pid_k of the row block's SPLIT_K walks its share of the {lk} keys"
@@ -136,11 +144,13 @@ def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
         body.raw("n_lo = pid_k * n_share")
         body.raw(f"n_hi = tl.minimum(n_lo + n_share, {lk})")
         body.raw("for start_n in range(n_lo, n_hi, BLOCK_N):")
+    elif one_step:
+        body.comment(f"the {lk} keys in one BLOCK_N step")
     else:
         body.comment(f"walk the {lk} keys in BLOCK_N steps")
         body.raw(f"for start_n in range(0, {lk}, BLOCK_N):")
-    loop = body.fork(body.indent + "    ")
-    loop.raw("offs_n = start_n + tl.arange(0, BLOCK_N)")
+    loop = body.fork(body.indent if one_step else body.indent + "    ")
+    loop.raw("offs_n = " + ("" if one_step else "start_n + ") + "tl.arange(0, BLOCK_N)")
     loop.raw(f"mask_n = offs_n < {lk}")
     loop.raw("mask_k = mask_d[:, None] & mask_n[None, :]")
     kt = operand(loop, k_name, "offs_d", "offs_n", (d, lk), "mask_k", "zero_k")

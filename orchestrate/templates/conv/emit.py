@@ -36,7 +36,9 @@ from orchestrate.templates.matmul.emit import WIDE, epilogue, grouped_tile
 AXES = {1: ("w",), 2: ("h", "w"), 3: ("d", "h", "w")}
 
 
-def conv(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
+def conv(
+    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, upper: Graph
+) -> KernelSource:
     cv = graph.producer[k.roles.anchor]
     x_name, w_name = cv.inputs
     x_t, w_t = graph.types[x_name], graph.types[w_name]

@@ -73,7 +73,9 @@ def _num(v: float) -> str:
     return literal(v, "float64")
 
 
-def library(graph: Graph, spec: KernelSpec, writes: Sequence[str], name: str) -> LibrarySource:
+def library(
+    graph: Graph, spec: KernelSpec, writes: Sequence[str], name: str, upper: Graph
+) -> LibrarySource:
     ptrs = pointers(graph, spec, writes)
     at = {t: p for t, p in ptrs.slots.items()}
     params = [at[t] for t in spec.inputs if t in at] + [at[t] for t in writes]

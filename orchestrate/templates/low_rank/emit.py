@@ -34,7 +34,9 @@ from orchestrate.templates.low_rank.roles import LowRank
 from orchestrate.templates.matmul.emit import accumulator_dtype, grouped_tile, traffic_note
 
 
-def low_rank(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
+def low_rank(
+    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, upper: Graph
+) -> KernelSource:
     roles = k.roles
     assert isinstance(roles, LowRank)
     mm = graph.producer[roles.anchor]

@@ -139,7 +139,9 @@ def epilogue(
     return {t: ev.value(t, out_index) for t in writes}
 
 
-def matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
+def matmul(
+    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, upper: Graph
+) -> KernelSource:
     mm = graph.producer[k.roles.anchor]
     *batch, m, n = mm.shape
     nbatch = math.prod(batch)

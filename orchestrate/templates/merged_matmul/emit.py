@@ -38,7 +38,9 @@ from orchestrate.templates.matmul.emit import (
 )
 
 
-def merged_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
+def merged_matmul(
+    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, upper: Graph
+) -> KernelSource:
     roles = k.roles
     assert isinstance(roles, Siblings)
     segments = segment_specs(graph, k)

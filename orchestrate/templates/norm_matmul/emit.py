@@ -52,7 +52,9 @@ from orchestrate.templates.matmul.emit import (
 from orchestrate.templates.norm_matmul.rule import Linear, Monomial, NormMatmul
 
 
-def norm_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
+def norm_matmul(
+    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, upper: Graph
+) -> KernelSource:
     roles = k.roles
     assert isinstance(roles, NormMatmul)
     mm = graph.producer[roles.anchor]

@@ -34,7 +34,7 @@ from orchestrate.templates.norm_merged_matmul.rule import NormSiblings
 
 
 def norm_merged_matmul(
-    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str
+    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, upper: Graph
 ) -> KernelSource:
     roles = k.roles
     assert isinstance(roles, NormSiblings)

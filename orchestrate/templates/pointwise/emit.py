@@ -20,7 +20,9 @@ from orchestrate.ir import Graph
 from orchestrate.kernels.spec import KernelSpec
 
 
-def pointwise(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
+def pointwise(
+    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, upper: Graph
+) -> KernelSource:
     numel = math.prod(k.space)
     body = Body()
     ptrs = pointers(graph, k, writes)

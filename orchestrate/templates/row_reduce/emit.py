@@ -67,7 +67,9 @@ from orchestrate.ir import Graph, Node, Op
 from orchestrate.kernels.spec import KernelSpec
 
 
-def row_reduce(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
+def row_reduce(
+    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, upper: Graph
+) -> KernelSource:
     gen = _Generator(graph, k, writes, name)
     if k.roles.looped:
         gen.looped()

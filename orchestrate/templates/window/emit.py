@@ -34,7 +34,9 @@ UNROLL_LIMIT = 64
 _TAP_NAMES = {1: ("kx",), 2: ("ky", "kx"), 3: ("kz", "ky", "kx")}
 
 
-def window(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
+def window(
+    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, upper: Graph
+) -> KernelSource:
     pool = graph.producer[k.roles.anchor]
     epilogue = set(k.roles.epilogue)
     prologue = set(k.roles.prologue)
