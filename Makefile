@@ -141,7 +141,7 @@ fit-check: install
 # MIN, MAX and random shapes against onnxruntime, priced at OPT against a static
 # plan; writes out/dynamic/dynamic.md (tens of minutes in the CPU interpreter)
 dynamic-check: install
-	$(PY) -m examples.dynamic $(DYNAMIC_ARGS)
+	$(PY) -m examples.ranges $(DYNAMIC_ARGS)
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache

@@ -19,16 +19,18 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from orchestrate import bundle, dynamic, dynamic_api, explain
+from orchestrate import bundle, explain
 from orchestrate.bundle import regenerate
+from orchestrate.bundle.ranged import load_dynamic
+from orchestrate.check import ranged as range_check
 from orchestrate.check.verify import Report, check_tolerance, verify
-from orchestrate.dynamic_api import parse_ranges
 from orchestrate.emit import emit
 from orchestrate.errors import InputError, OrchestrateError
 from orchestrate.frontend import check_shapes, onnxrt
 from orchestrate.ir import precision, reference
-from orchestrate.plan import Plan, pipeline
+from orchestrate.plan import Plan, pipeline, ranged
 from orchestrate.plan.planner import PlanOptions
+from orchestrate.run.ranged import binding_of
 from orchestrate.run.runtime import (
     IndexChecks,
     Program,
@@ -38,6 +40,7 @@ from orchestrate.run.runtime import (
     interpreter_refusal,
     load_kernels,
 )
+from orchestrate.shapes.binding import parse_ranges
 from orchestrate.shapes.family import Family
 from orchestrate.tune import Tune
 from orchestrate.version import __version__
@@ -133,7 +136,7 @@ def load(out_dir: str | os.PathLike, *, interpret: bool | None = None) -> Bundle
         raise InputError(f"interpret={interpret!r}: expected True, False or None")
     contents = bundle.read(out_dir)
     if contents.dims is not None:
-        return dynamic_api.load_dynamic(Path(out_dir), contents, interpret)
+        return load_dynamic(Path(out_dir), contents, interpret)
     made = regenerate.regenerate(
         contents.plan, contents.constants, contents.manifest["model"]["file"], str(out_dir)
     )
@@ -190,7 +193,7 @@ def optimize(
 
     A range in ``shapes`` (``{"x": "1..8x2..64@32"}``, or per dimension
     ``("1..8", (2, 64, 32))``) or in ``dims`` (``{"seq": "2..64"}``) makes a
-    dynamic bundle, one for every shape in the range (``dynamic_api.py``);
+    dynamic bundle, one for every shape in the range (``bundle/ranged.py``);
     it is verified at MIN, OPT, MAX and ``trials`` random shapes between."""
     model_path = _path(model_path, "model_path")
     out_dir = _path(out_dir, "out_dir")
@@ -212,7 +215,7 @@ def optimize(
         rtol = default_rtol(options.dtype, options.tf32)
     model = pipeline.load(model_path)
     if ranges is not None:  # every range a point: the static shape it fixes
-        point = dynamic.point_shapes(model, ranges, str(model_path))
+        point = ranged.point_shapes(model, ranges, str(model_path))
         ranges, shapes = (None, point) if point is not None else (ranges, shapes)
     if ranges is not None:
         if tune is not None:
@@ -292,7 +295,7 @@ def _optimize_range(
     ``trials`` random bindings."""
     report_step = progress or (lambda stage, i, n: None)
     session = onnxrt.reference(model, str(model_path))  # refused up front, as for one shape
-    made = dynamic.build(model, ranges, options, model_path.name, str(model_path), progress)
+    made = ranged.build(model, ranges, options, model_path.name, str(model_path), progress)
     plan, family = made.plan, made.family
     staging = bundle.Staging(out, model_path)
     try:
@@ -305,8 +308,8 @@ def _optimize_range(
         staging.write(plan, made.source, made.constants, _report_md(plan, None, family), info, dims)
         report_step("emit", 1, 1)
         loaded = load(staging.path)
-        bindings = dynamic_api.range_bindings(family, trials)
-        result = dynamic_api.verify_range(
+        bindings = range_check.range_bindings(family, trials)
+        result = range_check.verify_range(
             model,
             loaded,
             bindings,
@@ -369,17 +372,17 @@ def _verify_range(out_dir, model_path, shapes, trials: int, rtol, atol, option: 
     model = pipeline.load(model_path)
     family = loaded.family
     at_opt = pipeline.fission_model(
-        model, dynamic_api.input_shapes(loaded, family.at("opt")), str(model_path), option=option
+        model, range_check.input_shapes(loaded, family.at("opt")), str(model_path), option=option
     )
     _check_same_interface(at_opt, loaded, model_path, Path(out_dir))
     if shapes is not None:
         shapes = check_shapes(shapes, option)
-        bindings = [dynamic_api.binding_of(family, shapes)]
+        bindings = [binding_of(family, shapes)]
     else:
-        bindings = dynamic_api.range_bindings(family, trials)
+        bindings = range_check.range_bindings(family, trials)
     if rtol is None:
         rtol = default_rtol(loaded.plan.options.dtype, loaded.plan.options.tf32)
-    return dynamic_api.verify_range(
+    return range_check.verify_range(
         model, loaded, bindings, rtol=rtol, atol=atol, source=str(model_path)
     )
 
@@ -410,8 +413,8 @@ def bundle_and_model(
     model = pipeline.load(model_path)
     family = getattr(loaded, "family", None)
     if family is not None:
-        binding = family.at("opt") if shapes is None else dynamic_api.binding_of(family, shapes)
-        shapes = dynamic_api.input_shapes(loaded, binding)
+        binding = family.at("opt") if shapes is None else binding_of(family, shapes)
+        shapes = range_check.input_shapes(loaded, binding)
     elif shapes is None:
         shapes = {k: tuple(v) for k, v in loaded.manifest.get("shapes", {}).items()}
     graph = pipeline.fission_model(model, shapes, str(model_path), option=_shape_option)

@@ -555,7 +555,8 @@ def plan(model: Path, output: Path, shapes, dims, tune, tune_configs, **opts) ->
     ranges = _ranges(shapes, dims)
     loaded = point = None
     if ranges is not None:  # every range a point: the static shape it fixes
-        from orchestrate.dynamic import Ranges, point_shapes
+        from orchestrate.plan.ranged import point_shapes
+        from orchestrate.shapes.binding import Ranges
 
         loaded = pipeline.load(model)
         point = point_shapes(loaded, Ranges(*ranges), str(model))
@@ -578,7 +579,7 @@ def plan(model: Path, output: Path, shapes, dims, tune, tune_configs, **opts) ->
             f"remove it or choose another --output"
         ) from None
     if ranges is not None:
-        from orchestrate.dynamic import build
+        from orchestrate.plan.ranged import build
 
         made = build(loaded, Ranges(*ranges), options, model.name, str(model), StageProgress())
         result, family = made.plan, made.family

@@ -319,11 +319,11 @@ def compile_bundle(folder: Path, arch: int | None = None) -> list[Compiled]:
     contents = bundle.read(folder)
     dims = None
     if contents.dims is not None:  # a dynamic bundle: its kernels take the dimensions
-        from orchestrate.dynamic import regenerate_dynamic
+        from orchestrate.plan.ranged import regenerate_ranged
         from orchestrate.shapes.family import Family
 
         family = Family.from_json(contents.dims, f"{folder}/{bundle.DIMS}")
-        source = regenerate_dynamic(
+        source = regenerate_ranged(
             contents.plan,
             family,
             contents.constants,

@@ -16,7 +16,7 @@ import onnx
 
 from orchestrate.errors import InputError
 from orchestrate.shapes.affine import Affine
-from orchestrate.shapes.dims import DimRange
+from orchestrate.shapes.dims import DimRange, parse_range
 
 Shape = tuple[Affine, ...]
 
@@ -142,3 +142,64 @@ def _declare(symbol: str, r: DimRange, ranges: dict[str, DimRange], flag: str) -
 def _dims(vi: onnx.ValueInfoProto):
     tt = vi.type.tensor_type
     return list(tt.shape.dim) if vi.type.HasField("tensor_type") and tt.HasField("shape") else []
+
+
+@dataclass(frozen=True)
+class Ranges:
+    """What the user declared: input -> per-axis ranges (``--shape``) and
+    symbol -> range (``--dim``)."""
+
+    shapes: Mapping[str, tuple[DimRange, ...]]
+    dims: Mapping[str, DimRange]
+    flags: Flags = CLI  # how messages name them (the API's arguments: binding.API)
+
+
+def _one_range(value, where: str) -> DimRange:
+    if isinstance(value, DimRange):
+        return value
+    if isinstance(value, str):
+        return parse_range(value, where)
+    if (
+        isinstance(value, tuple)
+        and 2 <= len(value) <= 3
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        return parse_range(
+            "..".join(map(str, value[:2])) + (f"@{value[2]}" if len(value) == 3 else ""), where
+        )
+    if isinstance(value, int) and not isinstance(value, bool):
+        return parse_range(str(value), where)
+    raise InputError(
+        f"{where}: {value!r} is not N, 'MIN..MAX[@OPT]', (MIN, MAX[, OPT]) or a DimRange"
+    )
+
+
+def parse_ranges(shapes, dims, option: str = "shapes") -> Ranges | None:
+    """``shapes`` and ``dims`` as a :class:`Ranges`, or None when they
+    declare no range (a static shape: ``frontend.check_shapes`` reads it)."""
+    dims = dict(dims or {})
+    if not isinstance(shapes, (Mapping, type(None))):
+        return None  # check_shapes refuses it, naming the option
+    shapes = dict(shapes or {})
+
+    def ranged(v) -> bool:
+        if isinstance(v, str):
+            return ".." in v
+        return isinstance(v, DimRange) or (
+            isinstance(v, (tuple, list)) and any(isinstance(d, (str, DimRange, tuple)) for d in v)
+        )
+
+    if not dims and not any(ranged(v) for v in shapes.values()):
+        return None
+    out: dict[str, tuple[DimRange, ...]] = {}
+    for name, value in shapes.items():
+        where = f"{option}[{name!r}]" if option == "shapes" else f"{option} {name}"
+        if isinstance(value, str):
+            parts = value.replace(",", "x").split("x")
+        elif isinstance(value, (tuple, list)):
+            parts = list(value)
+        else:
+            raise InputError(f"{where}: expected dimensions, got {type(value).__name__}")
+        out[str(name)] = tuple(_one_range(p, where) for p in parts)
+    flags = API if option == "shapes" else CLI
+    return Ranges(out, {str(k): _one_range(v, f"dims {k}") for k, v in dims.items()}, flags)

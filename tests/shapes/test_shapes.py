@@ -367,13 +367,13 @@ def test_the_lifted_family_of_random_graphs_gives_the_frontends_primitive_graphs
     """What a dynamic plan is made of: the family lifted from the grid gives,
     at any binding of the range, the primitive graph fission makes there
     (every shape and attribute), or the lift refuses the range by node."""
-    from orchestrate import dynamic
-    from orchestrate.plan import pipeline
+    from orchestrate.plan import pipeline, ranged
+    from orchestrate.shapes.binding import Ranges
     from orchestrate.shapes.family import lift_family
     from orchestrate.shapes.poly import Grid
     from orchestrate.shapes.probes import grid_values
 
-    symbolic = dynamic.bind(model, dynamic.Ranges({}, RANGES), "m")
+    symbolic = ranged.bind(model, Ranges({}, RANGES), "m")
 
     def at(b):
         return pipeline.fission_model(model, symbolic.shapes_at(b), "m")

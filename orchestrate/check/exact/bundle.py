@@ -49,7 +49,7 @@ def verify_exact_range(
     """A dynamic bundle's plan, checked as ``verify_exact`` at MIN, OPT and
     MAX of its range: (binding, result) for each, against fission of the
     model at that binding."""
-    from orchestrate.dynamic import instance
+    from orchestrate.plan.ranged import instance
     from orchestrate.shapes.family import Family
 
     contents = bundle.read(out_dir)

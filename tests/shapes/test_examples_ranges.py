@@ -1,4 +1,4 @@
-"""examples/dynamic.py (make dynamic-check): its range parsing and shape
+"""examples/ranges.py (make dynamic-check): its range parsing and shape
 choice, and one model end to end on a small range (slow: the interpreter)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from examples.dynamic import Span, bindings, main, parse_range, rel_error
+from examples.ranges import Span, bindings, main, parse_range, rel_error
 
 
 def test_range_is_batch_by_sequence_with_opt_defaulting_to_max():

@@ -28,7 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import orchestrate
 from orchestrate import api, cli
-from orchestrate.dynamic_api import DynamicBundle
+from orchestrate.bundle.ranged import DynamicBundle
 from orchestrate.errors import InputError
 from tests.util import has_nvidia_backend
 
@@ -304,7 +304,7 @@ def test_program_cache_is_bounded_and_reused(built):
 
 
 def test_program_cache_size_is_checked():
-    from orchestrate.run.dynamic_runtime import DynamicProgram
+    from orchestrate.run.ranged import DynamicProgram
 
     for bad in (0, -1, True, 2.0):
         with pytest.raises(InputError, match="cache="):
@@ -522,30 +522,30 @@ def test_a_softmax_over_seq_is_widened_to_cover_max(tmp_path):
 
 
 def test_a_small_batch_range_from_one(tmp_path):
-    from orchestrate import dynamic
-    from orchestrate.dynamic_api import parse_ranges
+    from orchestrate.plan import ranged
     from orchestrate.plan.planner import PlanOptions
+    from orchestrate.shapes.binding import parse_ranges
 
     # batch 1..2 has no generic value (odd, >= 3): the grid takes three
     # above MAX, and the graphs at batch 1 and 2 are checked against the lift
     ranges = parse_ranges({"x": "1..2x2..40@5"}, None)
-    made = dynamic.build(_softmax_model(), ranges, PlanOptions(), "sm.onnx", "sm.onnx")
+    made = ranged.build(_softmax_model(), ranges, PlanOptions(), "sm.onnx", "sm.onnx")
     batch = made.family.grid.values[0]
     assert len(batch) == 3 and all(v > 2 and v % 2 == 1 for v in batch)
     assert "dim0" in made.source
 
 
 def test_a_row_range_across_the_single_pass_limit(tmp_path):
-    from orchestrate import dynamic
-    from orchestrate.dynamic_api import parse_ranges
     from orchestrate.errors import OrchestrateError
+    from orchestrate.plan import ranged
     from orchestrate.plan.planner import PlanOptions
+    from orchestrate.shapes.binding import parse_ranges
 
     # one pass at OPT (8 columns), looped at MAX (20000 > 16384): no single
     # row-reduce kernel serves both, and the refusal says so in one line
     ranges = parse_ranges({"x": "3..5x2..20000@8"}, None)
     with pytest.raises(OrchestrateError, match="crosses the single-pass row limit") as e:
-        dynamic.build(_softmax_model(), ranges, PlanOptions(), "sm.onnx", "sm.onnx")
+        ranged.build(_softmax_model(), ranges, PlanOptions(), "sm.onnx", "sm.onnx")
     assert "\n" not in str(e.value) and "reduce_max" in str(e.value)
 
 
@@ -724,15 +724,15 @@ def test_a_loop_of_one_step_at_max_is_not_pipelined(tmp_path, opt):
     shared memory, spilling); planned at 16 (16-key blocks) it takes up to
     four steps and keeps its pipeline."""
     from examples import export_example
-    from orchestrate import dynamic
-    from orchestrate.dynamic_api import parse_ranges
     from orchestrate.kernels.spec import ATTENTION
+    from orchestrate.plan import ranged
     from orchestrate.plan.planner import PlanOptions
+    from orchestrate.shapes.binding import parse_ranges
 
     src = tmp_path / "gpt2.onnx"
     model, _ = export_example("gpt2", src, dynamo=False, opset=17, size="tiny", dynamic=True)
     ranges = parse_ranges(None, {"batch": "1..2@1", "sequence": f"2..64@{opt}"})
-    made = dynamic.build(model, ranges, PlanOptions(device="h200"), str(src), str(src))
+    made = ranged.build(model, ranges, PlanOptions(device="h200"), str(src), str(src))
     (config,) = {k.config for k in made.plan.kernels if k.template == ATTENTION}
     assert config["BLOCK_N"] == opt, config
     assert (config.num_stages == 1) is (opt == 64), config
@@ -759,17 +759,17 @@ def test_the_lifted_attention_costs_about_what_the_static_one_does(tmp_path):
     if not has_nvidia_backend():
         pytest.skip("triton has no NVIDIA backend")
     from examples import export_example
-    from orchestrate import dynamic
-    from orchestrate.dynamic_api import parse_ranges
     from orchestrate.emit import emit
+    from orchestrate.plan import ranged
     from orchestrate.plan.planner import PlanOptions
+    from orchestrate.shapes.binding import parse_ranges
 
     src = tmp_path / "gpt2.onnx"
     model, _ = export_example("gpt2", src, dynamo=False, opset=17, size="tiny", dynamic=True)
     ranges = parse_ranges(None, {"batch": "1..2@1", "sequence": "2..64@64"})
-    made = dynamic.build(model, ranges, PlanOptions(device="h200"), str(src), str(src))
+    made = ranged.build(model, ranges, PlanOptions(device="h200"), str(src), str(src))
     top = made.family.at("max")
-    at_max = dynamic.instance(made.plan, made.family, made.constants, top, str(src))
+    at_max = ranged.instance(made.plan, made.family, made.constants, top, str(src))
     dtypes = {t: v.dtype for t, v in made.graph.types.items()}
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     usage = {}

@@ -16,7 +16,7 @@ input's dimensions symbols with ranges (``shapes/binding.py``).  Then:
 
 ``regenerate`` does 3 again from a bundle's files (a bundle is data: what
 runs is what orchestrate prints from them); ``DynamicProgram`` runs it at any
-binding in the range (``dynamic_runtime.py``).
+binding in the range (``run/ranged.py``).
 """
 
 from __future__ import annotations
@@ -37,22 +37,11 @@ from orchestrate.ir import precision
 from orchestrate.plan import Plan, Planned, pipeline
 from orchestrate.shapes.admit import range_admit
 from orchestrate.shapes.affine import Affine
-from orchestrate.shapes.binding import CLI, Flags, bind_inputs
-from orchestrate.shapes.dims import DimRange
+from orchestrate.shapes.binding import Ranges, bind_inputs
 from orchestrate.shapes.family import Binding, Dim, Family, lift_family, named, same_array
 from orchestrate.shapes.poly import Grid
 from orchestrate.shapes.probes import grid_values
 from orchestrate.templates import template
-
-
-@dataclass(frozen=True)
-class Ranges:
-    """What the user declared: input -> per-axis ranges (``--shape``) and
-    symbol -> range (``--dim``)."""
-
-    shapes: Mapping[str, tuple[DimRange, ...]]
-    dims: Mapping[str, DimRange]
-    flags: Flags = CLI  # how messages name them (the API's arguments: binding.API)
 
 
 @dataclass(frozen=True)
@@ -196,7 +185,7 @@ def build(
     family = lift_family(dims, grid, {p: graphs(p) for p in points}, checks, at["max"], source)
     plan = _pinned(planned.plan, family, checks[at["max"]], at["max"], source)
     constants = _stored(plan, g_opt, checks[at["max"]], family)
-    made = regenerate_dynamic(plan, family, constants, model_file, source, at_opt=g_opt)
+    made = regenerate_ranged(plan, family, constants, model_file, source, at_opt=g_opt)
     return Built(made.planned.plan, family, made.graph, made.planned, made.source, constants)
 
 
@@ -265,7 +254,7 @@ def instance(
         raise InputError(f"{e} (at {family.named(binding)})") from None
 
 
-def regenerate_dynamic(
+def regenerate_ranged(
     plan: Plan,
     family: Family,
     constants: Mapping[str, np.ndarray],

@@ -1,6 +1,6 @@
 """`make dynamic-check`: the examples exported with dynamic axes, one bundle for a range.
 
-    python -m examples.dynamic [--only NAME ...] [--exporters torchscript,dynamo]
+    python -m examples.ranges [--only NAME ...] [--exporters torchscript,dynamo]
                                [--range 1..8x2..64] [--trials N] [--random N]
                                [--out out/dynamic] [--device h100]
 
@@ -288,7 +288,7 @@ def table(rows: list[Row]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m examples.dynamic", description=__doc__.split("\n")[0]
+        prog="python -m examples.ranges", description=__doc__.split("\n")[0]
     )
     p.add_argument(
         "--only",

@@ -1,4 +1,4 @@
-"""Running a dynamic bundle at any binding of its dimensions.
+"""Running a range bundle at any binding of its dimensions.
 
 The kernels module is one for the whole range: it is loaded once, and each
 kernel is compiled once (Triton specializes a dimension that is 1 or a
@@ -27,9 +27,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from orchestrate.dynamic import instance
 from orchestrate.errors import InputError
 from orchestrate.plan import Plan
+from orchestrate.plan.ranged import instance
 from orchestrate.run.runtime import IndexChecks, Program
 from orchestrate.shapes.family import Binding, Family
 from orchestrate.shapes.poly import Poly
