@@ -134,7 +134,7 @@ hf-check: install
 # kernel compiled for its architecture and checked against its limits (no GPU)
 fit-check: install
 	$(PY) -m pip install -q $(HF)
-	$(PY) -m examples.fit_sweep $(FIT_ARGS)
+	$(PY) -m tools.fit_sweep $(FIT_ARGS)
 
 # the examples exported with dynamic batch / sequence axes by both exporters, each
 # optimized once for a range (DYNAMIC_ARGS, default --range 1..8x2..64) and run at

@@ -21,7 +21,6 @@ import onnx
 
 from orchestrate import bundle, explain
 from orchestrate.bundle import regenerate
-from orchestrate.bundle.ranged import load_dynamic
 from orchestrate.check import ranged as range_check
 from orchestrate.check.verify import Report, check_tolerance, verify
 from orchestrate.emit import emit
@@ -30,7 +29,7 @@ from orchestrate.frontend import check_shapes, onnxrt
 from orchestrate.ir import precision, reference
 from orchestrate.plan import Plan, pipeline, ranged
 from orchestrate.plan.planner import PlanOptions
-from orchestrate.run.ranged import binding_of
+from orchestrate.run.ranged import binding_of, load_dynamic
 from orchestrate.run.runtime import (
     IndexChecks,
     Program,
@@ -193,7 +192,7 @@ def optimize(
 
     A range in ``shapes`` (``{"x": "1..8x2..64@32"}``, or per dimension
     ``("1..8", (2, 64, 32))``) or in ``dims`` (``{"seq": "2..64"}``) makes a
-    dynamic bundle, one for every shape in the range (``bundle/ranged.py``);
+    dynamic bundle, one for every shape in the range (``run/ranged.py``);
     it is verified at MIN, OPT, MAX and ``trials`` random shapes between."""
     model_path = _path(model_path, "model_path")
     out_dir = _path(out_dir, "out_dir")

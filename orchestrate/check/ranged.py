@@ -13,12 +13,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from orchestrate.bundle.ranged import DynamicBundle
 from orchestrate.check.verify import Report, verify
 from orchestrate.frontend import onnxrt
 from orchestrate.ir import reference
 from orchestrate.plan import pipeline
 from orchestrate.plan.ranged import instance
+from orchestrate.run.ranged import DynamicBundle
 from orchestrate.run.runtime import interpreter_refusal
 from orchestrate.shapes.family import Binding, Family
 

@@ -94,7 +94,7 @@ class Target:
     # a check every kernel must also pass: the kernel to use (the same, or
     # with blocks widened) or the Rejection saying why not.  A dynamic plan
     # admits only kernels legal at every binding of its range
-    # (``shapes/admit.py``); ``templates.match`` applies it
+    # (``plan/admit.py``); ``templates.match`` applies it
     admit: Callable[[Graph, KernelSpec], KernelSpec | Rejection] | None = None
 
 

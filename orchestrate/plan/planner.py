@@ -176,7 +176,7 @@ def plan(
 ) -> Planned:
     """The optimal plan for ``graph``; under ``tune``, priced by measurement
     where it measured (``orchestrate/tune/``, ``cost/measured.py``).  Every
-    kernel must pass ``admit`` too (a dynamic plan's range, ``shapes/admit.py``)."""
+    kernel must pass ``admit`` too (a dynamic plan's range, ``plan/admit.py``)."""
     started = time.perf_counter()
     report = progress or (lambda stage, i, n: None)
 

@@ -5,7 +5,7 @@ input's dimensions symbols with ranges (``shapes/binding.py``).  Then:
 
 1. the graph at OPT is planned as any static graph, except that every
    candidate must also be legal at MIN and MAX with its configuration
-   (``shapes/admit.py``), so the linear program prices at OPT and fit is
+   (``plan/admit.py``), so the linear program prices at OPT and fit is
    checked at MAX;
 2. the frontend runs at a grid of generic bindings (``shapes/probes.py``)
    and the family of primitive graphs is lifted from them and checked at
@@ -35,7 +35,7 @@ from orchestrate.errors import InputError
 from orchestrate.frontend import graph_inputs
 from orchestrate.ir import precision
 from orchestrate.plan import Plan, Planned, pipeline
-from orchestrate.shapes.admit import range_admit
+from orchestrate.plan.admit import range_admit
 from orchestrate.shapes.affine import Affine
 from orchestrate.shapes.binding import Ranges, bind_inputs
 from orchestrate.shapes.family import Binding, Dim, Family, lift_family, named, same_array

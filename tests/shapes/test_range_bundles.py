@@ -28,8 +28,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import orchestrate
 from orchestrate import api, cli
-from orchestrate.bundle.ranged import DynamicBundle
 from orchestrate.errors import InputError
+from orchestrate.run.ranged import DynamicBundle
 from tests.util import has_nvidia_backend
 
 RANGE = "1..4x2..9@5x16"  # x: batch 1..4 (OPT 4), seq 2..9 (OPT 5), 16 features

@@ -1,7 +1,7 @@
 """`make fit-check`: every example and Hugging Face architecture, planned for
 a GPU and compiled for it, each kernel checked against the device's limits.
 
-    python -m examples.fit_sweep [--device h200] [--sizes tiny base]
+    python -m tools.fit_sweep [--device h200] [--sizes tiny base]
                                  [--dtypes fp32 fp16] [--models NAME ...]
                                  [--no-hf] [--out out/fit]
 
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     from examples import EXAMPLES
 
     p = argparse.ArgumentParser(
-        prog="python -m examples.fit_sweep", description=__doc__.splitlines()[0]
+        prog="python -m tools.fit_sweep", description=__doc__.splitlines()[0]
     )
     p.add_argument("--device", default="h200")
     p.add_argument("--sizes", nargs="+", default=["tiny"], choices=("tiny", "base"))
