@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         found = climbs(
             lambda: orchestrate.optimize(
                 args.model, Path(tmp) / "out.orch", shapes=shapes, trials=1
-            )
+            ),
+            args.by_value,
         )
     for (caller, callee, a, b), _ in sorted(found.items()):
         print(f"{a} -> {b}: {caller} -> {callee}")
