@@ -316,7 +316,7 @@ def _inspect_symbolic(model: Path, shapes, dtype, as_json: bool, dims) -> None:
     from orchestrate.shapes.infer import infer_shapes
 
     if dtype is not None:
-        raise InputError(f"--dtype {dtype}: not read with a range of shapes yet (issue 14)")
+        raise InputError(f"--dtype {dtype}: not read with a range of shapes yet")
     given, symbols = _ranges(shapes, dims)
     result = infer_shapes(pipeline.load(model), given, symbols, str(model))
     if as_json:

@@ -1,5 +1,5 @@
 """Symbolic shapes: dimension ranges, affine dimension expressions, and
-shape inference over an ONNX model whose dimensions are symbols (issue 14).
+shape inference over an ONNX model whose dimensions are symbols.
 
 This is the first stage only: nothing in planning, emission or the runner
 reads it yet.  ``orchestrate inspect --shape x=1..8x2..64`` shows it.

@@ -1,4 +1,4 @@
-"""Symbolic shape inference over an ONNX model (issue 14, first stage).
+"""Symbolic shape inference over an ONNX model.
 
 ``infer_shapes(model, shapes, dims)`` binds the inputs' dimensions to
 constants and symbols (binding.py), then walks the nodes in order applying

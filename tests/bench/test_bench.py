@@ -1,4 +1,4 @@
-"""`orchestrate bench` and the benchmark's parts that run on a CPU (issue 11):
+"""`orchestrate bench` and the benchmark's parts that run on a CPU:
 statistics, the roofline floor against a hand computation, the results
 schema, onnxruntime's CUDA provider labelled unavailable with its reason, and
 the command's one-line errors."""

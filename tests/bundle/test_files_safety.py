@@ -1,5 +1,5 @@
 """Files: what a command may replace, what it never touches, and that a
-failure, a bad option or a signal leaves nothing half-written (issue 9)."""
+failure, a bad option or a signal leaves nothing half-written."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The exact (modular fingerprint) check: its arithmetic, unmutated plans
-passing, and mutants of real plans caught, every one (issue 12, items 4-5)."""
+passing, and mutants of real plans caught, every one."""
 
 from __future__ import annotations
 

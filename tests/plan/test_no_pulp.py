@@ -1,5 +1,5 @@
 """Loading and running a bundle needs no PuLP: the reference GPU machine has
-none, and the runtime is all a user of a bundle should need (issue 11)."""
+none, and the runtime is all a user of a bundle should need."""
 
 from __future__ import annotations
 

@@ -89,7 +89,7 @@ def test_threads_running_one_program_each_get_their_own_answer():
     feeds = [graphs.random_inputs(g, seed) for seed in range(16)]
     want = [reference.run(g, f)[g.outputs[0]] for f in feeds]
 
-    def runs(k: int) -> int:  # 16 threads x 20 runs: issue 27's figure
+    def runs(k: int) -> int:  # 16 threads x 20 runs each
         wrong = 0
         for _ in range(20):
             got = program.run(feeds[k])[g.outputs[0]]

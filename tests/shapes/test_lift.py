@@ -1,4 +1,4 @@
-"""Dynamic shapes, the pure parts (issue 14): integer polynomials lifted from
+"""Range bundles, the pure parts: integer polynomials lifted from
 values on a grid (``shapes/poly.py``), the grid's values (``shapes/probes.py``)
 and the family's file format (``shapes/family.py``).
 

@@ -1,4 +1,4 @@
-"""Dynamic shapes end to end (issue 14): one bundle for a range of shapes.
+"""Range bundles end to end: one bundle for a range of shapes.
 
 A hand-built model with the symbolic dimensions ``batch`` and ``seq`` (a
 matmul, a mask added, softmax, layer norm, and a Reshape whose shape is

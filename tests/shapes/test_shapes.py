@@ -1,4 +1,4 @@
-"""Symbolic shapes (issue 14, first stage): the range parser, affine
+"""Symbolic shapes: the range parser, affine
 dimension expressions, and symbolic shape inference checked against the
 concrete shapes the frontend infers when the model is prepared at one shape."""
 

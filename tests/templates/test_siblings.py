@@ -1,4 +1,4 @@
-"""The merged-siblings rule (issue 12): it fires on Q/K/V and on gate/up, its
+"""The merged-siblings rule: it fires on Q/K/V and on gate/up, its
 check declines with the reason where it must, the linear program weighs it
 by cost, the cost model prices one launch, and bundles with merged kernels
 verify against onnxruntime (in the interpreter) and exactly."""
