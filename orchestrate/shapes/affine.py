@@ -9,6 +9,7 @@ gives a :class:`NotAffine` with the reason instead.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -119,3 +120,37 @@ class Affine:
             parts.append(("- " if self.const < 0 else "+ ") + str(abs(self.const)))
         text = " ".join(parts)
         return text[2:] if text.startswith("+ ") else "-" + text[2:]
+
+
+def parse_affine(text: str) -> Affine | None:
+    """A dimension written as an affine expression of symbols (``past + 1``,
+    ``2*s0``, ``s0 + s1 - 1``, as exporters write a dim_param), or None when
+    ``text`` is not one: integers, names, ``+``, ``-``, ``*`` by an integer
+    and parentheses only."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+    except (SyntaxError, ValueError):
+        return None
+    value = _affine_of(tree)
+    return value if isinstance(value, Affine) else None
+
+
+def _affine_of(node: ast.AST) -> Affine | None:
+    if isinstance(node, ast.Name):
+        return Affine.of(node.id)
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return Affine.of(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        inner = _affine_of(node.operand)
+        return None if inner is None else (-inner if isinstance(node.op, ast.USub) else inner)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
+        a, b = _affine_of(node.left), _affine_of(node.right)
+        if a is None or b is None:
+            return None
+        if isinstance(node.op, ast.Add):
+            return a + b
+        if isinstance(node.op, ast.Sub):
+            return a - b
+        product = a.times(b)
+        return product if isinstance(product, Affine) else None
+    return None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import onnx
 
 from orchestrate.errors import InputError
-from orchestrate.shapes.affine import Affine
+from orchestrate.shapes.affine import Affine, parse_affine
 from orchestrate.shapes.dims import DimRange, parse_range
 
 Shape = tuple[Affine, ...]
@@ -63,6 +63,9 @@ def bind_inputs(
                 f"{flags.shape_of(name)}: the model has no input {name!r} (inputs: {known})"
             )
     params = {d.dim_param for i in inputs for d in _dims(i) if d.dim_param}
+    plain = {p for p in params if p.isidentifier()}
+    expressions = {p: e for p in params if (e := _expression(p, plain | set(dims))) is not None}
+    params |= {s for e in expressions.values() for s in e.symbols}
     for symbol in dims:
         if symbol not in params:
             known = ", ".join(sorted(params)) or "none"
@@ -70,10 +73,22 @@ def bind_inputs(
                 f"{flags.dim_of(symbol)}: the model has no dimension {symbol!r} (dimensions: {known})"
             )
     ranges: dict[str, DimRange] = {}
-    out: dict[str, Shape] = {}
+    origin: dict[str, str] = {}  # symbol -> the flag that gave its range
+    later: list[tuple] = []  # expression axes, bound once the plain ones are
+    out: dict[str, list] = {}
+
     # inputs given by --shape first, so that their dim_params bind the same
     # dim_param of the other inputs
+    def bind_later() -> None:
+        for name, k, e, text, r in later:
+            out[name][k] = _bind_expression(
+                name, k, e, text, r, dims, ranges, source, flags, origin
+            )
+        later.clear()
+
     for name, vi in sorted(by_name.items(), key=lambda item: item[0] not in shapes):
+        if name not in shapes:
+            bind_later()  # the given shapes' expressions may give their symbols' ranges
         if not vi.type.HasField("tensor_type"):
             raise InputError(f"{source}: input {name!r} is not a tensor")
         model_dims = _dims(vi)
@@ -90,17 +105,75 @@ def bind_inputs(
             raise InputError(
                 f"{source}: input {name!r} has unknown rank; pass {flags.shape_of(name)}"
             )
-        shape = []
+        shape: list[Affine | None] = []
         for k in range(len(given) if given is not None else len(model_dims)):
             d = model_dims[k] if k < len(model_dims) else None
             r = given[k] if given is not None else None
-            shape.append(_bind_one(name, k, d, r, dims, ranges, source, flags))
-        out[name] = tuple(shape)
-    order = {name: out[name] for name in by_name}
+            if d is not None and d.dim_param in expressions:
+                later.append((name, k, expressions[d.dim_param], d.dim_param, r))
+                shape.append(None)  # once every plain dimension is bound
+            else:
+                shape.append(_bind_one(name, k, d, r, dims, ranges, source, flags, origin))
+        out[name] = shape
+    bind_later()
+    order = {name: tuple(out[name]) for name in by_name}
     return order, {s: r for s, r in ranges.items() if not r.fixed}
 
 
-def _bind_one(name, k, d, r, dims, ranges, source, flags: Flags) -> Affine:
+def _expression(dim_param: str, symbols: set[str]) -> Affine | None:
+    """``dim_param`` as an affine expression of ``symbols`` (``past + 1``,
+    where ``past`` names a dimension elsewhere or is given by --dim), or None
+    for a plain name: a name that merely contains ``-`` (``seq-len``) is one."""
+    e = parse_affine(dim_param)
+    if e is None or e.is_const or e == Affine.of(dim_param) or not e.symbols <= symbols:
+        return None
+    return e
+
+
+def _bind_expression(name, k, e: Affine, text, r, dims, ranges, source, flags, origin) -> Affine:
+    """Axis ``k`` of ``name``, written ``text`` (the expression ``e``): its
+    symbols bound by --dim or by the inputs' plain dimensions, or, for one
+    symbol plus a constant, by the range the axis is given."""
+    for s in sorted(e.symbols):
+        if s not in ranges and s in dims:
+            _declare(s, dims[s], ranges, flags.dim_of(s), origin)
+    unbound = sorted(s for s in e.symbols if s not in ranges)
+    if r is not None and len(unbound) == 1 and e.terms == ((unbound[0], 1),):
+        shift = e.const
+        if r.min - shift < 0:
+            raise InputError(
+                f"{flags.shape_of(name)}: axis {k} of input {name!r} is {text!r}, which is "
+                f"at least {shift}, but is given {r}"
+            )
+        symbol_range = DimRange(r.min - shift, r.max - shift, r.opt - shift)
+        _declare(unbound[0], symbol_range, ranges, flags.shape_of(name), origin)
+        unbound = []
+    if unbound:
+        raise InputError(
+            f"{source}: input {name!r} has dimension {text!r} at axis {k}; pass "
+            f"{flags.dim_of(unbound[0], 'MIN..MAX')}"
+        )
+    lo, hi = e.bounds(ranges)
+    opt = e.evaluate({s: ranges[s].opt for s in e.symbols})
+    if r is not None and (lo, hi, opt) != (r.min, r.max, r.opt):
+        via = " and ".join(sorted({origin[s] for s in e.symbols}))
+        raise InputError(
+            f"{flags.shape_of(name)}: axis {k} of input {name!r} is {text!r}, which {via} "
+            f"make {DimRange(lo, hi, opt)}, not {r}"
+        )
+    if lo < 0:
+        raise InputError(
+            f"{source}: input {name!r} has dimension {text!r} at axis {k}, which is {lo} "
+            f"at the ranges given; narrow {flags.dim}"
+        )
+    fixed = {s: ranges[s].min for s in e.symbols if ranges[s].fixed}
+    return Affine._make(
+        e.const + sum(c * fixed[s] for s, c in e.terms if s in fixed),
+        {s: c for s, c in e.terms if s not in fixed},
+    )
+
+
+def _bind_one(name, k, d, r, dims, ranges, source, flags: Flags, origin) -> Affine:
     fixed = d is not None and d.HasField("dim_value")
     if r is not None:
         if fixed and not (r.fixed and r.min == d.dim_value):
@@ -113,29 +186,38 @@ def _bind_one(name, k, d, r, dims, ranges, source, flags: Flags) -> Affine:
                 f"{flags.shape_of(name)}: axis {k} is {symbol!r}, given {dims[symbol]} by "
                 f"{flags.dim} and {r} by {flags.shape}"
             )
-        return _declare(symbol, r, ranges, flags.shape_of(name))
+        return _declare(symbol, r, ranges, flags.shape_of(name), origin)
     if fixed:
         return Affine.of(d.dim_value)
     if d is not None and d.dim_param in ranges:
         r = ranges[d.dim_param]
         return Affine.of(r.min) if r.fixed else Affine.of(d.dim_param)
     if d is not None and d.dim_param and d.dim_param in dims:
-        return _declare(d.dim_param, dims[d.dim_param], ranges, flags.dim_of(d.dim_param))
+        return _declare(d.dim_param, dims[d.dim_param], ranges, flags.dim_of(d.dim_param), origin)
     what = f"dimension {d.dim_param!r}" if d is not None and d.dim_param else "a dynamic dimension"
-    hint = f"{flags.dim_of(d.dim_param, 'MIN..MAX')} or " if d is not None and d.dim_param else ""
+    hint = ""
+    if d is not None and d.dim_param:
+        # ``past + 1`` whose ``past`` nothing names yet: ask for the symbol
+        e = parse_affine(d.dim_param) if any(c in d.dim_param for c in "+* ") else None
+        names = sorted(e.symbols) if e is not None and e.symbols else [d.dim_param]
+        hint = ", ".join(flags.dim_of(n, "MIN..MAX") for n in names) + " or "
     raise InputError(
         f"{source}: input {name!r} has {what} at axis {k}; pass {hint}{flags.shape_of(name)}"
     )
 
 
-def _declare(symbol: str, r: DimRange, ranges: dict[str, DimRange], flag: str) -> Affine:
+def _declare(
+    symbol: str, r: DimRange, ranges: dict[str, DimRange], flag: str, origin: dict[str, str]
+) -> Affine:
     """The symbol (a number when MIN == MAX); ``ranges`` keeps fixed ones too
-    until binding ends, so that every use of a dim_param agrees."""
+    until binding ends, so that every use of a dim_param agrees; ``origin``
+    the flag that gave each symbol its range."""
     if ranges.get(symbol, r) != r:
         raise InputError(
             f"{flag}: dimension {symbol!r} is given two ranges, {ranges[symbol]} and {r}"
         )
     ranges[symbol] = r
+    origin.setdefault(symbol, flag)
     return Affine.of(r.min) if r.fixed else Affine.of(symbol)
 
 
