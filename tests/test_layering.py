@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "orchestrate"
 
@@ -180,3 +182,36 @@ def test_the_checker_finds_a_cycle():
     """The test above can fail: a made-up cycle is found."""
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _optimize_decode(tmp_path, dims):
+    import onnx
+
+    import orchestrate
+    from tests.shapes.test_dim_expressions import _decode
+
+    src = tmp_path / "decode.onnx"
+    onnx.save(_decode(), src)
+    return lambda: orchestrate.optimize(src, tmp_path / "out.orch", dims=dims, trials=1)
+
+
+@pytest.mark.parametrize("dims", [{"past": "4"}, {"past": "1..6@3"}], ids=["static", "range"])
+def test_optimize_calls_no_higher_stage_by_name(tmp_path, dims):
+    """Followed call by call (``tools/callpath.py``), an optimize, static and
+    over a range, never calls from a lower stage into a higher one by name:
+    the stages above are reached only through values handed down."""
+    from tools.callpath import climbs
+
+    found = climbs(_optimize_decode(tmp_path, dims))
+    assert not found, sorted(found)
+
+
+def test_a_climb_is_found_where_the_stages_order_says_so(tmp_path, monkeypatch):
+    """The count can fail: with the frontend ranked above fission, fission's
+    call of ``frontend.opset_of`` is a climb."""
+    from tools import callpath
+
+    ranks = [(p, 3.5 if p == "orchestrate.frontend" else r) for p, r in callpath.RANKS]
+    monkeypatch.setattr(callpath, "RANKS", ranks)
+    found = callpath.climbs(_optimize_decode(tmp_path, {"past": "4"}))
+    assert any(callee == "orchestrate.frontend.opset_of" for _, callee, _, _ in found), found
