@@ -27,6 +27,7 @@ from orchestrate.errors import InputError, UnsupportedError
 from orchestrate.frontend.weights import array as initializer_array
 from orchestrate.frontend.weights import bind as bind_external
 from orchestrate.ir import MAX_ELEMENTS
+from orchestrate.shapes.affine import expression_of, plain_names
 
 # Folding a constant computation is skipped when its result is larger than
 # this many elements and larger than its inputs (it stays a node to fuse).
@@ -518,40 +519,73 @@ def _bind_shapes(
 def _shared_dims(inputs: dict, shapes: dict, option: str) -> dict[str, tuple[int, ...]]:
     """The shapes of the inputs not given whose every dynamic dimension is a
     named one a given shape fixes (``mask[batch, seq]`` from ``--shape
-    x=3x7x16`` for ``x[batch, seq, 16]``), as a range of one point binds
-    them; an InputError when two given shapes fix one name differently."""
+    x=3x7x16`` for ``x[batch, seq, 16]``), or an expression of such names
+    (``mask[1, past + 1]`` from ``cache[1, past, 8]``), as a range of one point
+    binds them; an InputError when two given shapes fix one name differently."""
     cli = option.startswith("--")
+    where = lambda n: f"{option} {n}=..." if cli else f"{option}[{n!r}]"
+    given = {
+        name: list(zip(inputs[name].type.tensor_type.shape.dim, want))
+        for name, want in shapes.items()
+        if inputs[name].type.tensor_type.HasField("shape")
+        and len(inputs[name].type.tensor_type.shape.dim) == len(want)
+    }  # a rank that disagrees is refused below, naming the option
+    params = {d.dim_param for vi in inputs.values() for d in _tensor_dims(vi) if d.dim_param}
+    names = plain_names(params)
+    expressions = {p: e for p in params if (e := expression_of(p, names)) is not None}
     fixed: dict[str, tuple[int, str]] = {}
-    for name, want in shapes.items():
-        tt = inputs[name].type.tensor_type
-        if not tt.HasField("shape") or len(tt.shape.dim) != len(want):
-            continue  # the rank is refused below, naming the option
-        for d, v in zip(tt.shape.dim, want):
-            if d.HasField("dim_value") or not d.dim_param:
-                continue
-            seen = fixed.setdefault(d.dim_param, (v, name))
-            if seen[0] != v:
-                where = lambda n: f"{option} {n}=..." if cli else f"{option}[{n!r}]"
+
+    def fix(symbol: str, v: int, name: str, shown: str) -> None:
+        seen = fixed.setdefault(symbol, (v, name))
+        if seen[0] != v:
+            through = f" (its axis {shown!r})" if shown != symbol else ""
+            raise InputError(
+                f"{where(name)}: dimension {symbol!r} is {v} here{through} but {seen[0]} "
+                f"in {where(seen[1])}"
+            )
+
+    for name, axes in given.items():
+        for d, v in axes:
+            if not d.HasField("dim_value") and d.dim_param and d.dim_param not in expressions:
+                fix(d.dim_param, v, name, d.dim_param)
+    for name, axes in given.items():  # an expression of one symbol plus a constant gives it
+        for d, v in axes:
+            e = expressions.get(d.dim_param) if not d.HasField("dim_value") else None
+            if e is not None and len(e.terms) == 1 and e.terms[0][1] == 1:
+                fix(e.terms[0][0], v - e.const, name, d.dim_param)
+    values = {s: v for s, (v, _) in fixed.items()}
+    for name, axes in given.items():
+        for d, v in axes:
+            e = expressions.get(d.dim_param) if not d.HasField("dim_value") else None
+            if e is not None and e.symbols <= values.keys() and e.evaluate(values) != v:
+                via = " and ".join(sorted({where(fixed[s][1]) for s in e.symbols}))
                 raise InputError(
-                    f"{where(name)}: dimension {d.dim_param!r} is {v} here but {seen[0]} "
-                    f"in {where(seen[1])}"
+                    f"{where(name)}: axis of dimension {d.dim_param!r} is {v}, but {via} "
+                    f"make it {e.evaluate(values)}"
                 )
+
+    def value(d) -> int | None:
+        if d.HasField("dim_value"):
+            return d.dim_value
+        e = expressions.get(d.dim_param)
+        if e is not None:
+            return e.evaluate(values) if e.symbols <= values.keys() else None
+        return values.get(d.dim_param)
+
     out = {}
     for name, vi in inputs.items():
-        tt = vi.type.tensor_type
-        if name in shapes or not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+        dims = _tensor_dims(vi)
+        if name in shapes or not dims:
             continue
-        dims = [
-            d.dim_value if d.HasField("dim_value") else fixed.get(d.dim_param, (None,))[0]
-            for d in tt.shape.dim
-        ]
-        if (
-            tt.shape.dim
-            and None not in dims
-            and any(not d.HasField("dim_value") for d in tt.shape.dim)
-        ):
-            out[name] = tuple(dims)
+        got = [value(d) for d in dims]
+        if None not in got and any(not d.HasField("dim_value") for d in dims):
+            out[name] = tuple(got)
     return out
+
+
+def _tensor_dims(vi: onnx.ValueInfoProto) -> list:
+    tt = vi.type.tensor_type
+    return list(tt.shape.dim) if vi.type.HasField("tensor_type") and tt.HasField("shape") else []
 
 
 def _infer(m: onnx.ModelProto, source: str) -> onnx.ModelProto:

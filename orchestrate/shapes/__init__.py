@@ -1,8 +1,9 @@
-"""Symbolic shapes: dimension ranges, affine dimension expressions, and
-shape inference over an ONNX model whose dimensions are symbols.
-
-This is the first stage only: nothing in planning, emission or the runner
-reads it yet.  ``orchestrate inspect --shape x=1..8x2..64`` shows it.
+"""Shapes as symbols: dimension ranges (``dims.py``), affine dimension
+expressions (``affine.py``), a model's inputs bound to them (``binding.py``),
+symbolic shape inference over the ONNX graph (``infer.py``, ``ops.py``; shown
+by ``orchestrate inspect --shape x=1..8x2..64``, not read by planning), and
+the family of primitive graphs over a range (``family.py``, ``probes.py``,
+``poly.py``).
 """
 
 from orchestrate.shapes.affine import Affine, NotAffine

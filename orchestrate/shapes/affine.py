@@ -154,3 +154,18 @@ def _affine_of(node: ast.AST) -> Affine | None:
         product = a.times(b)
         return product if isinstance(product, Affine) else None
     return None
+
+
+def expression_of(dim_param: str, symbols: set[str] | frozenset[str]) -> Affine | None:
+    """``dim_param`` as an affine expression of ``symbols`` (``past + 1``,
+    where ``past`` names a dimension elsewhere or is given a range), or None
+    for a plain name: a name that merely contains ``-`` (``seq-len``) is one."""
+    e = parse_affine(dim_param)
+    if e is None or e.is_const or e == Affine.of(dim_param) or not e.symbols <= symbols:
+        return None
+    return e
+
+
+def plain_names(dim_params) -> set[str]:
+    """The dim_params that are names, which expressions may use."""
+    return {p for p in dim_params if p.isidentifier()}

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import onnx
 
 from orchestrate.errors import InputError
-from orchestrate.shapes.affine import Affine, parse_affine
+from orchestrate.shapes.affine import Affine, expression_of, parse_affine, plain_names
 from orchestrate.shapes.dims import DimRange, parse_range
 
 Shape = tuple[Affine, ...]
@@ -63,8 +63,8 @@ def bind_inputs(
                 f"{flags.shape_of(name)}: the model has no input {name!r} (inputs: {known})"
             )
     params = {d.dim_param for i in inputs for d in _dims(i) if d.dim_param}
-    plain = {p for p in params if p.isidentifier()}
-    expressions = {p: e for p in params if (e := _expression(p, plain | set(dims))) is not None}
+    names = plain_names(params) | set(dims)
+    expressions = {p: e for p in params if (e := expression_of(p, names)) is not None}
     params |= {s for e in expressions.values() for s in e.symbols}
     for symbol in dims:
         if symbol not in params:
@@ -118,16 +118,6 @@ def bind_inputs(
     bind_later()
     order = {name: tuple(out[name]) for name in by_name}
     return order, {s: r for s, r in ranges.items() if not r.fixed}
-
-
-def _expression(dim_param: str, symbols: set[str]) -> Affine | None:
-    """``dim_param`` as an affine expression of ``symbols`` (``past + 1``,
-    where ``past`` names a dimension elsewhere or is given by --dim), or None
-    for a plain name: a name that merely contains ``-`` (``seq-len``) is one."""
-    e = parse_affine(dim_param)
-    if e is None or e.is_const or e == Affine.of(dim_param) or not e.symbols <= symbols:
-        return None
-    return e
 
 
 def _bind_expression(name, k, e: Affine, text, r, dims, ranges, source, flags, origin) -> Affine:

@@ -153,3 +153,26 @@ def test_one_bundle_serves_every_past_length(tmp_path):
                 "mask": np.zeros((1, 4), np.float32),  # past + 1 would be 5
             }
         )
+
+
+def test_a_static_shape_fills_in_the_expression_of_its_dimensions():
+    """``--shape cache=1x4x8`` fixes ``past``; the mask ``[1, past + 1]`` is
+    then 1x5, and a mask given alone gives ``past`` back."""
+    from orchestrate.plan import pipeline
+
+    for shapes in ({"cache": (1, 4, 8)}, {"mask": (1, 5)}):
+        g = pipeline.fission_model(_decode(), shapes, "m.onnx")
+        assert {i.name: i.type.shape for i in g.inputs} == {
+            "cache": (1, 4, 8),
+            "new": (1, 1, 8),
+            "mask": (1, 5),
+        }
+
+
+def test_static_shapes_that_disagree_on_an_expression_name_both():
+    from orchestrate.plan import pipeline
+
+    with pytest.raises(InputError) as e:
+        pipeline.fission_model(_decode(), {"cache": (1, 4, 8), "mask": (1, 6)}, "m.onnx")
+    msg = str(e.value)
+    assert "--shape mask=" in msg and "--shape cache=" in msg and "'past + 1'" in msg, msg
