@@ -530,7 +530,7 @@ def _shared_dims(inputs: dict, shapes: dict, option: str) -> dict[str, tuple[int
         if inputs[name].type.tensor_type.HasField("shape")
         and len(inputs[name].type.tensor_type.shape.dim) == len(want)
     }  # a rank that disagrees is refused below, naming the option
-    params = {d.dim_param for vi in inputs.values() for d in _tensor_dims(vi) if d.dim_param}
+    params = {d.dim_param for vi in inputs.values() for d in tensor_dims(vi) if d.dim_param}
     names = plain_names(params)
     expressions = {p: e for p in params if (e := expression_of(p, names)) is not None}
     fixed: dict[str, tuple[int, str]] = {}
@@ -574,7 +574,7 @@ def _shared_dims(inputs: dict, shapes: dict, option: str) -> dict[str, tuple[int
 
     out = {}
     for name, vi in inputs.items():
-        dims = _tensor_dims(vi)
+        dims = tensor_dims(vi)
         if name in shapes or not dims:
             continue
         got = [value(d) for d in dims]
@@ -583,7 +583,8 @@ def _shared_dims(inputs: dict, shapes: dict, option: str) -> dict[str, tuple[int
     return out
 
 
-def _tensor_dims(vi: onnx.ValueInfoProto) -> list:
+def tensor_dims(vi: onnx.ValueInfoProto) -> list:
+    """The dimensions of a tensor input with a shape ([] for none)."""
     tt = vi.type.tensor_type
     return list(tt.shape.dim) if vi.type.HasField("tensor_type") and tt.HasField("shape") else []
 

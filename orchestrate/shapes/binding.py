@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import onnx
 
 from orchestrate.errors import InputError
+from orchestrate.frontend import tensor_dims
 from orchestrate.shapes.affine import Affine, expression_of, parse_affine, plain_names
 from orchestrate.shapes.dims import DimRange, parse_range
 
@@ -62,7 +63,7 @@ def bind_inputs(
             raise InputError(
                 f"{flags.shape_of(name)}: the model has no input {name!r} (inputs: {known})"
             )
-    params = {d.dim_param for i in inputs for d in _dims(i) if d.dim_param}
+    params = {d.dim_param for i in inputs for d in tensor_dims(i) if d.dim_param}
     names = plain_names(params) | set(dims)
     expressions = {p: e for p in params if (e := expression_of(p, names)) is not None}
     params |= {s for e in expressions.values() for s in e.symbols}
@@ -91,7 +92,7 @@ def bind_inputs(
             bind_later()  # the given shapes' expressions may give their symbols' ranges
         if not vi.type.HasField("tensor_type"):
             raise InputError(f"{source}: input {name!r} is not a tensor")
-        model_dims = _dims(vi)
+        model_dims = tensor_dims(vi)
         given = shapes.get(name)
         if (
             given is not None
@@ -209,11 +210,6 @@ def _declare(
     ranges[symbol] = r
     origin.setdefault(symbol, flag)
     return Affine.of(r.min) if r.fixed else Affine.of(symbol)
-
-
-def _dims(vi: onnx.ValueInfoProto):
-    tt = vi.type.tensor_type
-    return list(tt.shape.dim) if vi.type.HasField("tensor_type") and tt.HasField("shape") else []
 
 
 @dataclass(frozen=True)
