@@ -151,13 +151,14 @@ def solve(
         else:
             objective.append(c.time_us * x[k])
     prob += pulp.lpSum(objective)
+    written = _written(prob, writers)
     for t in required:
         if t not in writers:
             raise AssertionError(f"no candidate writes required tensor {t}")
-        prob += pulp.lpSum(v for _, v in writers[t]) >= 1
-    for _, ws in sorted(writers.items()):  # each tensor has one buffer and one writer: two
+        prob += written[t] >= 1
+    for t, ws in sorted(writers.items()):  # each tensor has one buffer and one writer: two
         if len(ws) > 1:  # kernels that both recompute a value may not both store it
-            prob += pulp.lpSum(v for _, v in ws) <= 1
+            prob += written[t] <= 1
     for k, kern in enumerate(kernels):
         for t in kern.inputs:
             if t in available:
@@ -165,7 +166,7 @@ def solve(
             if t not in writers:
                 prob += x[k] == 0  # nothing can feed it
             else:
-                prob += pulp.lpSum(v for _, v in writers[t]) >= x[k]
+                prob += written[t] >= x[k]
     if budget is not None:
         terms, m = [], {}
         for t, ws in sorted(writers.items()):
@@ -238,6 +239,26 @@ def solve(
         if rounds >= MAX_CYCLE_ROUNDS:
             raise AssertionError(f"{name}: cycle cuts did not converge")
         _cut_cycle(prob, x, writers, kernels, [choices[i] for i in stuck], available)
+
+
+def _written(prob, writers) -> dict:
+    """For each tensor, the number of chosen kernels that write it: a sum of
+    its writers' variables, or a continuous variable equal to it when the
+    tensor has several writers.  Every reader's constraint then names one
+    variable instead of every writer (a GRU's partition had 650,000
+    nonzeros, most of them repeated writer lists, and CBC's preprocessing
+    of them took longer than its search)."""
+    import pulp
+
+    out = {}
+    for i, (t, ws) in enumerate(sorted(writers.items())):
+        if len(ws) == 1:
+            out[t] = ws[0][1]
+        else:
+            s = pulp.LpVariable(f"s{i}", lowBound=0)
+            prob += s == pulp.lpSum(v for _, v in ws)
+            out[t] = s
+    return out
 
 
 def _add_computed_cuts(prob, by_node, available, required, edges) -> None:
