@@ -26,7 +26,8 @@ fp32), ``S`` stages and ``W`` warps:
   buffered ``S - 1`` more times when the loop is software-pipelined (more
   than one K step and ``S >= 2``); wgmma (fp16, bf16 and TF32, BLOCK_M >=
   64) keeps both tiles in shared memory, IEEE fp32 only computed tiles; the result tile
-  is converted to the store layout through ``min(BLOCK_M, 128) x BLOCK_N``.
+  is converted to the store layout through ``min(BLOCK_M, 128) x BLOCK_N``
+  in the stored dtype (fp32 when an fp16 matmul's epilogue casts up).
   Split-K adds no shared memory (its partial tiles go through the result
   tile's layout conversion) but registers: ``SPLIT_K_SPILL``.
 * merged matmul: one K loop whatever the segments (``templates/merged_matmul/emit.py``),
@@ -166,7 +167,10 @@ def dot_tiles(graph: Graph, spec: KernelSpec) -> WorkingSet:
     steps = math.ceil(k / bk)
     piped = stages >= 2 and steps > 1 and looped > 0
     tensor_cores = half or c.precision == "tf32"
-    result = min(bm, 128) * bn * it
+    # the result tile is converted in the dtype it is stored in (an fp16
+    # matmul whose epilogue casts up and adds an fp32 residual: fp32)
+    out_it = max((itemsize(graph, t) for t in spec.outputs), default=it)
+    result = min(bm, 128) * bn * max(it, out_it)
     tiles = (a + b) * it
     if tensor_cores and bm >= 64:  # wgmma: both operand tiles in shared memory
         body = tiles + (stages - 1) * looped if piped else tiles
