@@ -43,6 +43,7 @@ RTOL = {"float16": 1e-2, "bfloat16": 4e-2, "float32": 1e-4, "float64": 1e-7}
 # a bundle whose largest error against the truth is at most this many times
 # onnxruntime's passes, whatever the tolerance says
 ORT_MULTIPLE = 2.0
+_COMPARISONS = {Op.LT, Op.LE, Op.EQ}
 _PASS_THROUGH = {Op.CAST, Op.RESHAPE, Op.EXPAND, Op.IDENTITY, Op.TRANSPOSE, Op.SLICE, Op.CONCAT}
 
 
@@ -122,9 +123,15 @@ class Report:
         return next((c for c in self.checks if not c.ok), None)
 
 
-def index_ranges(graph: ir.Graph) -> dict[str, int]:
-    """For integer inputs that index a Gather: the size of the indexed axis."""
-    out: dict[str, int] = {}
+def integer_ranges(graph: ir.Graph) -> dict[str, int]:
+    """For integer inputs, the exclusive upper bound of the values random
+    inputs draw from 0: the size of the axis for an index of a Gather (the
+    least, if several); else one past the largest constant it is compared
+    with (a length masked against step numbers: every outcome of each
+    comparison occurs, and no value exceeds what the comparisons tell
+    apart)."""
+    indexed: dict[str, int] = {}
+    compared: dict[str, int] = {}
     for inp in graph.inputs:
         if inp.type.dtype not in ir.INTS:
             continue
@@ -134,11 +141,16 @@ def index_ranges(graph: ir.Graph) -> dict[str, int]:
             for c in graph.consumers.get(t, ()):
                 if c.op is Op.GATHER and c.inputs[1] == t:
                     size = graph.types[c.inputs[0]].shape[c.attrs["axis"]]
-                    out[inp.name] = min(out.get(inp.name, size), size)
+                    indexed[inp.name] = min(indexed.get(inp.name, size), size)
+                elif c.op in _COMPARISONS:
+                    other = [graph.constants.get(x) for x in c.inputs if x != t]
+                    if other and other[0] is not None and other[0].size:
+                        high = max(int(other[0].max()) + 2, 1)
+                        compared[inp.name] = max(compared.get(inp.name, high), high)
                 elif c.op in _PASS_THROUGH and c.name not in seen:
                     seen.add(c.name)
                     frontier.append(c.name)
-    return out
+    return {**compared, **indexed}
 
 
 def divisors(graph: ir.Graph) -> set[str]:
@@ -166,7 +178,7 @@ def divisors(graph: ir.Graph) -> set[str]:
 
 def random_inputs(graph: ir.Graph, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    ranges = index_ranges(graph)
+    ranges = integer_ranges(graph)
     nonzero = divisors(graph)
     feeds = {}
     for i in graph.inputs:

@@ -16,7 +16,7 @@ import numpy as np
 
 from orchestrate import ir
 from orchestrate.check.exact import field as F
-from orchestrate.check.verify import index_ranges
+from orchestrate.check.verify import integer_ranges
 from orchestrate.ir import Op
 from orchestrate.ir.reference import IMPLS
 
@@ -39,7 +39,7 @@ class Trial:
     def __post_init__(self) -> None:
         f = self.field
         self.special = {k: int(self.rng.integers(0, f.p * f.q)) for k in ("+inf", "-inf", "nan")}
-        ranges = index_ranges(self.graph)
+        ranges = integer_ranges(self.graph)
         for i in self.graph.inputs:
             if i.name in ranges:
                 idx = self.rng.integers(0, ranges[i.name], size=i.type.shape)
