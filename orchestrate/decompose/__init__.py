@@ -31,6 +31,7 @@ from orchestrate.decompose import (
     layout,
     linalg,
     normalization,
+    recurrent,
     reduce,
     resize,
 )
@@ -63,6 +64,7 @@ TABLE: dict[str, Decomposition] = _merge(
     resize.OPS,
     linalg.OPS,
     conv.OPS,
+    recurrent.OPS,
 )
 SUPPORTED_OPS = tuple(TABLE)
 
