@@ -26,6 +26,7 @@ from orchestrate.check.verify import Report, check_tolerance, verify
 from orchestrate.emit import emit
 from orchestrate.errors import InputError, OrchestrateError
 from orchestrate.frontend import check_shapes, onnxrt
+from orchestrate.frontend.constants import recorded
 from orchestrate.ir import precision, reference
 from orchestrate.plan import Plan, pipeline, ranged
 from orchestrate.plan.planner import PlanOptions
@@ -173,7 +174,9 @@ def optimize(
     atol: float | None = None,
     progress=None,
     tune: Tune | None = None,
+    constants: Mapping[str, object] | None = None,
     _shape_option: str = "shapes",
+    _const_option: str = "constants",
     **plan_options,
 ) -> Optimized:
     """Fission, plan, emit and verify ``model_path``; write the bundle to ``out_dir``.
@@ -187,8 +190,11 @@ def optimize(
     written if the simulation is within tolerance, not called verified.
     ``tune`` (``orchestrate.tune.Tune``: a timer, configurations per spec,
     a cache file) prices the candidates by measurement (``optimize --tune``).
-    A bad argument is an InputError that names it (``_shape_option`` is the
-    name shape errors give ``shapes``).
+    ``constants`` binds inputs to values (``{"sr": 16000}``): they become
+    constants of the model, folded (an ``If`` on them takes its branch),
+    and the bundle's interface no longer has them.  A bad argument is an
+    InputError that names it (``_shape_option`` and ``_const_option`` are
+    the names errors give ``shapes`` and ``constants``).
 
     A range in ``shapes`` (``{"x": "1..8x2..64@32"}``, or per dimension
     ``("1..8", (2, 64, 32))``) or in ``dims`` (``{"seq": "2..64"}``) makes a
@@ -212,7 +218,8 @@ def optimize(
     bundle.check_destination(out, model_path)
     if rtol is None:
         rtol = default_rtol(options.dtype, options.tf32)
-    model = pipeline.load(model_path)
+    model = pipeline.load(model_path, constants, _const_option)
+    bound = recorded(model, constants or {})
     if ranges is not None:  # every range a point: the static shape it fixes
         point = ranged.point_shapes(model, ranges, str(model_path))
         ranges, shapes = (None, point) if point is not None else (ranges, shapes)
@@ -223,7 +230,7 @@ def optimize(
                 "shape); tune a static shape, or plan the range by the cost model"
             )
         return _optimize_range(
-            model_path, model, out, ranges, options, trials, rtol, atol, progress
+            model_path, model, out, ranges, options, trials, rtol, atol, progress, bound
         )
     report_step = progress or (lambda stage, i, n: None)
     # made before the work, so a model onnxruntime refuses is refused up front
@@ -242,6 +249,7 @@ def optimize(
             "orchestrate": __version__,
             "model": {"file": Path(model_path).name, "sha256": bundle.sha256(Path(model_path))},
             "shapes": {k: list(v) for k, v in (shapes or {}).items()},
+            **({"bound_inputs": bound} if bound else {}),
         }
         staging.write(plan, source, constants, _report_md(plan, None), info)
         result = None
@@ -288,6 +296,7 @@ def _optimize_range(
     rtol,
     atol,
     progress,
+    bound: dict,
 ) -> Optimized:
     """``optimize`` for a range of shapes (``model``, loaded from
     ``model_path``): one dynamic bundle, verified at MIN, OPT, MAX and
@@ -302,6 +311,7 @@ def _optimize_range(
             "orchestrate": __version__,
             "model": {"file": model_path.name, "sha256": bundle.sha256(model_path)},
             "shapes": {i.name: list(i.shape) for i in plan.graph.inputs if i.name in family.inputs},
+            **({"bound_inputs": bound} if bound else {}),
         }
         dims = family.to_json()
         staging.write(plan, made.source, made.constants, _report_md(plan, None, family), info, dims)
@@ -368,7 +378,7 @@ def _verify_range(out_dir, model_path, shapes, trials: int, rtol, atol, option: 
     else at MIN, OPT, MAX and ``trials`` random bindings of its range."""
     loaded = load(out_dir)
     model_path = _path(model_path, "model_path")
-    model = pipeline.load(model_path)
+    model = pipeline.load(model_path, loaded.manifest.get("bound_inputs"), "bound_inputs")
     family = loaded.family
     at_opt = pipeline.fission_model(
         model, range_check.input_shapes(loaded, family.at("opt")), str(model_path), option=option
@@ -409,7 +419,7 @@ def bundle_and_model(
     model_path = _path(model_path, "model_path")
     shapes = check_shapes(shapes, _shape_option) if shapes is not None else None
     loaded = load(out_dir)
-    model = pipeline.load(model_path)
+    model = pipeline.load(model_path, loaded.manifest.get("bound_inputs"), "bound_inputs")
     family = getattr(loaded, "family", None)
     if family is not None:
         binding = family.at("opt") if shapes is None else binding_of(family, shapes)

@@ -174,6 +174,31 @@ def dim_option(fn):
     )(fn)
 
 
+def const_option(fn):
+    return click.option(
+        "--const",
+        "consts",
+        metavar="NAME=VALUE",
+        multiple=True,
+        help="Bind an input to a value, e.g. --const sample_rate=16000 (a list for a "
+        "1-D input: --const ids=3,1,2): it becomes a constant of the model, an If on it "
+        "takes its branch, and the bundle no longer has the input (repeatable).",
+    )(fn)
+
+
+def _consts(texts) -> dict[str, list[str]]:
+    """--const options as {NAME: value texts}; the values are read in the
+    input's dtype when the model is loaded."""
+    from orchestrate.frontend.constants import parse_const
+
+    out: dict[str, list[str]] = {}
+    for text in texts:
+        name, values = parse_const(text)
+        if out.setdefault(name, values) != values:
+            raise InputError(f"--const {name}: given twice with different values")
+    return out
+
+
 def _ranges(texts, dims):
     """--shape and --dim as (input -> per-axis DimRanges, symbol -> DimRange)
     when any gives a range, else None (a static shape: ``_shapes``)."""
@@ -248,13 +273,14 @@ def main(debug: bool) -> None:
     help="Where to write the primitive ONNX model.",
 )
 @shape_option
+@const_option
 @reports_errors
-def decompose(model: Path, output: Path, shapes) -> None:
+def decompose(model: Path, output: Path, shapes, consts) -> None:
     """Split every ONNX operator of MODEL into primitives; write them as ONNX."""
     from orchestrate.plan import pipeline
 
     pipeline.check_output_path(output, model)
-    graph = pipeline.fission_file(model, _shapes(shapes))
+    graph = pipeline.fission_file(model, _shapes(shapes), _consts(consts))
     pipeline.write_primitive_onnx(graph, output, name=model.stem)
     echo(
         f"wrote {output}: {len(graph.nodes)} primitives "
@@ -540,10 +566,11 @@ class StageProgress:
 )
 @shape_option
 @dim_option
+@const_option
 @plan_options
 @tune_options
 @reports_errors
-def plan(model: Path, output: Path, shapes, dims, tune, tune_configs, **opts) -> None:
+def plan(model: Path, output: Path, shapes, dims, consts, tune, tune_configs, **opts) -> None:
     """Choose the kernels for MODEL: fission, candidates, costs, linear program.
 
     With a range (--shape x=1..8x2..64@32, --dim seq=2..64): the plan at OPT
@@ -553,12 +580,13 @@ def plan(model: Path, output: Path, shapes, dims, tune, tune_configs, **opts) ->
     from orchestrate.plan import pipeline
 
     ranges = _ranges(shapes, dims)
+    consts = _consts(consts)
     loaded = point = None
     if ranges is not None:  # every range a point: the static shape it fixes
         from orchestrate.plan.ranged import point_shapes
         from orchestrate.shapes.binding import Ranges
 
-        loaded = pipeline.load(model)
+        loaded = pipeline.load(model, consts, "--const")
         point = point_shapes(loaded, Ranges(*ranges), str(model))
         ranges = ranges if point is None else None
     _no_tune_with_range(tune, ranges)
@@ -585,7 +613,7 @@ def plan(model: Path, output: Path, shapes, dims, tune, tune_configs, **opts) ->
         result, family = made.plan, made.family
     else:
         graph = (
-            pipeline.fission_file(model, _shapes(shapes))
+            pipeline.fission_file(model, _shapes(shapes), consts)
             if point is None
             else pipeline.fission_model(loaded, point, str(model))
         )
@@ -753,6 +781,7 @@ def tolerance_options(fn):
 )
 @shape_option
 @dim_option
+@const_option
 @plan_options
 @click.option(
     "--trials",
@@ -767,7 +796,7 @@ def tolerance_options(fn):
 @tune_options
 @reports_errors
 def optimize(
-    model: Path, out_dir: Path, shapes, dims, trials, rtol, atol, tune, tune_configs, **opts
+    model: Path, out_dir: Path, shapes, dims, consts, trials, rtol, atol, tune, tune_configs, **opts
 ) -> None:
     """Optimize MODEL into a bundle of Triton kernels, verified against its float64 reference.
 
@@ -794,7 +823,9 @@ def optimize(
             atol=atol,
             progress=StageProgress(),
             tune=tuning,
+            constants=_consts(consts),
             _shape_option="--shape",
+            _const_option="--const",
         )
     echo(explain.kernel_table(result.plan, limit=25))
     echo("")

@@ -6,6 +6,7 @@
       weights.npz    constants the kernels read (loaded with allow_pickle=False)
       report.md      the explain table, baselines and verification result
       manifest.json  format, versions, constant names, sha256 of every file
+                     (and the inputs --const bound, ``bound_inputs``)
       dims.json      only in a dynamic bundle (``--shape x=1..8x2..64``): its
                      dimensions, their ranges, and the shapes and attributes
                      that are polynomials of them (``shapes/family.py``)
@@ -343,12 +344,31 @@ _MANIFEST = {
 }
 
 
+def _values(v) -> bool:
+    """Whether ``v`` is a number, a boolean, or nested lists of them."""
+    if isinstance(v, list):
+        return all(_values(x) for x in v)
+    return isinstance(v, bool | int | float)
+
+
+# fields a bundle has only when it needs them
+_OPTIONAL = {
+    # inputs bound to values by --const (frontend/constants.py)
+    "bound_inputs": (
+        lambda v: isinstance(v, dict) and all(_values(x) for x in v.values()),
+        "an object of input name -> value",
+    ),
+}
+
+
 def _check_manifest(manifest: dict, folder: Path) -> None:
     for key in manifest:
-        if key not in _MANIFEST:
+        if key not in _MANIFEST and key not in _OPTIONAL:
             raise InputError(f"{folder}: manifest.json has an unknown field '{text.shown(key)}'")
-    for key, (ok, want) in _MANIFEST.items():
+    for key, (ok, want) in {**_MANIFEST, **_OPTIONAL}.items():
         if key not in manifest:
+            if key in _OPTIONAL:
+                continue
             raise InputError(f"{folder}: manifest.json lacks the field {key!r}")
         if not ok(manifest[key]):
             raise InputError(f"{folder}: manifest.json field {key!r} must be {want}")

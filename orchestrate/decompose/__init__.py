@@ -135,6 +135,9 @@ def _check_sizes(graph: ir.Graph, source: str) -> None:
 
 
 def _check_supported(g: onnx.GraphProto, source: str) -> None:
+    for index, node in enumerate(g.node):
+        if node.op_type == "If" and node.domain in ("", "ai.onnx"):
+            _refuse_if(g, node, index, source)
     missing = Counter(
         n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
         for n in g.node
@@ -143,6 +146,33 @@ def _check_supported(g: onnx.GraphProto, source: str) -> None:
     if missing:
         listing = ", ".join(f"{op} (x{k})" for op, k in sorted(missing.items()))
         raise UnsupportedError(f"{source}: no decomposition for {listing}", dict(missing))
+
+
+def _refuse_if(g: onnx.GraphProto, node: onnx.NodeProto, index: int, source: str) -> None:
+    """An ``If`` the frontend could not take a branch of: its condition
+    depends on these graph inputs, which ``--const`` can bind."""
+    made_by = {o: n for n in g.node for o in n.output if o}
+    inputs = {i.name for i in g.input} - {t.name for t in g.initializer}
+    found, frontier, seen = set(), [node.input[0]], set()
+    while frontier:
+        t = frontier.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t in inputs:
+            found.add(t)
+        elif t in made_by:
+            frontier.extend(i for i in made_by[t].input if i)
+    where = f"{source}: node {node_label(node, index)!r} (If)"
+    if found:
+        flags = " ".join(f"--const {n}=VALUE" for n in sorted(found))
+        raise UnsupportedError(
+            f"{where}: its condition depends on input{'s' if len(found) > 1 else ''} "
+            f"{', '.join(map(repr, sorted(found)))}; bind {'them' if len(found) > 1 else 'it'} "
+            f"with {flags} to take one branch",
+            {"If": 1},
+        )
+    raise UnsupportedError(f"{where}: its condition is not a constant", {"If": 1})
 
 
 def _check_dtype(dtype: str, where: str) -> None:

@@ -21,8 +21,15 @@ from orchestrate.files import check_not_input, check_output_file, file_mode, sig
 from orchestrate.ir.export import to_onnx
 
 
-def load(path: str | os.PathLike) -> onnx.ModelProto:
-    return frontend.load(path)
+def load(
+    path: str | os.PathLike, constants: Mapping[str, object] | None = None, option="constants"
+) -> onnx.ModelProto:
+    """The checked model at ``path``, with the inputs ``constants`` names
+    bound to its values (``frontend/constants.py``; errors name ``option``)."""
+    from orchestrate.frontend.constants import bind_constants, check_constants
+
+    constants = check_constants(constants, option)
+    return bind_constants(frontend.load(path), constants, str(path), option)
 
 
 def fission_model(
@@ -36,8 +43,9 @@ def fission_model(
     return fission(frontend.prepare(model, shapes, source, option=option), source, consume=True)
 
 
-def fission_file(path: str | os.PathLike, shapes=None) -> ir.Graph:
-    prepared = frontend.prepare(load(path), shapes, str(path))  # the original is freed here
+def fission_file(path: str | os.PathLike, shapes=None, constants=None) -> ir.Graph:
+    # the original is freed here
+    prepared = frontend.prepare(load(path, constants, "--const"), shapes, str(path))
     return fission(prepared, str(path), consume=True)
 
 

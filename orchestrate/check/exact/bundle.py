@@ -30,8 +30,9 @@ def verify_exact(
     made = regenerate.planned(contents.plan, plan_graph, str(out_dir))
     if shapes is None:
         shapes = {k: tuple(v) for k, v in contents.manifest.get("shapes", {}).items()}
+    bound = contents.manifest.get("bound_inputs")
     original = pipeline.fission_model(
-        pipeline.load(model_path), shapes, str(model_path), option=option
+        pipeline.load(model_path, bound, "bound_inputs"), shapes, str(model_path), option=option
     )
     mine = [(i.name, i.type) for i in original.inputs]
     theirs = [(i.name, i.type) for i in plan_graph.inputs]
@@ -56,7 +57,7 @@ def verify_exact_range(
     if contents.dims is None:
         raise InputError(f"{out_dir}: not a dynamic bundle (it has no {bundle.DIMS})")
     family = Family.from_json(contents.dims, f"{out_dir}/{bundle.DIMS}")
-    model = pipeline.load(model_path)
+    model = pipeline.load(model_path, contents.manifest.get("bound_inputs"), "bound_inputs")
     out = []
     for b in dict.fromkeys(family.at(w) for w in ("min", "opt", "max")):
         inst = instance(contents.plan, family, contents.constants, b, str(out_dir))
