@@ -1,7 +1,9 @@
 """Operator fission: every ONNX operator becomes primitives.
 
 One function per ONNX op type, named after the op, grouped by family in the
-modules of this package and collected in :data:`TABLE`.  A function takes the
+modules of this package and collected in :data:`TABLE` (keyed by op type, or
+``domain::op type`` outside the ONNX domain: onnxruntime's ``com.microsoft``
+fused ops, ``contrib.py``).  A function takes the
 :class:`~orchestrate.decompose.builder.Builder`, the node's inputs as
 :class:`Value` handles (``None`` for an omitted optional input) and the
 node's attributes as keyword arguments whose defaults are the spec's.  It
@@ -25,6 +27,7 @@ from onnx import helper, numpy_helper
 
 from orchestrate import ir
 from orchestrate.decompose import (
+    contrib,
     conv,
     elementwise,
     gather,
@@ -37,7 +40,7 @@ from orchestrate.decompose import (
 )
 from orchestrate.decompose.builder import Builder, Value, onnx_dtype_name
 from orchestrate.errors import GraphError, InputError, UnsupportedError
-from orchestrate.frontend import opset_of
+from orchestrate.frontend import DEFAULT_DOMAINS, opset_of
 from orchestrate.frontend.weights import array as initializer_array
 from orchestrate.ir import type_rules
 from orchestrate.ir.bounds import INDEX_ERROR, check_constants
@@ -65,6 +68,7 @@ TABLE: dict[str, Decomposition] = _merge(
     linalg.OPS,
     conv.OPS,
     recurrent.OPS,
+    contrib.OPS,
 )
 SUPPORTED_OPS = tuple(TABLE)
 
@@ -136,16 +140,18 @@ def _check_sizes(graph: ir.Graph, source: str) -> None:
 
 def _check_supported(g: onnx.GraphProto, source: str) -> None:
     for index, node in enumerate(g.node):
-        if node.op_type == "If" and node.domain in ("", "ai.onnx"):
+        if node.op_type == "If" and node.domain in DEFAULT_DOMAINS:
             _refuse_if(g, node, index, source)
-    missing = Counter(
-        n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
-        for n in g.node
-        if n.domain not in ("", "ai.onnx") or n.op_type not in TABLE
-    )
+    missing = Counter(table_key(n) for n in g.node if table_key(n) not in TABLE)
     if missing:
         listing = ", ".join(f"{op} (x{k})" for op, k in sorted(missing.items()))
         raise UnsupportedError(f"{source}: no decomposition for {listing}", dict(missing))
+
+
+def table_key(node: onnx.NodeProto) -> str:
+    """The node's entry in TABLE: its op type, ``domain::op type`` outside
+    the ONNX domain (``com.microsoft::FastGelu``)."""
+    return node.op_type if node.domain in DEFAULT_DOMAINS else f"{node.domain}::{node.op_type}"
 
 
 def _refuse_if(g: onnx.GraphProto, node: onnx.NodeProto, index: int, source: str) -> None:
@@ -215,7 +221,7 @@ def _decompose_node(
 ) -> None:
     label = node_label(node, index)
     where = f"{source}: node {label!r} ({node.op_type})"
-    fn = TABLE[node.op_type]
+    fn = TABLE[table_key(node)]
     attrs = onnx_attrs(node)
     params = inspect.signature(fn).parameters
     unknown = [k for k in attrs if k not in params]

@@ -122,10 +122,29 @@ def check(model: onnx.ModelProto, source: str = "<model>") -> None:
     _check_text(model, source)
     try:  # on the skeleton: the checker serializes what it checks, and a model
         # with weights beyond protobuf's 2 GiB cannot be serialized
-        onnx.checker.check_model(_skeleton(model)[0])
+        onnx.checker.check_model(_checkable(_skeleton(model)[0]))
     except (onnx.checker.ValidationError, ValueError) as e:
         raise InputError(f"{source}: invalid ONNX model ({_short(e)})") from None
     _check_graph(model.graph, source)
+
+
+# onnxruntime's own operators that its optimizer writes in the ONNX domain,
+# which onnx's checker does not know
+ONNXRUNTIME_IN_ONNX_DOMAIN = frozenset({"SimplifiedLayerNormalization"})
+_CHECKED_AS = "ai.onnx.onnxruntime"  # their domain while the checker reads them
+
+
+def _checkable(m: onnx.ModelProto) -> onnx.ModelProto:
+    """``m`` (a skeleton, changed in place) with onnxruntime's ONNX-domain
+    operators in a domain of their own, which the checker does not verify."""
+    moved = False
+    for node in m.graph.node:
+        if node.domain in DEFAULT_DOMAINS and node.op_type in ONNXRUNTIME_IN_ONNX_DOMAIN:
+            node.domain = _CHECKED_AS
+            moved = True
+    if moved:
+        m.opset_import.append(onnx.helper.make_opsetid(_CHECKED_AS, 1))
+    return m
 
 
 def _check_text(message, source: str) -> None:
