@@ -17,7 +17,7 @@ import weakref
 from orchestrate.cost.devices import Device
 from orchestrate.cost.figures import ACHIEVABLE_BANDWIDTH, SFU_FLOPS, TENSOR_CORE_EFFICIENCY
 from orchestrate.ir import Graph, Node, Op
-from orchestrate.kernels.region import ROW_REDUCTIONS
+from orchestrate.kernels.region import ROW_REDUCTIONS, ancestors_within
 from orchestrate.kernels.spec import Anchored, KernelSpec, Rows, split_k, split_k_scratch
 
 SFU_OPS = frozenset(
@@ -106,6 +106,35 @@ def anchored_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int, int]:
     return seen[key]
 
 
+_SIDES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def prologue_sides(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
+    """The prologue flops of a matmul set per evaluation, split by the
+    operand they make: (A's, B's); a node feeding both counts in both."""
+    seen = _SIDES.setdefault(graph, {})
+    key = (spec.nodes, spec.roles)
+    if key not in seen:
+        roles = spec.roles
+        assert isinstance(roles, Anchored)
+        inside = set(roles.prologue)
+        sides = []
+        for operand in graph.producer[roles.anchor].inputs:
+            if operand not in inside:
+                sides.append(0)  # loaded as it is
+                continue
+            feeding = ancestors_within(graph, operand, inside) | {operand}
+            sides.append(
+                sum(
+                    graph.producer[n].type.size * weight(graph.producer[n].op)
+                    for n in feeding
+                    if graph.producer[n].op not in FREE_OPS
+                )
+            )
+        seen[key] = (sides[0], sides[1])
+    return seen[key]
+
+
 def reuse(spec: KernelSpec, anchor: Node) -> int:
     """How many programs load each operand element of a matmul: one per
     column of tiles (its prologue is evaluated that many times)."""
@@ -165,13 +194,20 @@ def elementwise_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
 def anchored_split_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
     """(dot flops, other flops) of an anchored set: the anchor's
     multiply-adds on the tensor cores (a pool's window sums on CUDA cores),
-    its prologue once per column of tiles, its epilogue once per output
-    element, and split-K's additions of the partials."""
+    its prologue once per tile that loads it (A's per column of tiles, B's
+    per row), its epilogue once per output element, and split-K's
+    additions of the partials."""
     roles = spec.roles
     assert isinstance(roles, Anchored)
     anchor = graph.producer[roles.anchor]
     dots, prologue, epilogue = anchored_flops(graph, spec)
-    other = prologue * reuse(spec, anchor) + epilogue
+    if anchor.op is Op.MATMUL and prologue:
+        # A's prologue runs in every column of tiles, B's in every row
+        on_a, on_b = prologue_sides(graph, spec)
+        rows = max(1, math.ceil(anchor.shape[-2] / spec.config["BLOCK_M"]))
+        other = on_a * reuse(spec, anchor) + on_b * rows + epilogue
+    else:
+        other = prologue * reuse(spec, anchor) + epilogue
     other += split_k_scratch(graph, spec)[0]  # the fix-up adds the partials
     if anchor.op in (Op.MATMUL, Op.CONV):
         return dots, other
