@@ -34,6 +34,7 @@ from orchestrate.decompose import (
     layout,
     linalg,
     normalization,
+    quantize,
     recurrent,
     reduce,
     resize,
@@ -69,6 +70,7 @@ TABLE: dict[str, Decomposition] = _merge(
     conv.OPS,
     recurrent.OPS,
     contrib.OPS,
+    quantize.OPS,
 )
 SUPPORTED_OPS = tuple(TABLE)
 
