@@ -161,9 +161,12 @@ def test_a_split_kv_attention_compiles_for_hopper_within_its_limits(tmp_path):
 
     if not has_nvidia_backend():
         pytest.skip("triton has no NVIDIA backend")
-    onnx.save(model(Case("none", 4096, 128, q_seq=1)), tmp_path / "decode.onnx")
+    # an fp16 model: an fp32 one planned at --dtype fp16 ends in a cast,
+    # which no attention epilogue takes, and the planner then prefers two
+    # matmuls and a softmax (7.17 against 7.41 us predicted)
+    onnx.save(model(Case("none", 4096, 128, q_seq=1, dtype="fp16_model")), tmp_path / "decode.onnx")
     result = orchestrate.optimize(
-        tmp_path / "decode.onnx", tmp_path / "decode.orch", device="h200", dtype="fp16", trials=0
+        tmp_path / "decode.onnx", tmp_path / "decode.orch", device="h200", trials=0
     )
     (att,) = [s for s in result.plan.kernels if s.template == ATTENTION]
     assert split_k(att.config) > 1
