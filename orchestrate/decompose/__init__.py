@@ -33,6 +33,7 @@ from orchestrate.decompose import (
     gather,
     layout,
     linalg,
+    loss,
     normalization,
     quantize,
     recurrent,
@@ -71,6 +72,7 @@ TABLE: dict[str, Decomposition] = _merge(
     recurrent.OPS,
     contrib.OPS,
     quantize.OPS,
+    loss.OPS,
 )
 SUPPORTED_OPS = tuple(TABLE)
 
