@@ -15,7 +15,7 @@ DEMO   := examples/models/tiny_bert.onnx
 
 .PHONY: install demo test test-slow test-gpu fuzz lint format examples golden-update \
         conformance models bench-plan bench bench-gpu bench-gpu-dry gpu-wheels bench-launch \
-        hf-check fit-check dynamic-check clean
+        hf-check fit-check dynamic-check peer-check clean
 
 install: $(STAMP)
 
@@ -74,6 +74,15 @@ golden-update: install
 # pass / bound / declined counts over the ONNX node conformance cases
 conformance: install
 	$(PY) -m tests.conformance
+
+# KernelBench's level 1 and 2 programs (a peer's suite: a checkout of
+# ScalingIntelligence/KernelBench, which this project does not ship) shrunk,
+# exported and optimized one by one; prints the counts (examples/kernelbench.py)
+KERNELBENCH ?=
+peer-check: install
+	@test -n "$(KERNELBENCH)" || { echo "make peer-check: set KERNELBENCH=PATH, a checkout of ScalingIntelligence/KernelBench" >&2; exit 2; }
+	mkdir -p out
+	TRITON_INTERPRET=1 $(PY) -m examples.kernelbench $(KERNELBENCH) --levels 1,2 --json out/peer-check.jsonl
 
 # the benchmark suite at full size, random weights, no network (examples/suite.py
 # lists it), into out/models: ~3 GB that any checkout rebuilds, so kept in the
