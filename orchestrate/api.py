@@ -9,6 +9,7 @@ outputs = model.run({"ids": torch_ids})  # torch tensors in, torch tensors out
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import threading
@@ -22,6 +23,7 @@ import onnx
 from orchestrate import bundle, explain
 from orchestrate.bundle import regenerate
 from orchestrate.check import ranged as range_check
+from orchestrate.check.draws import Draws, check_draws
 from orchestrate.check.verify import Report, check_tolerance, verify
 from orchestrate.emit import emit
 from orchestrate.errors import InputError, OrchestrateError
@@ -175,6 +177,8 @@ def optimize(
     progress=None,
     tune: Tune | None = None,
     constants: Mapping[str, object] | None = None,
+    input_ranges: Mapping[str, tuple[float, float]] | None = None,
+    inputs: Mapping[str, np.ndarray] | None = None,
     _shape_option: str = "shapes",
     _const_option: str = "constants",
     **plan_options,
@@ -192,7 +196,10 @@ def optimize(
     a cache file) prices the candidates by measurement (``optimize --tune``).
     ``constants`` binds inputs to values (``{"sr": 16000}``): they become
     constants of the model, folded (an ``If`` on them takes its branch),
-    and the bundle's interface no longer has them.  A bad argument is an
+    and the bundle's interface no longer has them.  Verification draws each
+    input from what the graph needs, or from ``input_ranges`` (``{"x": (0,
+    1)}``), or feeds it ``inputs`` (``{"x": array}``, every trial; static
+    shapes only).  A bad argument is an
     InputError that names it (``_shape_option`` and ``_const_option`` are
     the names errors give ``shapes`` and ``constants``).
 
@@ -207,6 +214,7 @@ def optimize(
         shapes = check_shapes(shapes, _shape_option)
     trials = _count(trials, "trials", 0)
     rtol, atol = check_tolerance(rtol, "rtol"), check_tolerance(atol, "atol")
+    draws = _draws(input_ranges, inputs)
     if progress is not None and not callable(progress):
         raise InputError(
             f"progress: expected a function (stage, done, total), got {type(progress).__name__}"
@@ -229,13 +237,20 @@ def optimize(
                 "--tune: not with a range of shapes yet (it times kernels at one "
                 "shape); tune a static shape, or plan the range by the cost model"
             )
+        if draws is not None and draws.given:
+            raise InputError(
+                f"inputs {next(iter(draws.given))}: a bundle for a range of shapes is verified "
+                "at several shapes; bound its values with input_ranges (--input-range) instead"
+            )
         return _optimize_range(
-            model_path, model, out, ranges, options, trials, rtol, atol, progress, bound
+            model_path, model, out, ranges, options, trials, rtol, atol, progress, bound, draws
         )
     report_step = progress or (lambda stage, i, n: None)
     # made before the work, so a model onnxruntime refuses is refused up front
     session = onnxrt.reference(model, str(model_path)) if trials > 0 else None
     graph = pipeline.fission_model(model, shapes, str(model_path), option=_shape_option)
+    if draws is not None and trials > 0:  # refused before the planning, not after
+        check_draws(draws, graph, str(model_path))
     graph = precision.lower_precision(graph, options.dtype, str(model_path))
     planned = pipeline.plan_graph(graph, options, progress=progress, tune=tune)
     plan = planned.plan
@@ -267,6 +282,7 @@ def optimize(
                 atol=atol,
                 session=session,
                 source=str(model_path),
+                draws=draws,
             )
             result = replace(result, simulated=refusal or "")
             staging.write(plan, source, constants, _report_md(plan, result), info)
@@ -297,6 +313,7 @@ def _optimize_range(
     atol,
     progress,
     bound: dict,
+    draws,
 ) -> Optimized:
     """``optimize`` for a range of shapes (``model``, loaded from
     ``model_path``): one dynamic bundle, verified at MIN, OPT, MAX and
@@ -327,6 +344,7 @@ def _optimize_range(
             source=str(model_path),
             session=session,
             progress=progress,
+            draws=draws,
         )
         staging.write(
             plan, made.source, made.constants, _report_md(plan, result, family), info, dims
@@ -354,26 +372,69 @@ def verify_bundle(
     trials: int = 3,
     rtol: float | None = None,
     atol: float | None = None,
+    input_ranges: Mapping[str, tuple[float, float]] | None = None,
+    inputs: Mapping[str, np.ndarray] | None = None,
     _shape_option: str = "shapes",
 ) -> Report:
     """Compare a bundle with onnxruntime running ``model_path`` over ``trials``
-    (>= 1) random inputs.  A bad argument is an InputError that names it
+    (>= 1) random inputs (``input_ranges`` and ``inputs`` as for
+    ``optimize``).  A bad argument is an InputError that names it
     (``_shape_option`` is the name shape errors give ``shapes``)."""
     trials = _count(trials, "trials", 1)
     rtol, atol = check_tolerance(rtol, "rtol"), check_tolerance(atol, "atol")
+    draws = _draws(input_ranges, inputs)
     if (_path(out_dir, "out_dir") / bundle.DIMS).exists():
-        return _verify_range(out_dir, model_path, shapes, trials, rtol, atol, _shape_option)
+        return _verify_range(out_dir, model_path, shapes, trials, rtol, atol, _shape_option, draws)
     loaded, model, graph = bundle_and_model(
         out_dir, model_path, shapes, _shape_option=_shape_option
     )
     if rtol is None:
         rtol = default_rtol(loaded.plan.options.dtype, loaded.plan.options.tf32)
     return verify(
-        model, graph, loaded.run, trials=trials, rtol=rtol, atol=atol, source=str(model_path)
+        model,
+        graph,
+        loaded.run,
+        trials=trials,
+        rtol=rtol,
+        atol=atol,
+        source=str(model_path),
+        draws=draws,
     )
 
 
-def _verify_range(out_dir, model_path, shapes, trials: int, rtol, atol, option: str) -> Report:
+def _draws(input_ranges, inputs) -> Draws | None:
+    """``input_ranges`` and ``inputs`` checked, as verification's Draws."""
+    if input_ranges is None and inputs is None:
+        return None
+    for name, value in (("input_ranges", input_ranges), ("inputs", inputs)):
+        if value is not None and not isinstance(value, Mapping):
+            raise InputError(
+                f"{name}: expected a mapping by input name, got {type(value).__name__}"
+            )
+    ranges = {}
+    for k, v in (input_ranges or {}).items():
+        if not (
+            isinstance(v, tuple | list)
+            and len(v) == 2
+            and all(isinstance(x, numbers.Real) for x in v)
+            and all(math.isfinite(x) for x in v)
+            and v[0] <= v[1]
+        ):
+            raise InputError(
+                f"input_ranges[{k!r}]: expected (low, high), finite, low <= high; got {v!r}"
+            )
+        ranges[k] = (float(v[0]), float(v[1]))
+    given = {}
+    for k, v in (inputs or {}).items():
+        if not isinstance(v, np.ndarray):
+            raise InputError(f"inputs[{k!r}]: expected a numpy array, got {type(v).__name__}")
+        given[k] = v
+    return Draws(ranges, given)
+
+
+def _verify_range(
+    out_dir, model_path, shapes, trials: int, rtol, atol, option: str, draws=None
+) -> Report:
     """``verify_bundle`` of a dynamic bundle: at the binding ``shapes`` give,
     else at MIN, OPT, MAX and ``trials`` random bindings of its range."""
     loaded = load(out_dir)
@@ -392,7 +453,7 @@ def _verify_range(out_dir, model_path, shapes, trials: int, rtol, atol, option: 
     if rtol is None:
         rtol = default_rtol(loaded.plan.options.dtype, loaded.plan.options.tf32)
     return range_check.verify_range(
-        model, loaded, bindings, rtol=rtol, atol=atol, source=str(model_path)
+        model, loaded, bindings, rtol=rtol, atol=atol, source=str(model_path), draws=draws
     )
 
 

@@ -186,6 +186,42 @@ def const_option(fn):
     )(fn)
 
 
+def draw_options(fn):
+    fn = click.option(
+        "--input-range",
+        "input_ranges",
+        metavar="NAME=LO..HI",
+        multiple=True,
+        help="Draw this input's verification values from LO..HI (floats uniform in "
+        "[LO, HI), integers LO to HI) instead of what the graph needs (repeatable).",
+    )(fn)
+    return click.option(
+        "--input",
+        "input_files",
+        metavar="NAME=FILE.npy",
+        multiple=True,
+        help="Verify with this array for the input, in every trial (static shapes; repeatable).",
+    )(fn)
+
+
+def _draw_args(ranges, files) -> dict:
+    """--input-range and --input as the API's input_ranges and inputs."""
+    from orchestrate.check.draws import parse_range
+    from orchestrate.files import iofiles
+
+    out: dict = {}
+    if ranges:
+        parsed: dict = {}
+        for text in ranges:
+            name, bounds = parse_range(text)
+            if parsed.setdefault(name, bounds) != bounds:
+                raise InputError(f"--input-range {name}: given twice with different ranges")
+        out["input_ranges"] = parsed
+    if files:
+        out["inputs"] = iofiles.read_inputs(_parse_inputs(files))
+    return out
+
+
 def _consts(texts) -> dict[str, list[str]]:
     """--const options as {NAME: value texts}; the values are read in the
     input's dtype when the model is loaded."""
@@ -793,10 +829,23 @@ def tolerance_options(fn):
     "between.",
 )
 @tolerance_options
+@draw_options
 @tune_options
 @reports_errors
 def optimize(
-    model: Path, out_dir: Path, shapes, dims, consts, trials, rtol, atol, tune, tune_configs, **opts
+    model: Path,
+    out_dir: Path,
+    shapes,
+    dims,
+    consts,
+    trials,
+    rtol,
+    atol,
+    input_ranges,
+    input_files,
+    tune,
+    tune_configs,
+    **opts,
 ) -> None:
     """Optimize MODEL into a bundle of Triton kernels, verified against its float64 reference.
 
@@ -824,6 +873,7 @@ def optimize(
             progress=StageProgress(),
             tune=tuning,
             constants=_consts(consts),
+            **_draw_args(input_ranges, input_files),
             _shape_option="--shape",
             _const_option="--const",
         )
@@ -941,8 +991,11 @@ def run(bundle_dir: Path, inputs, output_dir: Path | None) -> None:
     "function of MODEL's primitive graph (Mirage's fingerprint) where the "
     "fragment of add, mul, matmul, sums and one exp reaches.",
 )
+@draw_options
 @reports_errors
-def verify(bundle_dir: Path, model: Path, shapes, trials, rtol, atol, exact) -> None:
+def verify(
+    bundle_dir: Path, model: Path, shapes, trials, rtol, atol, exact, input_ranges, input_files
+) -> None:
     """Check that bundle OUT computes what MODEL computes (exit 1 if not)."""
     from orchestrate import api
 
@@ -981,6 +1034,7 @@ def verify(bundle_dir: Path, model: Path, shapes, trials, rtol, atol, exact) -> 
         trials=trials,
         rtol=rtol,
         atol=atol,
+        **_draw_args(input_ranges, input_files),
         _shape_option="--shape",
     )
     for line in report.lines():

@@ -14,6 +14,7 @@ from dataclasses import replace
 import numpy as np
 
 from orchestrate.check.verify import Report, verify
+from orchestrate.errors import InputError
 from orchestrate.frontend import onnxrt
 from orchestrate.ir import reference
 from orchestrate.plan import pipeline
@@ -68,10 +69,18 @@ def verify_range(
     source: str,
     session=None,
     progress=None,
+    draws=None,
 ) -> Report:
     """Compare ``loaded`` with onnxruntime at each binding (one random input
-    each, seeded by its position).  Where the kernels cannot run here (bf16
-    matmuls in the interpreter) the plan's graph is simulated in numpy."""
+    each, seeded by its position; ``draws`` may bound them, not give them:
+    the shapes differ).  Where the kernels cannot run here (bf16 matmuls in
+    the interpreter) the plan's graph is simulated in numpy."""
+    if draws is not None and draws.given:
+        name = next(iter(draws.given))
+        raise InputError(
+            f"--input {name}: a bundle for a range of shapes is verified at several shapes; "
+            "bound its values with --input-range instead"
+        )
     session = session or onnxrt.reference(model, source)
     report_step = progress or (lambda stage, i, n: None)
     checks, names, simulated = [], [], ""
@@ -94,6 +103,7 @@ def verify_range(
             seed=k,
             session=session,
             source=source,
+            draws=draws,
         )
         checks += [_at(c, k) for c in r.checks]
         names.append(loaded.family.named(b))

@@ -34,6 +34,7 @@ import numpy as np
 import onnx
 
 from orchestrate import ir
+from orchestrate.check.draws import Draws, check_draws, drawn
 from orchestrate.errors import InputError
 from orchestrate.frontend import onnxrt
 from orchestrate.ir import Op, reference
@@ -176,14 +177,21 @@ def divisors(graph: ir.Graph) -> set[str]:
     return out
 
 
-def random_inputs(graph: ir.Graph, seed: int) -> dict[str, np.ndarray]:
+def random_inputs(graph: ir.Graph, seed: int, draws: Draws | None = None) -> dict[str, np.ndarray]:
+    """One trial's inputs: what the graph needs, unless ``draws`` bounds or
+    gives an input (``check/draws.py``)."""
     rng = np.random.default_rng(seed)
     ranges = integer_ranges(graph)
     nonzero = divisors(graph)
+    draws = draws or Draws()
     feeds = {}
     for i in graph.inputs:
         shape, dtype = i.type.shape, i.type.dtype
-        if dtype in ir.FLOATS:
+        if i.name in draws.given:
+            feeds[i.name] = np.asarray(draws.given[i.name])
+        elif i.name in draws.ranges:
+            feeds[i.name] = drawn(i.type, draws.ranges[i.name], rng)
+        elif dtype in ir.FLOATS:
             feeds[i.name] = rng.standard_normal(shape).astype(dtype)
         elif dtype == "bool":
             feeds[i.name] = rng.random(shape) < 0.5
@@ -308,16 +316,20 @@ def verify(
     seed: int = 0,
     session=None,
     source: str = "model",
+    draws: Draws | None = None,
 ) -> Report:
     """Judge ``run`` (a bundle) over ``trials`` seeds against the float64
     reference on ``graph`` (the primitive graph it runs), with onnxruntime on
     ``model`` beside it (``session``: onnxruntime's, made already;
-    InputError naming ``source`` when onnxruntime refuses the model)."""
+    InputError naming ``source`` when onnxruntime refuses the model).
+    ``draws`` bounds or fixes inputs (``check/draws.py``)."""
+    if draws is not None:
+        check_draws(draws, graph, source)
     checks = []
     session = session or onnxrt.reference(model, source)
     names = [o.name for o in session.get_outputs()]
     for trial in range(trials):
-        feeds = random_inputs(graph, seed + trial)
+        feeds = random_inputs(graph, seed + trial, draws)
         ort = dict(zip(names, onnxrt.run_reference(session, names, feeds, source)))
         truth = reference.run(graph, feeds, float64=True)
         got = run(feeds)
