@@ -647,8 +647,11 @@ def fold_constants(
     kept: list[onnx.NodeProto] = []
     new: dict[str, np.ndarray] = {}
     inlined = False
+    opset = next((o.version for o in opsets if o.domain in DEFAULT_DOMAINS), 1)
     for node in g.node:
         branch = _taken_branch(node, consts)
+        if branch is None:
+            branch = _unrolled_loop(node, consts, opset)
         if branch is not None:
             kept.extend(branch)
             inlined = True
@@ -669,6 +672,126 @@ def fold_constants(
     out.graph.initializer.extend(numpy_helper.from_array(a, k) for k, a in new.items())
     del out.graph.value_info[:]
     return out, True
+
+
+# the most iterations of a Loop unrolled (each copies the body)
+MAX_LOOP_UNROLL = 64
+
+
+def loop_unrollable(node: onnx.NodeProto, consts) -> str | None:
+    """Why the Loop ``node`` cannot be unrolled, or None when it can: its
+    trip count is a constant of at most MAX_LOOP_UNROLL, its condition is
+    absent or constant true and stays true (the body passes it through or
+    makes it a constant true), and its body holds no subgraph."""
+    if node.op_type != "Loop" or node.domain not in DEFAULT_DOMAINS:
+        return "not a Loop"
+    inputs = list(node.input) + ["", ""]
+    if not inputs[0] or inputs[0] not in consts:
+        return "its trip count is not a constant"
+    trips = int(np.asarray(consts[inputs[0]]).reshape(-1)[0])
+    if not 0 < trips <= MAX_LOOP_UNROLL:
+        return f"its trip count {trips} is not 1 to {MAX_LOOP_UNROLL}"
+    if inputs[1] and (inputs[1] not in consts or not bool(np.asarray(consts[inputs[1]]).all())):
+        return "its condition is not a constant true"
+    body = next(a.g for a in node.attribute if a.name == "body")
+    cond_in, cond_out = body.input[1].name, body.output[0].name
+    made = {o: n for n in body.node for o in n.output}
+    inits = {t.name: t for t in body.initializer}
+    keeps = cond_out == cond_in or (
+        cond_out in made
+        and made[cond_out].op_type == "Identity"
+        and made[cond_out].input[0] == cond_in
+    )
+    constant = cond_out in inits and bool(numpy_helper.to_array(inits[cond_out]).all())
+    if cond_out in made and made[cond_out].op_type == "Constant":
+        value = next((a.t for a in made[cond_out].attribute if a.name == "value"), None)
+        constant = value is not None and bool(numpy_helper.to_array(value).all())
+    if not (keeps or constant):
+        return "its body may end the loop early"
+    if any(a.HasField("g") or a.graphs for n in body.node for a in n.attribute):
+        return "its body holds a subgraph"
+    return None
+
+
+def _unrolled_loop(node: onnx.NodeProto, consts, opset: int) -> list[onnx.NodeProto] | None:
+    """A Loop ``loop_unrollable`` accepts, as its body repeated: each copy's
+    names prefixed with the Loop's name and the iteration, its iteration
+    number and condition constants, its carried values the previous copy's;
+    the final carried values and the scan outputs (each iteration's stacked
+    along a new first axis) under the Loop's output names."""
+    if loop_unrollable(node, consts) is not None:
+        return None
+    helper = onnx.helper
+    trips = int(np.asarray(consts[node.input[0]]).reshape(-1)[0])
+    body = next(a.g for a in node.attribute if a.name == "body")
+    carried = list(node.input[2:])
+    n_carried = len(carried)
+    local = {o for n in body.node for o in n.output if o} | {t.name for t in body.initializer}
+    stem = f"{node.name or node.output[0]}/"
+    nodes: list[onnx.NodeProto] = []
+    scans: list[list[str]] = [[] for _ in body.output[1 + n_carried :]]
+    for i in range(trips):
+        prefix = f"{stem}iter{i}/"
+        rename = {name: prefix + name for name in local}
+        rename[body.input[0].name] = prefix + "iteration"
+        rename[body.input[1].name] = prefix + "condition"
+        nodes.append(
+            helper.make_node(
+                "Constant",
+                [],
+                [prefix + "iteration"],
+                value=helper.make_tensor("", onnx.TensorProto.INT64, [], [i]),
+            )
+        )
+        nodes.append(
+            helper.make_node(
+                "Constant",
+                [],
+                [prefix + "condition"],
+                value=helper.make_tensor("", onnx.TensorProto.BOOL, [], [True]),
+            )
+        )
+        for vi, outer in zip(body.input[2:], carried):
+            rename[vi.name] = outer
+        for t in body.initializer:
+            nodes.append(helper.make_node("Constant", [], [rename[t.name]], value=t))
+        for n in body.node:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(n)
+            copy.name = prefix + (n.name or n.op_type)
+            copy.input[:] = [rename.get(x, x) if x else x for x in n.input]
+            copy.output[:] = [rename.get(x, x) if x else x for x in n.output]
+            nodes.append(copy)
+        outs = [rename.get(o.name, o.name) for o in body.output]
+        carried = outs[1 : 1 + n_carried]
+        for k, name in enumerate(outs[1 + n_carried :]):
+            scans[k].append(name)
+    for final, target in zip(carried, node.output[:n_carried]):
+        if target:
+            nodes.append(helper.make_node("Identity", [final], [target], name=stem + "out"))
+    for k, (names, target) in enumerate(zip(scans, node.output[n_carried:])):
+        if not target:
+            continue
+        stacked = []
+        for i, name in enumerate(names):
+            out = f"{stem}scan{k}/{i}"
+            if opset >= 13:
+                axes = f"{stem}scan{k}/axes"
+                if i == 0:
+                    nodes.append(
+                        helper.make_node(
+                            "Constant",
+                            [],
+                            [axes],
+                            value=helper.make_tensor("", onnx.TensorProto.INT64, [1], [0]),
+                        )
+                    )
+                nodes.append(helper.make_node("Unsqueeze", [name, axes], [out]))
+            else:
+                nodes.append(helper.make_node("Unsqueeze", [name], [out], axes=[0]))
+            stacked.append(out)
+        nodes.append(helper.make_node("Concat", stacked, [target], axis=0, name=f"{stem}scan{k}"))
+    return nodes
 
 
 def _taken_branch(node: onnx.NodeProto, consts) -> list[onnx.NodeProto] | None:
