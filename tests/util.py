@@ -38,15 +38,16 @@ def node_model(
     constants: dict[str, np.ndarray] | None = None,
     input_order: list[str] | None = None,
     opset: int = 20,
+    domain: str = "",
     **attrs,
 ) -> onnx.ModelProto:
-    """A model of one ``op_type`` node.  ``inputs`` become graph inputs,
-    ``constants`` initializers; ``input_order`` gives the node's argument order
-    (use "" for an omitted optional input)."""
+    """A model of one ``op_type`` node of ``domain``.  ``inputs`` become
+    graph inputs, ``constants`` initializers; ``input_order`` gives the
+    node's argument order (use "" for an omitted optional input)."""
     constants = constants or {}
     order = input_order if input_order is not None else list(inputs) + list(constants)
     outs = [f"y{k}" for k in range(n_outputs)]
-    node = helper.make_node(op_type, order, outs, **attrs)
+    node = helper.make_node(op_type, order, outs, domain=domain, **attrs)
     g = helper.make_graph(
         [node],
         op_type.lower(),
@@ -54,7 +55,10 @@ def node_model(
         [onnx.ValueInfoProto(name=o) for o in outs],
         initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in constants.items()],
     )
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    imports = [helper.make_opsetid("", opset)]
+    if domain:
+        imports.append(helper.make_opsetid(domain, 1))
+    m = helper.make_model(g, opset_imports=imports)
     m.ir_version = 9
     # output types from ONNX shape inference, so the model passes the checker
     return onnx.shape_inference.infer_shapes(m)

@@ -7,12 +7,11 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
 
 import orchestrate
 from orchestrate.decompose import SUPPORTED_OPS
 from orchestrate.errors import UnsupportedError
-from tests.util import check_decomposition, elem
+from tests.util import check_decomposition, node_model
 
 MS = "com.microsoft"
 RNG = np.random.default_rng(0)
@@ -23,25 +22,18 @@ def rand(*shape, dtype=np.float32):
 
 
 def ms_model(op, inputs, constants=None, order=None, n_outputs=1, domain=MS, **attrs):
-    """One ``op`` node of ``domain``; ``inputs`` are graph inputs, ``constants``
-    initializers, ``order`` the node's arguments ("" for an omitted one)."""
-    constants = constants or {}
-    order = order if order is not None else list(inputs) + list(constants)
-    outs = [f"y{k}" for k in range(n_outputs)]
-    node = helper.make_node(op, order, outs, domain=domain, **attrs)
-    graph = helper.make_graph(
-        [node],
-        op.lower(),
-        [helper.make_tensor_value_info(k, elem(v.dtype), v.shape) for k, v in inputs.items()],
-        [onnx.ValueInfoProto(name=o) for o in outs],
-        initializer=[numpy_helper.from_array(v, k) for k, v in constants.items()],
+    """One ``op`` node of ``domain``; ``order`` the node's arguments ("" for
+    an omitted one)."""
+    return node_model(
+        op,
+        inputs,
+        constants=constants,
+        input_order=order,
+        n_outputs=n_outputs,
+        opset=17,
+        domain=domain,
+        **attrs,
     )
-    imports = [helper.make_opsetid("", 17)]
-    if domain:
-        imports.append(helper.make_opsetid(domain, 1))
-    model = helper.make_model(graph, opset_imports=imports)
-    model.ir_version = 9
-    return model
 
 
 def check(model, feeds, rtol=1e-4, atol=1e-5):

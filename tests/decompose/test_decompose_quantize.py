@@ -7,32 +7,27 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import helper, numpy_helper
+from onnx import helper
 
 import orchestrate
 from orchestrate.errors import UnsupportedError
-from tests.util import check_decomposition, elem
+from tests.util import check_decomposition, node_model
 
 RNG = np.random.default_rng(0)
 
 
 def model_of(op, inputs, constants=None, order=None, n_outputs=1, opset=21, domain="", **attrs):
-    constants = constants or {}
-    order = order if order is not None else list(inputs) + list(constants)
-    outs = [f"y{k}" for k in range(n_outputs)]
-    node = helper.make_node(op, order, outs, domain=domain, **attrs)
-    graph = helper.make_graph(
-        [node],
-        op.lower(),
-        [helper.make_tensor_value_info(k, elem(v.dtype), v.shape) for k, v in inputs.items()],
-        [onnx.ValueInfoProto(name=o) for o in outs],
-        initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in constants.items()],
+    model = node_model(
+        op,
+        inputs,
+        constants=constants,
+        input_order=order,
+        n_outputs=n_outputs,
+        opset=opset,
+        domain=domain,
+        **attrs,
     )
-    imports = [helper.make_opsetid("", opset)] + (
-        [helper.make_opsetid(domain, 1)] if domain else []
-    )
-    model = helper.make_model(graph, opset_imports=imports)
-    model.ir_version = 10
+    model.ir_version = 10  # opset 21
     return model
 
 
@@ -234,17 +229,18 @@ def test_a_statically_quantized_qdq_net_optimizes_and_verifies(tmp_path):
     assert result.report.ok
 
 
-def test_a_matmul_nbits_layer_optimizes_and_verifies(tmp_path):
-    """A 4-bit weight-only linear layer as onnxruntime GenAI writes them."""
-    n, k, block = 32, 64, 32
+def nbits_layer(m: int, n: int, k: int, dtype, block: int = 32) -> onnx.ModelProto:
+    """``y = a @ dequantize(B)^T`` for a [m, k] ``a`` of ``dtype`` and a
+    4-bit [n, k] B packed two to a byte, one scale per ``block`` values."""
     q = RNG.integers(0, 16, size=(n, k)).astype(np.uint8)
     consts = {
         "b": (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(n, k // block, block // 2),
-        "s": RNG.uniform(0.01, 0.1, size=n * (k // block)).astype(np.float32),
+        "s": RNG.uniform(0.01, 0.1, size=n * (k // block)).astype(dtype),
     }
+    a = f32(m, k, scale=1.0).astype(dtype)
     model = model_of(
         "MatMulNBits",
-        {"a": f32(4, k, scale=1.0)},
+        {"a": a},
         consts,
         ["a", "b", "s"],
         opset=20,
@@ -254,9 +250,15 @@ def test_a_matmul_nbits_layer_optimizes_and_verifies(tmp_path):
         bits=4,
         block_size=block,
     )
-    model.graph.output[0].CopyFrom(
-        helper.make_tensor_value_info("y0", onnx.TensorProto.FLOAT, [4, n])
-    )
+    elem_type = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y0", elem_type, [m, n]))
+    return model
+
+
+def test_a_matmul_nbits_layer_optimizes_and_verifies(tmp_path):
+    """A 4-bit weight-only linear layer as onnxruntime GenAI writes them."""
+    n, k = 32, 64
+    model = nbits_layer(4, n, k, np.float32)
     src = tmp_path / "nbits.onnx"
     onnx.save(model, src)
     result = orchestrate.optimize(src, tmp_path / "nbits.orch", trials=2, reproducible=True)
@@ -278,29 +280,7 @@ def test_a_4_bit_gemv_plans_its_dequantization_into_the_matmul(tmp_path):
     from orchestrate.plan import pipeline
     from orchestrate.plan.planner import PlanOptions
 
-    n = k = 1024
-    block = 32
-    q = RNG.integers(0, 16, size=(n, k)).astype(np.uint8)
-    consts = {
-        "b": (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(n, k // block, block // 2),
-        "s": RNG.uniform(0.01, 0.1, size=n * (k // block)).astype(np.float16),
-    }
-    a = f32(1, k, scale=1.0).astype(np.float16)
-    model = model_of(
-        "MatMulNBits",
-        {"a": a},
-        consts,
-        ["a", "b", "s"],
-        opset=20,
-        domain="com.microsoft",
-        K=k,
-        N=n,
-        bits=4,
-        block_size=block,
-    )
-    model.graph.output[0].CopyFrom(
-        helper.make_tensor_value_info("y0", onnx.TensorProto.FLOAT16, [1, n])
-    )
+    model = nbits_layer(1, 1024, 1024, np.float16)
     src = tmp_path / "gemv.onnx"
     onnx.save(model, src)
     planned = pipeline.plan_graph(pipeline.fission_file(src), PlanOptions(device="h100"))
