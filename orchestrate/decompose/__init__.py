@@ -42,7 +42,7 @@ from orchestrate.decompose import (
 )
 from orchestrate.decompose.builder import Builder, Value, onnx_dtype_name
 from orchestrate.errors import GraphError, InputError, UnsupportedError
-from orchestrate.frontend import DEFAULT_DOMAINS, loop_unrollable, opset_of
+from orchestrate.frontend import DEFAULT_DOMAINS, loop_unrollable, numel, opset_of
 from orchestrate.frontend.weights import array as initializer_array
 from orchestrate.ir import type_rules
 from orchestrate.ir.bounds import INDEX_ERROR, check_constants
@@ -147,7 +147,7 @@ def _check_supported(g: onnx.GraphProto, source: str) -> None:
         if node.op_type == "If" and node.domain in DEFAULT_DOMAINS:
             _refuse_if(g, node, index, source)
         if node.op_type == "Loop" and node.domain in DEFAULT_DOMAINS:
-            consts = {t.name: initializer_array(t) for t in g.initializer if _numel(t) <= 16}
+            consts = {t.name: initializer_array(t) for t in g.initializer if numel(t) <= 16}
             reason = loop_unrollable(node, consts)
             raise UnsupportedError(
                 f"{source}: node {node_label(node, index)!r} (Loop) is not unrolled: {reason}",
@@ -157,13 +157,6 @@ def _check_supported(g: onnx.GraphProto, source: str) -> None:
     if missing:
         listing = ", ".join(f"{op} (x{k})" for op, k in sorted(missing.items()))
         raise UnsupportedError(f"{source}: no decomposition for {listing}", dict(missing))
-
-
-def _numel(t: onnx.TensorProto) -> int:
-    n = 1
-    for d in t.dims:
-        n *= d
-    return n
 
 
 def table_key(node: onnx.NodeProto) -> str:

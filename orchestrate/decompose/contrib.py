@@ -123,21 +123,6 @@ def SkipSimplifiedLayerNormalization(
     return normalization.RMSNormalization(b, s, gamma, axis=-1, epsilon=epsilon), None, None, s
 
 
-def SimplifiedLayerNormalization(
-    b: Builder,
-    x: Value,
-    scale: Value,
-    *,
-    axis: int = -1,
-    epsilon: float = 1e-5,
-    stash_type: int = 1,
-) -> Value:
-    """RMSNorm over axes [axis, rank) (onnxruntime's name for it)."""
-    return normalization.RMSNormalization(
-        b, x, scale, axis=axis, epsilon=epsilon, stash_type=stash_type
-    )
-
-
 def RotaryEmbedding(
     b: Builder,
     x: Value,
@@ -362,5 +347,6 @@ OPS = {
     f"{MS}::SkipSimplifiedLayerNormalization": SkipSimplifiedLayerNormalization,
     f"{MS}::RotaryEmbedding": RotaryEmbedding,
     f"{MS}::MultiHeadAttention": MultiHeadAttention,
-    "SimplifiedLayerNormalization": SimplifiedLayerNormalization,
+    # onnxruntime's name for RMSNormalization over axes [axis, rank)
+    "SimplifiedLayerNormalization": normalization.RMSNormalization,
 }

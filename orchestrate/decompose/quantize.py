@@ -61,10 +61,15 @@ def _broadcast(b: Builder, p: Value, x: Value, axis: int, block_size: int, op: s
     return b.reshape(p, shape)
 
 
-def _saturate_round(b: Builder, v: Value, dtype: str, op: str) -> Value:
-    """``v`` (float) rounded half to even, clipped to ``dtype``'s range, cast."""
+def _saturate(b: Builder, v: Value, dtype: str, op: str) -> Value:
+    """``v`` (float, integer-valued) clipped to ``dtype``'s range and cast."""
     lo, hi = _quantized(op, dtype)
-    return b.cast(b.min(b.max(b.unary(Op.ROUND, v), float(lo)), float(hi)), dtype)
+    return b.cast(b.min(b.max(v, float(lo)), float(hi)), dtype)
+
+
+def _round(b: Builder, v: Value) -> Value:
+    """Half to even, as onnxruntime's nearbyint."""
+    return b.unary(Op.ROUND, v)
 
 
 def _work(x: Value) -> str:
@@ -92,13 +97,11 @@ def QuantizeLinear(
     _quantized("QuantizeLinear", dtype)
     u = _work(x)
     s = b.cast(_broadcast(b, scale, x, axis, block_size, "QuantizeLinear"), u)
-    v = b.div(b.cast(x, u), s)
-    v = b.unary(Op.ROUND, v)
+    v = _round(b, b.div(b.cast(x, u), s))
     if zero_point is not None:
         zp = _broadcast(b, zero_point, x, axis, block_size, "QuantizeLinear")
         v = b.add(v, b.cast(zp, u))
-    lo, hi = _RANGES[dtype]
-    return b.cast(b.min(b.max(v, float(lo)), float(hi)), dtype)
+    return _saturate(b, v, dtype, "QuantizeLinear")
 
 
 def DequantizeLinear(
@@ -129,13 +132,9 @@ def DynamicQuantizeLinear(b: Builder, x: Value):
     lo = b.min(b.reduce_min(x, axes, keepdims=False), 0.0)
     hi = b.max(b.reduce_max(x, axes, keepdims=False), 0.0)
     scale = b.div(b.sub(hi, lo), 255.0)
-    zp = _saturate_round(b, b.sub(0.0, b.div(lo, scale)), "uint8", "DynamicQuantizeLinear")
-    y = _saturate_round(
-        b,
-        b.add(b.unary(Op.ROUND, b.div(x, scale)), b.cast(zp, x.dtype)),
-        "uint8",
-        "DynamicQuantizeLinear",
-    )
+    op = "DynamicQuantizeLinear"
+    zp = _saturate(b, _round(b, b.sub(0.0, b.div(lo, scale))), "uint8", op)
+    y = _saturate(b, b.add(_round(b, b.div(x, scale)), b.cast(zp, x.dtype)), "uint8", op)
     return y, scale, zp
 
 
@@ -171,10 +170,9 @@ def MatMulInteger(
 
 
 def _requantize(b: Builder, acc: Value, multiplier: Value, zp: Value, dtype: str, op: str):
-    v = b.unary(Op.ROUND, b.mul(b.cast(acc, "float32"), multiplier))
+    v = _round(b, b.mul(b.cast(acc, "float32"), multiplier))
     v = b.add(v, b.cast(b.reshape(zp, ()) if zp.size == 1 else zp, "float32"))
-    lo, hi = _quantized(op, dtype)
-    return b.cast(b.min(b.max(v, float(lo)), float(hi)), dtype)
+    return _saturate(b, v, dtype, op)
 
 
 def QLinearMatMul(
@@ -199,7 +197,7 @@ def _conv_integer(b, x, w, x_zp, w_zp, attrs) -> Value:
     xf = b.cast(_centered(b, x, x_zp, 1), "float32")
     wf = b.cast(_centered(b, w, w_zp, 0), "float32")
     y = conv_ops.Conv(b, xf, wf, **attrs)
-    return b.cast(b.unary(Op.ROUND, y), "int32")
+    return b.cast(_round(b, y), "int32")
 
 
 def ConvInteger(

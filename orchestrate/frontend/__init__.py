@@ -453,7 +453,7 @@ def _skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, onnx.T
     weights = {
         t.name: t
         for t in model.graph.initializer
-        if _numel(t) > SKELETON_LIMIT or uses_external_data(t)
+        if numel(t) > SKELETON_LIMIT or uses_external_data(t)
     }
     m = onnx.ModelProto()
     graph = model.graph
@@ -478,7 +478,8 @@ def _skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, onnx.T
     return m, weights
 
 
-def _numel(t: onnx.TensorProto) -> int:
+def numel(t: onnx.TensorProto) -> int:
+    """The number of elements of an initializer, read off its dims."""
     return int(np.prod(t.dims)) if len(t.dims) else 1
 
 
