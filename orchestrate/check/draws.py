@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from orchestrate import ir
+from orchestrate import ir, text
 from orchestrate.errors import InputError
 
 
@@ -54,7 +54,7 @@ def check_draws(draws: Draws, graph: ir.Graph, source: str) -> None:
     for option, names in (("--input-range", draws.ranges), ("--input", draws.given)):
         for name in names:
             if name not in types:
-                known = ", ".join(sorted(types)) or "none"
+                known = ", ".join(map(text.shown, sorted(types))) or "none"
                 raise InputError(
                     f"{option} {name}: {source} has no input {name!r} (its inputs: {known})"
                 )

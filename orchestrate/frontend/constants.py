@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from orchestrate import text
 from orchestrate.errors import InputError
 from orchestrate.frontend import tensor_dims
 
@@ -102,7 +103,7 @@ def bind_constants(
     inputs = {i.name: i for i in model.graph.input if i.name not in inits}
     for name in constants:
         if name not in inputs:
-            known = ", ".join(sorted(inputs)) or "none"
+            known = ", ".join(map(text.shown, sorted(inputs))) or "none"
             raise InputError(
                 f"{option} {name}: {source} has no input {name!r} (its inputs: {known})"
             )

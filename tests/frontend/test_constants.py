@@ -153,3 +153,20 @@ def test_a_bundle_whose_bound_values_are_not_numbers_is_refused(tmp_path, model_
     r = invoke("verify", out, "--model", model_file)
     assert r.exit_code == 2
     assert "manifest.json field 'bound_inputs' must be an object of input name -> value" in r.output
+
+
+@pytest.mark.parametrize("flag", [["--const", "nope=1"], ["--input-range", "nope=0..1"]])
+def test_a_hostile_input_name_stays_on_one_line_in_the_refusal(tmp_path, flag):
+    bad = "x\nrm -rf /\x1b[31m"
+    graph = helper.make_graph(
+        [helper.make_node("Relu", [bad], ["y"])],
+        "g",
+        [helper.make_tensor_value_info(bad, onnx.TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])],
+    )
+    src = tmp_path / "hostile.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
+    r = invoke("optimize", src, "-o", tmp_path / "h.orch", *flag)
+    assert r.exit_code == 2
+    assert r.output.count("\n") == 1 and "\x1b" not in r.output
+    assert "its inputs: x\\nrm -rf /\\x1b[31m" in r.output
