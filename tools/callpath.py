@@ -26,8 +26,9 @@ RANKS = [
     ("orchestrate.version", 0),
     ("orchestrate.files", 0),
     ("orchestrate.ir", 1),
-    ("orchestrate.shapes.dims", 1),  # dimension values (ranges, affine expressions)
-    ("orchestrate.shapes.affine", 1),
+    ("orchestrate.shapes.dims", 1),  # dimension values (ranges, expressions, symbols)
+    ("orchestrate.shapes.poly", 1),
+    ("orchestrate.shapes.symint", 1),
     ("orchestrate.frontend", 2),  # loading and checking a model; fission reads it
     ("orchestrate.decompose", 3),
     ("orchestrate.shapes", 4),

@@ -77,12 +77,20 @@ TABLE: dict[str, Decomposition] = _merge(
 SUPPORTED_OPS = tuple(TABLE)
 
 
-def fission(model: onnx.ModelProto, source: str = "<model>", *, consume: bool = False) -> ir.Graph:
+def fission(
+    model: onnx.ModelProto, source: str = "<model>", *, consume: bool = False, symbols=None
+) -> ir.Graph:
     """The primitive graph of a prepared (static-shaped, folded) ONNX model.
 
     With ``consume`` each initializer's bytes are released from ``model`` as
     soon as they are copied into the graph, so a large model is never held
-    twice (the model is unusable afterwards)."""
+    twice (the model is unusable afterwards).
+
+    ``symbols`` (``orchestrate.shapes.trace.Formulas``), for a range: the
+    model was prepared at the hint binding of its dimensions, and the
+    inputs' dimensions, and the folded tensors' shapes and values that are
+    formulas of them, enter fission as SymInts (``shape(name, dims)``,
+    ``values(name, array)``), so the graph's shapes are the formulas."""
     g = model.graph
     opset = opset_of(model) or 1
     _check_supported(g, source)
@@ -99,6 +107,8 @@ def fission(model: onnx.ModelProto, source: str = "<model>", *, consume: bool = 
         if vi.name in inits:
             continue
         t = _value_type(vi, source)
+        if symbols is not None:
+            t = ir.TensorType(symbols.shape(vi.name, t.shape), t.dtype)
         inputs.append(ir.Input(vi.name, t))
         env[vi.name] = Value(vi.name, t)
     outputs = {o.name for o in g.output}
@@ -110,8 +120,13 @@ def fission(model: onnx.ModelProto, source: str = "<model>", *, consume: bool = 
         if consume:
             t.ClearField("raw_data")
         _check_dtype(arr.dtype.name, f"{source}: initializer {t.name!r}")
+        shape = sym = None
+        if symbols is not None:
+            shape, sym = symbols.shape(t.name, arr.shape), symbols.values(t.name, arr)
         # a constant that is a graph output keeps its name free for the output node
-        env[t.name] = b.constant(arr, name=None if t.name in outputs else t.name)
+        env[t.name] = b.constant(
+            arr, name=None if t.name in outputs else t.name, shape=shape, sym=sym
+        )
     used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
     for index, node in enumerate(g.node):
         _decompose_node(b, node, index, env, source, used)
@@ -122,6 +137,8 @@ def fission(model: onnx.ModelProto, source: str = "<model>", *, consume: bool = 
         tuple(o.name for o in g.output),
         constants,
         name=g.name or "graph",
+        constant_shapes=b.constant_shapes,
+        constant_values=b.constant_values,
     )
     graph = type_rules.validate(eliminate_dead_code(graph))
     _check_sizes(graph, source)
@@ -308,7 +325,7 @@ def eliminate_dead_code(graph: ir.Graph) -> ir.Graph:
             needed.update(n.inputs)
     kept.reverse()
     constants = {k: v for k, v in graph.constants.items() if k in needed}
-    return ir.Graph(tuple(kept), graph.inputs, graph.outputs, constants, graph.name)
+    return graph.with_nodes(kept, constants)
 
 
 def decompose(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None = None):

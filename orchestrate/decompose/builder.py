@@ -22,6 +22,7 @@ from orchestrate.errors import GraphError, InputError, UnsupportedError
 from orchestrate.ir import Attrs, Node, Op, TensorType, type_rules
 from orchestrate.ir.bounds import out_of_range
 from orchestrate.ir.reference import evaluate
+from orchestrate.shapes.symint import SymInt
 
 # A constant-only primitive is folded unless its result is both larger than
 # this many elements and larger than its inputs together (Expand of a scalar
@@ -31,11 +32,14 @@ FOLD_LIMIT = 1 << 16
 
 @dataclass(frozen=True)
 class Value:
-    """A tensor during decomposition: its name, type and (if known) value."""
+    """A tensor during decomposition: its name, type and (if known) value;
+    ``sym``: a constant's values, flat, where some are formulas of a range's
+    dimensions (a folded ``x.shape[1]``; ``orchestrate.shapes.symint``)."""
 
     name: str
     type: TensorType
     const: np.ndarray | None = None
+    sym: tuple[int, ...] | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -68,6 +72,9 @@ class Builder:
     def __init__(self, reserved: Iterable[str] = (), opset: int = 18):
         self.nodes: list[Node] = []
         self.constants: dict[str, np.ndarray] = {}
+        # a range's constants whose shape or values are formulas (ir.Graph's fields)
+        self.constant_shapes: dict[str, tuple[int, ...]] = {}
+        self.constant_values: dict[str, tuple[int, ...]] = {}
         self.opset = opset
         self.origin = ""
         self.hint = "t"
@@ -106,8 +113,11 @@ class Builder:
             return v
         if v.is_const:
             if v.name not in self.constants or v.name in self._small_consts.values():
-                return self.constant(v.const, name=new)
+                return self.constant(v.const, name=new, shape=v.shape, sym=v.sym)
             self.constants[new] = self.constants.pop(v.name)
+            for symbolic in (self.constant_shapes, self.constant_values):
+                if v.name in symbolic:
+                    symbolic[new] = symbolic.pop(v.name)
             return replace(v, name=new)
         for i in range(self._step_start, len(self.nodes)):
             n = self.nodes[i]
@@ -125,27 +135,47 @@ class Builder:
 
     # -- constants ----------------------------------------------------------
 
-    def constant(self, value, dtype: str | None = None, *, name: str | None = None) -> Value:
+    def constant(
+        self,
+        value,
+        dtype: str | None = None,
+        *,
+        name: str | None = None,
+        shape: Sequence[int] | None = None,
+        sym: Sequence[int] | None = None,
+    ) -> Value:
+        """A constant of ``value``; ``shape`` and ``sym``: its shape and its
+        values (flat) where they are formulas of a range's dimensions (the
+        array holds them at the hint; kept only where one is a SymInt)."""
         # (asarray: a weight mapped from its file is not copied)
         arr = np.asarray(value, dtype=dtype) if dtype is not None else np.asarray(value)
         if arr.dtype.name not in ir.ALL_DTYPES:
             raise UnsupportedError(f"dtype {arr.dtype.name} is not supported")
         arr = np.array(arr, order="C", copy=None)
-        small = name is None and arr.size <= 16
+        shape = tuple(shape) if shape is not None and symbolic(shape) else None
+        sym = tuple(sym) if sym is not None and symbolic(sym) else None
+        t = _type_of(arr) if shape is None else TensorType(shape, arr.dtype.name)
+        small = name is None and arr.size <= 16 and shape is None and sym is None
         if small:
             key = (arr.dtype.name, arr.shape, arr.tobytes())
             if key in self._small_consts:
-                return Value(self._small_consts[key], _type_of(arr), arr)
+                return Value(self._small_consts[key], t, arr)
         if name is None:
             name = self.fresh("const")
         else:
             self._used.add(name)
         self.constants[name] = arr
+        if shape is not None:
+            self.constant_shapes[name] = shape
+        if sym is not None:
+            self.constant_values[name] = sym
         if small:
             self._small_consts[key] = name
-        return Value(name, _type_of(arr), arr)
+        return Value(name, t, arr, sym)
 
     def scalar(self, x: Scalar, like: Value) -> Value:
+        if isinstance(x, SymInt):  # a dimension of a range as data (a mean's count)
+            return self.constant(np.array(int.__int__(x), dtype=like.dtype), sym=(x,))
         return self.constant(np.array(x, dtype=like.dtype))
 
     def _operand(self, x: Operand, like: Value) -> Value:
@@ -164,7 +194,8 @@ class Builder:
         if inputs and all(v.is_const for v in inputs):
             if t.size <= max(FOLD_LIMIT, sum(v.const.size for v in inputs)):
                 node = Node(op, "", tuple(v.name for v in inputs), t, a, self.origin)
-                return self.constant(evaluate(node, [v.const for v in inputs]))
+                value = evaluate(node, [v.const for v in inputs])
+                return self.constant(value, shape=t.shape, sym=_folded_sym(op, inputs))
         node = Node(op, self.fresh(op.value), tuple(v.name for v in inputs), t, a, self.origin)
         self.nodes.append(node)
         return Value(node.name, t)
@@ -292,7 +323,7 @@ class Builder:
     # -- layout ---------------------------------------------------------------
 
     def reshape(self, x: Value, shape: Sequence[int]) -> Value:
-        shape = tuple(int(d) for d in shape)
+        shape = dims(shape)
         if shape == x.shape:
             return x
         return self.emit(Op.RESHAPE, [x], shape=shape)
@@ -304,7 +335,7 @@ class Builder:
         return self.emit(Op.TRANSPOSE, [x], perm=perm)
 
     def slice(self, x: Value, starts: Sequence[int], steps: Sequence[int], shape: Sequence[int]):
-        starts, steps, shape = (tuple(int(v) for v in s) for s in (starts, steps, shape))
+        starts, steps, shape = (dims(s) for s in (starts, steps, shape))
         if shape == x.shape and all(s == 0 for s in starts) and all(s == 1 for s in steps):
             return x
         return self.emit(Op.SLICE, [x], starts=starts, steps=steps, shape=shape)
@@ -312,13 +343,13 @@ class Builder:
     def slice_axis(self, x: Value, axis: int, start: int, stop: int, step: int = 1) -> Value:
         """``x[..., start:stop:step, ...]`` along one axis, Python slice semantics."""
         axis = normalize_axis(axis, x.rank)
-        idx = range(*slice(start, stop, step).indices(x.shape[axis]))
+        first, count = slice_span(start, stop, step, x.shape[axis])
         starts = [0] * x.rank
         steps = [1] * x.rank
         shape = list(x.shape)
-        starts[axis] = idx.start if len(idx) else 0
+        starts[axis] = first
         steps[axis] = step
-        shape[axis] = len(idx)
+        shape[axis] = count
         return self.slice(x, starts, steps, shape)
 
     def concat(self, xs: Sequence[Value], axis: int) -> Value:
@@ -328,14 +359,14 @@ class Builder:
         return self.emit(Op.CONCAT, list(xs), axis=normalize_axis(axis, xs[0].rank))
 
     def pad(self, x: Value, pads: Sequence[int], mode: str = "constant", value: float = 0.0):
-        pads = tuple(int(p) for p in pads)
+        pads = dims(pads)
         if not any(pads):
             return x
         return self.emit(Op.PAD, [x], pads=pads, mode=mode, value=float(value))
 
     def expand(self, x: Value, shape: Sequence[int]) -> Value:
         """Broadcast ``x`` to ``shape`` (numpy rules; rank may grow)."""
-        shape = tuple(int(d) for d in shape)
+        shape = dims(shape)
         if x.rank < len(shape):
             x = self.reshape(x, (1,) * (len(shape) - x.rank) + x.shape)
         if x.shape == shape:
@@ -401,6 +432,51 @@ def onnx_dtype(onnx_type: int) -> str:
     if name not in ir.ALL_DTYPES:
         raise UnsupportedError(f"dtype {name} is not supported", {f"dtype {name}": 1})
     return name
+
+
+def symbolic(values: Iterable) -> bool:
+    """Whether any of ``values`` is a formula of a range's dimensions."""
+    return any(isinstance(v, SymInt) for v in values)
+
+
+def dims(values: Iterable) -> tuple[int, ...]:
+    """``values`` as ints, a formula of a range's dimensions kept as one."""
+    return tuple(v if isinstance(v, SymInt) else int(v) for v in values)
+
+
+def slice_span(start: int, stop: int, step: int, n: int) -> tuple[int, int]:
+    """(first index, count) of ``range(n)[start:stop:step]``, Python's
+    slice semantics, where ``n`` (and the ends) may be formulas of a range's
+    dimensions: the clamps are decided over the range
+    (``orchestrate.shapes.symint``)."""
+    if not any(isinstance(v, SymInt) for v in (start, stop, n)):
+        idx = range(*slice(start, stop, step).indices(n))
+        return (idx.start if len(idx) else 0), len(idx)
+    if step <= 0:  # backwards over a dimension of the range: its first index moves
+        idx = range(*slice(start, stop, step).indices(int(n)))
+        return (idx.start if len(idx) else 0), len(idx)
+
+    def clamp(v):
+        if v is None:
+            return None
+        v = v + n if v < 0 else v
+        return 0 if v < 0 else (n if v > n else v)
+
+    lo = 0 if start is None else clamp(start)
+    hi = n if stop is None else clamp(stop)
+    span = hi - lo
+    if span <= 0:
+        return 0, 0
+    count = span if step == 1 else (span + step - 1) // step
+    return lo, count
+
+
+def _folded_sym(op: Op, inputs: Sequence[Value]) -> tuple[int, ...] | None:
+    """The formulas of a folded constant's values, where it keeps its one
+    input's values in order (a cast of a counted dimension to float)."""
+    if op in (Op.CAST, Op.IDENTITY, Op.RESHAPE) and inputs[0].sym is not None:
+        return inputs[0].sym
+    return None
 
 
 def _type_of(arr: np.ndarray) -> TensorType:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from orchestrate import ir
-from orchestrate.decompose.builder import Builder, Value, onnx_dtype
+from orchestrate.decompose.builder import Builder, Value, dims, onnx_dtype
 from orchestrate.errors import GraphError, UnsupportedError
 from orchestrate.ir import type_rules
 
@@ -36,10 +36,14 @@ def _const(v: Value, op: str, what: str) -> np.ndarray:
 
 
 def _ints(v: Value | Sequence[int], op: str, what: str) -> list[int]:
-    """An int list given as an attribute (list) or a constant input (Value)."""
+    """An int list given as an attribute (list) or a constant input (Value);
+    a value that is a formula of a range's dimensions stays one (``Value.sym``)."""
     if isinstance(v, Value):
-        return [int(d) for d in _const(v, op, what).reshape(-1)]
-    return [int(d) for d in v]
+        arr = _const(v, op, what)
+        if v.sym is not None:
+            return list(dims(v.sym))
+        return [int(d) for d in arr.reshape(-1)]
+    return list(dims(v))
 
 
 def _floats(v: Value | Sequence[float], op: str, what: str) -> list[float]:
@@ -52,6 +56,8 @@ def _scalar_of(v: Value, op: str, what: str):
     arr = _const(v, op, what)
     if arr.size != 1:
         raise _invalid(op, f"input '{what}' must hold one value, got shape {arr.shape}")
+    if v.sym is not None:  # a formula of a range's dimensions
+        return v.sym[0]
     return arr.reshape(-1)[0]
 
 

@@ -35,26 +35,20 @@ def function_key(spec_hash: str, nodes: Sequence[str], writes: Sequence[str]) ->
     return hashlib.sha1(f"{spec_hash}|{which}".encode()).hexdigest()[:16]
 
 
-def kernel_source(
-    graph: Graph,
-    spec: KernelSpec,
-    writes: Sequence[str],
-    name: str,
-    upper: Graph | None = None,
-) -> KernelSource:
+def kernel_source(graph: Graph, spec: KernelSpec, writes: Sequence[str], name: str) -> KernelSource:
     """The generated function (or library launcher) for one spec writing
-    ``writes``, printed by its template's generator.  ``upper``: the graph at
-    the largest binding the kernel serves (a range's MAX; ``graph`` itself at
-    a static shape), where a generator reads the bound of an extent it
-    specialises on (a loop that takes one step at every binding)."""
+    ``writes``, printed by its template's generator.  A dimension of a
+    range is a SymInt in ``graph`` (``orchestrate.shapes.symint``): it prints
+    as its formula, and what a generator decides of it the range decides."""
     generate = templates.template(spec.template).generate
     assert generate is not None, f"a {spec.template} kernel launches nothing"
-    return generate(graph, spec, tuple(writes), name, upper if upper is not None else graph)
+    return generate(graph, spec, tuple(writes), name)
 
 
-def emit(graph: Graph, planned: Planned, title: str = "", upper: Graph | None = None) -> str:
-    """``kernels.py`` for ``planned`` at ``graph``'s shapes; ``upper`` as
-    for :func:`kernel_source`, the same node names at a range's MAX."""
+def emit(graph: Graph, planned: Planned, title: str = "", dims: Sequence = ()) -> str:
+    """``kernels.py`` for ``planned`` at ``graph``'s shapes; ``dims``: a
+    range's dimensions (``shapes.family.Dim``), whose code names every
+    launcher takes as keywords, when ``graph``'s shapes are their formulas."""
     plan = planned.plan
     functions: dict[str, KernelSource] = {}
     counts: dict[str, int] = {}
@@ -66,7 +60,7 @@ def emit(graph: Graph, planned: Planned, title: str = "", upper: Graph | None = 
         if key not in functions:
             counts[spec.template] = counts.get(spec.template, 0) + 1
             name = f"{spec.template}_{counts[spec.template]}"
-            functions[key] = kernel_source(graph, spec, entry.outputs, name, upper)
+            functions[key] = kernel_source(graph, spec, entry.outputs, name)
         f = functions[key]
         slots = {v: k for k, v in pointers(graph, spec, entry.outputs).slots.items()}
         launches.append(Launch(entry.name, f.name, tuple(slots[p] for p in f.params)))
@@ -80,4 +74,4 @@ def emit(graph: Graph, planned: Planned, title: str = "", upper: Graph | None = 
         f"{n} jitted function{'s' if n != 1 else ''}{library_calls} for {k} planned "
         f"kernel{'s' if k != 1 else ''}."
     )
-    return module(list(functions.values()), launches, [title, "", count])
+    return module(list(functions.values()), launches, [title, "", count], dims)

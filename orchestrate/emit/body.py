@@ -15,7 +15,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from orchestrate.emit.expr import Const, Expr, Sym, bounds, children, is_lane_invariant, render
+from orchestrate.emit.expr import (
+    Const,
+    Expr,
+    Sym,
+    bounds,
+    children,
+    is_lane_invariant,
+    render,
+    symbolic_bound,
+)
 from orchestrate.emit.helpers import Helper
 
 
@@ -64,7 +73,7 @@ class Body:
             text = self.text(expr)
             name = self._bind(text, stem)
             lo, hi = bounds(expr)
-            return Sym(name, lo, hi, lane=not is_lane_invariant(expr))
+            return Sym(name, lo, hi, lane=not is_lane_invariant(expr), bound=symbolic_bound(expr))
         if expr.isidentifier() or is_number(expr):
             return expr
         return self._bind(expr, stem)
@@ -82,7 +91,7 @@ class Body:
             return expr
         self.lines.append(f"{self.indent}{name} = {self.text(expr)}")
         lo, hi = bounds(expr)
-        return Sym(name, lo, hi, lane=not is_lane_invariant(expr))
+        return Sym(name, lo, hi, lane=not is_lane_invariant(expr), bound=symbolic_bound(expr))
 
     def lazy(self, name: str, definition: str, lo=None, hi=None, lane: bool = True) -> Sym:
         """Reserve ``name = definition`` here, written only if an expression uses it."""

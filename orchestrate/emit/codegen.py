@@ -38,6 +38,7 @@ from orchestrate.emit.expr import (
     Expr,
     Sym,
     and_,
+    as_expr,
     children,
     ge,
     gt,
@@ -51,6 +52,7 @@ from orchestrate.emit.expr import (
 from orchestrate.emit.helpers import Helper
 from orchestrate.ir import Graph, Node, Op
 from orchestrate.ir.bounds import INDEX_ERROR
+from orchestrate.shapes.symint import SymInt, upper
 
 TL_DTYPE = {
     "float16": "tl.float16",
@@ -69,6 +71,14 @@ TL_DTYPE = {
 }
 
 
+def cdiv_text(n: int, block: int) -> str:
+    """``ceil(n / block)`` as a comment shows it: a number, or for a
+    dimension of a range its formula (``cdiv(dim1, 64)``)."""
+    if isinstance(n, SymInt):
+        return f"cdiv({n!s}, {block})"
+    return str(-(-n // block))
+
+
 def compute_dtype(dtype: str) -> str:
     """The dtype values of ``dtype`` are computed in (fp16 and bf16 math runs in fp32)."""
     return "float32" if dtype in ir.HALF else dtype
@@ -83,7 +93,10 @@ def strides(shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def literal(value, dtype: str) -> str:
-    """A Python/Triton literal for one scalar of ``dtype``."""
+    """A Python/Triton literal for one scalar of ``dtype``; a dimension of a
+    range (a SymInt: a count folded into a constant) prints as its formula."""
+    if isinstance(value, SymInt):
+        return f"({value} * 1.0)" if dtype in ir.FLOATS else f"{value}"
     if dtype == "bool":
         return "1" if bool(value) else "0"
     if dtype in ir.FLOATS:
@@ -178,10 +191,13 @@ def _reads(e: Expr, part: Expr) -> bool:
 
 
 def _within(e: Expr, d: int) -> Expr:
-    """A let-bound index component known to lie in [0, d) on valid lanes."""
+    """A let-bound index component known to lie in [0, d) on valid lanes
+    (``d`` at most its largest value, for a dimension of a range)."""
     if isinstance(e, Sym):
-        lo, hi = e.lo, e.hi
-        return Sym(e.name, 0 if lo is None else max(lo, 0), d if hi is None else min(hi, d), e.lane)
+        lo, hi, top = e.lo, e.hi, upper(d)
+        return Sym(
+            e.name, 0 if lo is None else max(lo, 0), top if hi is None else min(hi, top), e.lane
+        )
     return e
 
 
@@ -262,10 +278,19 @@ class Evaluator:
         const = self.graph.constants.get(name)
         return const.reshape(()) if const is not None and const.size == 1 else None
 
+    def _formula(self, name: str):
+        """A one-element constant's value where it is a formula of a range's
+        dimensions (a SymInt), else None."""
+        values = self.graph.constant_values.get(name)
+        return values[0] if values is not None and len(values) == 1 else None
+
     def load(self, name: str, index: Index) -> str:
         t = self.graph.types[name]
         scalar = self._scalar(name)
         if scalar is not None:
+            formula = self._formula(name)
+            if formula is not None:
+                return literal(formula, compute_dtype(t.dtype))
             return literal(scalar.item(), compute_dtype(t.dtype))
         offset = linearise(index.dims, t.shape, self.body)
         if self.zero is not None and (self.broadcast_all or is_lane_invariant(offset)):
@@ -290,6 +315,9 @@ class Evaluator:
     def _node(self, n: Node, index: Index) -> str:
         if n.op is Op.CAST and self._scalar(n.inputs[0]) is not None:
             # a literal has no .to(): the cast is done here, as numpy does it
+            formula = self._formula(n.inputs[0])
+            if formula is not None:  # a whole number in any dtype
+                return literal(formula, compute_dtype(n.attrs["to"]))
             return cast_literal(self._scalar(n.inputs[0]), n.attrs["to"])
         if n.op in ir.ELEMENTWISE:
             args = [
@@ -398,7 +426,7 @@ class Evaluator:
         raw = self.value(idx, which)
         if _is_int(raw):  # a constant index: fission refused one out of range
             k = int(raw)
-            pos: Expr = Const(min(max(k + dim if k < 0 else k, 0), dim - 1))
+            pos: Expr = as_expr(min(max(k + dim if k < 0 else k, 0), dim - 1))
         else:
             b = self.body
             wrapped = b.let(f"tl.where({raw} < 0, {raw} + {dim}, {raw})", "g")

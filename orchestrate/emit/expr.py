@@ -25,6 +25,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 
+from orchestrate.shapes.symint import SymInt, lower, upper
+
 __all__ = [
     "Expr",
     "Const",
@@ -60,6 +62,7 @@ __all__ = [
     "is_false",
     "simplify",
     "bounds",
+    "symbolic_bound",
     "children",
     "is_lane_invariant",
     "render",
@@ -108,14 +111,25 @@ class Sym(Expr):
     """A value already bound in the kernel (a let-bound name, ``offs``, ``rm[:, None]``),
     printed verbatim, so it must be atomic: a name, attribute, subscript or call.  ``[lo, hi)``
     is its range over the lanes that matter (None: unknown); ``lane`` says it may differ
-    between the lanes of a block."""
+    between the lanes of a block.  ``bound``: an exclusive upper bound that is a formula of a
+    range's dimensions (``offs_m < dim1`` on the rows that matter), which ``hi`` can only
+    give at its largest; given ``hi`` as a SymInt, the Sym keeps both."""
 
     name: str
     lo: int | None = None
     hi: int | None = None
     lane: bool = True
+    bound: Expr | None = None
 
     def __post_init__(self) -> None:
+        # a bound that is a dimension of a range (a SymInt): its bound over the
+        # range, and the formula itself as the symbolic bound
+        if isinstance(self.lo, SymInt):
+            object.__setattr__(self, "lo", lower(self.lo))
+        if isinstance(self.hi, SymInt):
+            if self.bound is None:
+                object.__setattr__(self, "bound", as_expr(self.hi))
+            object.__setattr__(self, "hi", upper(self.hi))
         if self.lo is not None and self.hi is not None and self.lo >= self.hi:
             raise ValueError(f"empty range [{self.lo}, {self.hi}) for {self.name}")
 
@@ -188,12 +202,30 @@ TRUE, FALSE, ZERO = Const(True), Const(False), Const(0)
 
 
 def as_expr(x: Expr | int) -> Expr:
-    """``x`` itself, or an int wrapped in ``Const``."""
+    """``x`` itself, an int wrapped in ``Const``, or a dimension of a range
+    (a SymInt) as its formula over ``Sym`` code names with their ranges."""
     if isinstance(x, Expr):
         return x
+    if isinstance(x, SymInt):
+        return _formula(x)
     if isinstance(x, int):
         return Const(x)
     raise TypeError(f"not an index expression: {x!r}")
+
+
+def _formula(x: SymInt) -> Expr:
+    """A SymInt's polynomial, each symbol a lane-invariant ``Sym`` (``dim0``)
+    over its range."""
+    codes = x.symbols.codes
+    total: Expr = ZERO
+    for monomial, c in x.poly.terms:
+        term: Expr = Const(c)
+        for s, e in monomial:
+            r = x.symbols.ranges[s]
+            for _ in range(e):
+                term = mul(term, Sym(codes[s], r.min, r.max + 1, lane=False))
+        total = add(total, term)
+    return total
 
 
 def _pos(e: Expr) -> bool:
@@ -310,7 +342,8 @@ def floordiv(a: Expr | int, b: Expr | int) -> Expr:
     if b == Const(1) or a == ZERO:
         return a
     if not _pos(b):
-        return FloorDiv(a, b)
+        split = _by_symbol(a, b)
+        return add(*split[0]) if split is not None else FloorDiv(a, b)
     d = b.value
     if (q := _bucket(a, d)) is not None:
         return Const(q)
@@ -342,7 +375,8 @@ def mod(a: Expr | int, b: Expr | int) -> Expr:
     if b == Const(1) or a == ZERO:
         return ZERO
     if not _pos(b):
-        return Mod(a, b)
+        split = _by_symbol(a, b)
+        return split[1] if split is not None else Mod(a, b)
     d = b.value
     if (q := _bucket(a, d)) is not None:
         return sub(a, q * d)
@@ -364,6 +398,86 @@ def mod(a: Expr | int, b: Expr | int) -> Expr:
         if kept != list(a.terms) and (low >= 0 if low is not None else not signed):
             return mod(rest, d)
     return Mod(a, b)
+
+
+def _factors(e: Expr) -> tuple[list[Expr], int]:
+    """``e`` as a product: its non-constant factors and its constant."""
+    if isinstance(e, Const):
+        return [], e.value
+    if isinstance(e, Mul):
+        (fa, ka), (fb, kb) = _factors(e.a), _factors(e.b)
+        return fa + fb, ka * kb
+    return [e], 1
+
+
+def _quotient(t: Expr, b: Expr) -> Expr | None:
+    """``t / b`` when ``t`` is a multiple of ``b`` as written (``x * dim1 * 64`` of
+    ``dim1 * 64``), else None."""
+    (ft, kt), (fb, kb) = _factors(t), _factors(b)
+    if kb == 0 or kt % kb:
+        return None
+    rest = list(ft)
+    for f in fb:
+        if f not in rest:
+            return None
+        rest.remove(f)
+    out: Expr = Const(kt // kb)
+    for f in rest:
+        out = mul(out, f)
+    return out
+
+
+def _top(e: Expr) -> Expr | None:
+    """The largest value of ``e`` as an expression of the dimensions' symbols: a ``Sym``
+    with a symbolic ``bound`` gives ``bound - 1``; None where not known."""
+    if isinstance(e, Const):
+        return e
+    if isinstance(e, Sym):
+        if e.bound is not None:
+            return sub(e.bound, 1)
+        return None if e.hi is None else Const(e.hi - 1)
+    if isinstance(e, Add):
+        tops = [_top(t) for t in e.terms]
+        return None if None in tops else add(*tops)
+    if isinstance(e, Mul) and isinstance(e.b, Const) and e.b.value >= 0:
+        top = _top(e.a)
+        return None if top is None else mul(top, e.b.value)
+    lo, hi = _range(e)
+    return None if hi is None else Const(hi)
+
+
+def symbolic_bound(e: Expr) -> Expr | None:
+    """An exclusive upper bound of ``e`` that is a formula of a range's dimensions
+    (``dim1 * 64`` for ``offs_m * 64 + offs_d``, ``offs_m < dim1``, ``offs_d < 64``);
+    None where the numeric bound says as much."""
+    top = _top(e)
+    return None if top is None or isinstance(top, Const) else add(top, 1)
+
+
+def _by_symbol(a: Expr, b: Expr) -> tuple[list[Expr], Expr] | None:
+    """(the quotient's terms, the remainder) of ``a`` by a divisor that is a formula of
+    the dimensions, when every term of ``a`` but a remainder ``r`` is a multiple of ``b``
+    and ``0 <= r < b`` wherever the symbols are in range (``(b1 * dim1 + offs_m) // dim1
+    -> b1`` for ``offs_m`` in ``[0, dim1)``); None otherwise."""
+    if _range(b)[0] is None or _range(b)[0] < 1:
+        return None
+    quotients, rest = [], []
+    for t in _flatten(Add, [a]):
+        q = _quotient(t, b)
+        if q is None:
+            rest.append(t)
+        else:
+            quotients.append(q)
+    if not quotients:
+        return None
+    r = add(*rest)
+    top = _top(r)
+    if _range(r)[0] is None or _range(r)[0] < 0 or top is None:
+        return None
+    margin = _range(sub(b, top))[0]
+    if margin is None or margin < 1:
+        return None
+    return quotients, r
 
 
 def minimum(a: Expr | int, b: Expr | int) -> Expr:

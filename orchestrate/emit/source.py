@@ -20,6 +20,7 @@ kernel to its launcher and its tensors.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -37,17 +38,39 @@ from orchestrate.kernels.spec import (
     inlined,
     split_k,
 )
+from orchestrate.shapes.symint import SymInt
 from orchestrate.text import comment, docstring, string
+
+_NAME = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
 
 
 class Function(Protocol):
     """What a module holds per distinct spec: a ``KernelSource`` (a jitted
     function and its launcher) or a library launcher (``templates/library/emit.py``,
-    which imports this module, so it is named here by what it provides)."""
+    which imports this module, so it is named here by what it provides).
+    ``render(dims)``: ``dims`` the code names of a range's dimensions, which
+    the launcher takes as keywords."""
 
     helpers: list[Helper]
 
-    def render(self) -> str: ...
+    def render(self, dims: Sequence[str] = ()) -> str: ...
+
+
+def dims_in(lines: Sequence[str], dims: Sequence[str]) -> list[str]:
+    """The dimensions (code names) that ``lines`` of source read, in order."""
+    if not dims:
+        return []
+    want = set(dims)
+    seen: set[str] = set()
+    for line in lines:
+        code = line.split("#", 1)[0]
+        seen.update(_NAME.findall(code))
+    return [d for d in dims if d in want & seen]
+
+
+def launcher_args(params: Sequence[str], dims: Sequence[str]) -> str:
+    """A launcher's arguments: the tensors, then a range's dimensions as keywords."""
+    return ", ".join([*params, *(["*", *dims] if dims else []), "interpret=False"])
 
 
 @dataclass
@@ -60,8 +83,9 @@ class KernelSource:
     grid: list[str]  # launcher lines that define `grid`
     helpers: list[Helper] = field(default_factory=list)  # device functions it calls
 
-    def render(self) -> str:
+    def render(self, dims: Sequence[str] = ()) -> str:
         blocks = dict(self.config.blocks)
+        used = dims_in(self.body, dims)
         lines = [
             f"# {'-' * 76}",
             *(comment(d) for d in self.doc),
@@ -71,13 +95,15 @@ class KernelSource:
         if self.params:
             lines.append("    # pointers")
             lines += [f"    {p}_ptr," for p in self.params]
+        if used:
+            lines.append("    # dimensions: runtime arguments, one compiled kernel for the range")
+            lines += [f"    {d}," for d in used]
         if blocks:
             lines.append("    # meta-parameters")
             lines += [f"    {c}: tl.constexpr," for c in blocks]
         lines.append("):")
         lines += self.body
-        args = ", ".join([*self.params, "interpret=False"])
-        lines += ["", "", f"def launch_{self.name}({args}):"]
+        lines += ["", "", f"def launch_{self.name}({launcher_args(self.params, dims)}):"]
         fast = {**blocks, **dict(self.config.interpret)}
         if fast != blocks:
             lines.append("    # the interpreter's cost grows with the number of programs")
@@ -90,6 +116,7 @@ class KernelSource:
         lines += self.grid
         call = [
             *self.params,
+            *(f"{d}={d}" for d in used),
             *(f"{k}={k}" for k in blocks),
             f"num_warps={self.config.num_warps}",
             f"num_stages={self.config.num_stages}",
@@ -139,6 +166,8 @@ def describe(graph: Graph, spec: KernelSpec, writes: Sequence[str], ptrs: Pointe
 
 
 def _kb(n: int) -> str:
+    if isinstance(n, SymInt):  # a formula of a range's dimensions
+        return f"{n} B"
     return f"{n / 1024:.1f} KB" if n < 1 << 20 else f"{n / (1 << 20):.2f} MB"
 
 
@@ -162,9 +191,16 @@ class Launch:
     tensors: tuple[str, ...]
 
 
-def module(functions: Sequence[Function], launches: Sequence[Launch], title: Sequence[str]) -> str:
-    """The module's source; ``title`` is the docstring's opening lines."""
+def module(
+    functions: Sequence[Function],
+    launches: Sequence[Launch],
+    title: Sequence[str],
+    dims: Sequence = (),
+) -> str:
+    """The module's source; ``title`` is the docstring's opening lines;
+    ``dims`` a range's dimensions (``shapes.family.Dim``)."""
     first, *rest = title
+    codes = [d.code for d in dims]
     head = [
         f'"""{docstring(first)}',
         *(docstring(line) for line in rest),
@@ -173,6 +209,15 @@ def module(functions: Sequence[Function], launches: Sequence[Launch], title: Seq
         "launcher ``launch_<function>(in0, ..., out0, ..., interpret=False)`` taking",
         "torch tensors; ``KERNELS`` binds each planned kernel to a launcher and the",
         "tensors it reads and writes, by name.",
+    ]
+    if dims:
+        head += [
+            "",
+            "A range of shapes: every launcher takes the dimensions as keywords, and",
+            "the kernels that use one take it as a runtime argument:",
+            *(f"    {d.code}: {docstring(d.name)} ({d.range.min}..{d.range.max})" for d in dims),
+        ]
+    head += [
         '"""',
         "",
         "import triton",
@@ -188,7 +233,7 @@ def module(functions: Sequence[Function], launches: Sequence[Launch], title: Seq
                     needed.append(dep)
     parts = ["\n".join(head)]
     parts += [h.source for h in sorted(needed, key=_helper_order)]
-    parts += [f.render() for f in functions]
+    parts += [f.render(codes) for f in functions]
     table = ["# planned kernel -> (launcher, tensors in argument order)", "KERNELS = {"]
     for launch in launches:
         names = ", ".join(string(t) for t in launch.tensors)

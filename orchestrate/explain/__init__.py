@@ -189,10 +189,11 @@ def range_lines(family) -> list[str]:
 
     dims = ranged(family.dims)
     opt = family.named(family.at("opt"))
-    grid = "; ".join(f"{d.shown} {list(v)}" for d, v in zip(family.dims, family.grid.values))
+    codes = ", ".join(f"{d.code} = {d.shown}" for d in family.dims)
     return [
         f"range: {dims}; one kernels.py for every shape in it",
         f"planned and priced at OPT ({opt}); every kernel also legal at MIN and MAX",
-        f"kernels lifted from the grid {grid}; {len(family.sliced)} constants sliced from MAX"
+        f"kernels printed with the dimensions as runtime arguments ({codes}); "
+        f"{len(family.sliced)} constants sliced from MAX"
         + (f", {len(family.computed)} computed from the dimensions" if family.computed else ""),
     ]

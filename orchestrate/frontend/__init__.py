@@ -27,7 +27,7 @@ from orchestrate.errors import InputError, UnsupportedError
 from orchestrate.frontend.weights import array as initializer_array
 from orchestrate.frontend.weights import bind as bind_external
 from orchestrate.ir import MAX_ELEMENTS
-from orchestrate.shapes.affine import expression_of, plain_names
+from orchestrate.shapes.poly import expression_of, plain_names
 
 # Folding a constant computation is skipped when its result is larger than
 # this many elements and larger than its inputs (it stays a node to fuse).
@@ -571,8 +571,9 @@ def _shared_dims(inputs: dict, shapes: dict, option: str) -> dict[str, tuple[int
     for name, axes in given.items():  # an expression of one symbol plus a constant gives it
         for d, v in axes:
             e = expressions.get(d.dim_param) if not d.HasField("dim_value") else None
-            if e is not None and len(e.terms) == 1 and e.terms[0][1] == 1:
-                fix(e.terms[0][0], v - e.const, name, d.dim_param)
+            linear = e.linear if e is not None else None
+            if linear is not None and len(linear) == 1 and linear[0][1] == 1:
+                fix(linear[0][0], v - e.const, name, d.dim_param)
     values = {s: v for s, (v, _) in fixed.items()}
     for name, axes in given.items():
         for d, v in axes:

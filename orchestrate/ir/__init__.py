@@ -322,6 +322,11 @@ class Graph:
     outputs: tuple[str, ...]
     constants: Mapping[str, np.ndarray]
     name: str = "graph"
+    # a range's constants whose shape, or whose values, are formulas of its
+    # dimensions (``orchestrate.shapes.symint``): the arrays hold them at one
+    # binding, these say what they are at every binding
+    constant_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    constant_values: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         frozen = {
@@ -336,7 +341,7 @@ class Graph:
     def types(self) -> Mapping[str, TensorType]:
         t: dict[str, TensorType] = {i.name: i.type for i in self.inputs}
         for name, arr in self.constants.items():
-            t[name] = TensorType(tuple(arr.shape), arr.dtype.name)
+            t[name] = TensorType(tuple(self.constant_shapes.get(name, arr.shape)), arr.dtype.name)
         for n in self.nodes:
             t[n.name] = n.type
         return t
@@ -357,6 +362,20 @@ class Graph:
             for i in dict.fromkeys(n.inputs):
                 c.setdefault(i, []).append(n)
         return {k: tuple(v) for k, v in c.items()}
+
+    def with_nodes(self, nodes, constants: Mapping[str, np.ndarray] | None = None) -> Graph:
+        """This graph with other nodes (and constants), its symbolic
+        constants kept where they are still constants."""
+        constants = self.constants if constants is None else constants
+        return Graph(
+            tuple(nodes),
+            self.inputs,
+            self.outputs,
+            constants,
+            self.name,
+            {k: v for k, v in self.constant_shapes.items() if k in constants},
+            {k: v for k, v in self.constant_values.items() if k in constants},
+        )
 
     def __str__(self) -> str:
         lines = [f"graph {self.name}("]

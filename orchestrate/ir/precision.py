@@ -38,6 +38,7 @@ mixes the two.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import ml_dtypes
 import numpy as np
@@ -213,6 +214,7 @@ class _Lowering:
             if arr.dtype.name == "float32" and self._store_half(name):
                 constants[name] = arr.astype(self.half)
         self.constants = constants
+        self.copies: dict[str, str] = {}  # a constant's copy in another dtype -> the constant
         self.taken = set(g.types) | set(g.outputs)
         # tensor -> {dtype: the name holding it in that dtype}
         self.held: dict[str, dict[str, str]] = {i.name: {i.type.dtype: i.name} for i in g.inputs}
@@ -254,7 +256,17 @@ class _Lowering:
                         origin,
                     )
                 )
-        lowered = Graph(tuple(self.nodes), g.inputs, g.outputs, self.constants, g.name)
+        copied = {
+            field: {
+                **symbolic,
+                **{k: symbolic[t] for k, t in self.copies.items() if t in symbolic},
+            }
+            for field, symbolic in (
+                ("constant_shapes", g.constant_shapes),
+                ("constant_values", g.constant_values),
+            )
+        }
+        lowered = replace(g.with_nodes(self.nodes, self.constants), **copied)
         return type_rules.validate(lowered)
 
     def _store_half(self, name: str) -> bool:
@@ -284,6 +296,7 @@ class _Lowering:
         self.types[name] = TensorType(shape, want)
         if t in self.g.constants:
             self.constants[name] = self.g.constants[t].astype(want)
+            self.copies[name] = t
             return name
         origin = self.g.producer[t].origin if t in self.g.producer else n.origin
         self.nodes.append(

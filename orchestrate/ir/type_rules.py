@@ -272,10 +272,10 @@ def validate(graph: Graph) -> Graph:
         if i.name in known:
             raise GraphError(f"duplicate input name {i.name!r}")
         known[i.name] = i.type
-    for name, arr in graph.constants.items():
+    for name in graph.constants:
         if name in known:
             raise GraphError(f"constant {name!r} shadows another tensor")
-        known[name] = TensorType(tuple(arr.shape), arr.dtype.name)
+        known[name] = graph.types[name]
     for n in graph.nodes:
         if n.name in known:
             raise GraphError(f"tensor {n.name!r} is defined twice")

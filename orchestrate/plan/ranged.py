@@ -7,16 +7,21 @@ input's dimensions symbols with ranges (``shapes/binding.py``).  Then:
    candidate must also be legal at MIN and MAX with its configuration
    (``plan/admit.py``), so the linear program prices at OPT and fit is
    checked at MAX;
-2. the frontend runs at a grid of generic bindings (``shapes/probes.py``)
-   and the family of primitive graphs is lifted from them and checked at
-   MIN, OPT and MAX (``shapes/family.py``);
-3. the plan's kernels, printed at each grid point with the plan's
-   configurations, become one ``kernels.py`` whose kernels take the
-   dimensions as runtime arguments (``emit/lift.py``).
+2. the primitive graph is made once more with the dimensions as symbols
+   (``trace``): the frontend prepares the model at the hint binding
+   (``shapes/hints.py``), symbolic shape inference gives the folded
+   tensors their formulas (``shapes/formulas.py``), and fission carries
+   them as SymInts (``shapes/symint.py``) into every shape and attribute;
+   its formulas are the family (``shapes/family.py``), checked against the
+   graphs the frontend makes at MIN, OPT and MAX;
+3. the plan's kernels are printed once from that graph: each dimension is
+   its formula over code names (``dim0 * dim1``), a runtime argument of the
+   kernels that use it (``emit/source.py``); printing it again at a second
+   hint must give the same text, so no kernel depends on the binding.
 
-``regenerate`` does 3 again from a bundle's files (a bundle is data: what
-runs is what orchestrate prints from them); ``DynamicProgram`` runs it at any
-binding in the range (``run/ranged.py``).
+``regenerate_ranged`` does 3 again from a bundle's files (a bundle is data:
+what runs is what orchestrate prints from them); ``DynamicProgram`` runs it
+at any binding in the range (``run/ranged.py``).
 """
 
 from __future__ import annotations
@@ -27,20 +32,30 @@ from dataclasses import dataclass, replace
 import numpy as np
 import onnx
 
-from orchestrate import ir
+from orchestrate import frontend, ir
 from orchestrate.bundle import regenerate
+from orchestrate.decompose import fission
 from orchestrate.emit import emit
-from orchestrate.emit.lift import Unliftable, lift_source
-from orchestrate.errors import InputError
+from orchestrate.errors import InputError, OrchestrateError
 from orchestrate.frontend import graph_inputs
 from orchestrate.ir import precision
 from orchestrate.plan import Plan, Planned, pipeline
 from orchestrate.plan.admit import range_admit
-from orchestrate.shapes.affine import Affine
 from orchestrate.shapes.binding import Ranges, bind_inputs
-from orchestrate.shapes.family import Binding, Dim, Family, lift_family, named, same_array
-from orchestrate.shapes.poly import Grid
-from orchestrate.shapes.probes import grid_values
+from orchestrate.shapes.family import (
+    Binding,
+    Dim,
+    Family,
+    check_instance,
+    family_of,
+    named,
+    same_array,
+)
+from orchestrate.shapes.formulas import Formulas
+from orchestrate.shapes.hints import hint_binding
+from orchestrate.shapes.infer import infer_shapes
+from orchestrate.shapes.poly import Poly
+from orchestrate.shapes.symint import Symbols, Undecided, strict
 from orchestrate.templates import template
 
 
@@ -49,12 +64,19 @@ class Symbolic:
     """The model's inputs bound to the declared ranges: each input's shape
     as affine dimensions and the dynamic dimensions in binding order."""
 
-    inputs: Mapping[str, tuple[Affine, ...]]
+    inputs: Mapping[str, tuple[Poly, ...]]
     dims: tuple[Dim, ...]
 
     def shapes_at(self, binding: Binding) -> dict[str, tuple[int, ...]]:
         values = {d.name: v for d, v in zip(self.dims, binding)}
         return {k: tuple(a.evaluate(values) for a in v) for k, v in self.inputs.items()}
+
+    def symbols(self, hint: Binding) -> Symbols:
+        return Symbols(
+            tuple(d.name for d in self.dims),
+            {d.name: d.range for d in self.dims},
+            {d.name: v for d, v in zip(self.dims, hint)},
+        )
 
 
 def bind(model: onnx.ModelProto, ranges: Ranges, source: str) -> Symbolic:
@@ -85,8 +107,9 @@ def point_shapes(
 @dataclass(frozen=True)
 class Built:
     """A dynamic plan: ``plan`` at OPT (configurations pinned for the range),
-    the ``family``, the graph and specs at OPT, the lifted ``source`` and the
-    ``constants`` a bundle stores (sliced ones at MAX)."""
+    the ``family``, the graph and specs at OPT, the ``source`` printed with
+    the dimensions as symbols and the ``constants`` a bundle stores (sliced
+    ones at MAX)."""
 
     plan: Plan
     family: Family
@@ -108,19 +131,21 @@ class _Graphs:
     def __call__(self, binding: Binding) -> ir.Graph:
         if binding not in self.made:
             g = pipeline.fission_model(self.model, self.symbolic.shapes_at(binding), self.source)
-            g = precision.lower_precision(g, self.dtype, self.source)
-            if self.first is None:
-                self.first = g
-            else:
-                g = _named_like(g, self.first)
-                ref = self.first.constants
-                shared = {
-                    k: ref[k] if k in ref and same_array(ref[k], v) else v
-                    for k, v in g.constants.items()
-                }
-                g = ir.Graph(g.nodes, g.inputs, g.outputs, shared, g.name)
-            self.made[binding] = g
+            self.made[binding] = self.like_first(
+                precision.lower_precision(g, self.dtype, self.source)
+            )
         return self.made[binding]
+
+    def like_first(self, g: ir.Graph) -> ir.Graph:
+        if self.first is None:
+            self.first = g
+            return g
+        g = _named_like(g, self.first)
+        ref = self.first.constants
+        shared = {
+            k: ref[k] if k in ref and same_array(ref[k], v) else v for k, v in g.constants.items()
+        }
+        return replace(g, constants=shared)
 
 
 def _named_like(g: ir.Graph, ref: ir.Graph) -> ir.Graph:
@@ -128,10 +153,10 @@ def _named_like(g: ir.Graph, ref: ir.Graph) -> ir.Graph:
     the same place.  The frontend names a constant after where it was
     folded, and a small one (a 2 x 2 causal mask at seq=2) is shared by every
     place that folds to the same value: the names can differ between
-    bindings, the places cannot (``shapes/family.py`` checks the values)."""
+    bindings, the places cannot (``check_instance`` checks the values)."""
     nodes = {n.name: n for n in ref.nodes}
     consts = dict(g.constants)
-    changed = False
+    renamed: dict[str, str] = {}
     new_nodes = []
     for n in g.nodes:
         other = nodes.get(n.name)
@@ -149,14 +174,55 @@ def _named_like(g: ir.Graph, ref: ir.Graph) -> ir.Graph:
                     )
                 ):
                     consts[theirs] = g.constants[mine]
+                    renamed.setdefault(mine, theirs)
                     inputs[k] = theirs
-                    changed = True
         new_nodes.append(replace(n, inputs=tuple(inputs)) if tuple(inputs) != n.inputs else n)
-    if not changed:
+    if not renamed:
         return g
     used = {i for n in new_nodes for i in n.inputs}
     consts = {k: v for k, v in consts.items() if k in used or k in ref.constants}
-    return ir.Graph(tuple(new_nodes), g.inputs, g.outputs, consts, g.name)
+
+    def moved(symbolic: Mapping[str, tuple]) -> dict[str, tuple]:
+        out = {renamed.get(k, k): v for k, v in symbolic.items()}
+        return {k: v for k, v in out.items() if k in consts}
+
+    return ir.Graph(
+        tuple(new_nodes),
+        g.inputs,
+        g.outputs,
+        consts,
+        g.name,
+        moved(g.constant_shapes),
+        moved(g.constant_values),
+    )
+
+
+def trace(
+    model: onnx.ModelProto,
+    ranges: Ranges,
+    symbolic: Symbolic,
+    hint: Binding,
+    dtype: str | None,
+    source: str,
+) -> ir.Graph:
+    """The primitive graph with the dimensions as symbols (SymInts valued at
+    ``hint``): the frontend at ``hint``, the formulas of its folded tensors
+    from symbolic shape inference, fission carrying both."""
+    symbols = symbolic.symbols(hint)
+    inferred = infer_shapes(model, ranges.shapes, ranges.dims, source)
+    formulas = Formulas(symbols, inferred.values, source)
+    prepared = frontend.prepare(model, symbolic.shapes_at(hint), source)
+    try:
+        g = fission(prepared, source, consume=True, symbols=formulas)
+    except OrchestrateError as e:
+        declined = "; ".join(str(d) for d in inferred.declined[:2])
+        why = f" (symbolic shape inference declined {declined})" if declined else ""
+        raise InputError(
+            f"{source}: the model's shapes cannot be followed as formulas of "
+            f"{', '.join(d.shown for d in symbolic.dims)}{why}: {e}; narrow the range "
+            "with --shape or --dim"
+        ) from None
+    return precision.lower_precision(g, dtype, source)
 
 
 def build(
@@ -173,20 +239,30 @@ def build(
     ends = {named(dims, at[w]): graphs(at[w]) for w in ("max", "min") if at[w] != at["opt"]}
     admit = range_admit(ends, options.target()) if ends else None
     planned = pipeline.plan_graph(g_opt, options, progress=progress, admit=admit)
-    avoid = {d for n in g_opt.nodes for d in n.shape} | {
-        d for i in g_opt.inputs for d in i.type.shape
-    }
-    grid = Grid(tuple(grid_values(d.range, avoid) for d in dims))
-    points = grid.points
-    for i, p in enumerate(points):
-        report("range", i + 1, len(points))
-        graphs(p)
+    report("range", 1, 2)
+    hint = range_hint(dims, g_opt)
+    traced = graphs.like_first(trace(model, ranges, symbolic, hint, options.dtype, source))
+    family = family_of(dims, traced, source)
     checks = {at[w]: graphs(at[w]) for w in ("min", "opt", "max")}
-    family = lift_family(dims, grid, {p: graphs(p) for p in points}, checks, at["max"], source)
-    plan = _pinned(planned.plan, family, checks[at["max"]], at["max"], source)
-    constants = _stored(plan, g_opt, checks[at["max"]], family)
-    made = regenerate_ranged(plan, family, constants, model_file, source, at_opt=g_opt)
+    top = checks[at["max"]]
+    for b, g in checks.items():
+        check_instance(family, traced, g, b, top, source)
+    report("range", 2, 2)
+    plan = _pinned(planned.plan, family, top, at["max"], source)
+    constants = _stored(plan, g_opt, top, family)
+    made = regenerate_ranged(
+        plan, family, constants, model_file, source, at_opt=g_opt, check_hints=True
+    )
     return Built(made.planned.plan, family, made.graph, made.planned, made.source, constants)
+
+
+def range_hint(dims, graph: ir.Graph, taken: Binding = ()) -> Binding:
+    """The hint binding of ``dims`` (``shapes/hints.py``), unlike every
+    dimension of ``graph`` (a plan's graph at OPT) and every value of ``taken``."""
+    avoid = {d for n in graph.nodes for d in n.shape} | {
+        d for i in graph.inputs for d in i.type.shape
+    }
+    return hint_binding((d.range for d in dims), avoid | set(taken))
 
 
 def _pinned(plan: Plan, family: Family, g_max: ir.Graph, top: Binding, source: str) -> Plan:
@@ -261,26 +337,63 @@ def regenerate_ranged(
     model_file: str,
     source: str,
     at_opt: ir.Graph | None = None,
+    check_hints: bool = False,
 ) -> regenerate.Regenerated:
-    """The graph and specs at OPT and the lifted ``kernels.py`` (see the module doc)."""
+    """The graph and specs at OPT and the ``kernels.py`` printed with the
+    dimensions as symbols (see the module doc).  ``check_hints``: print it
+    at a second hint too and refuse the range if the two differ."""
     title = regenerate.title(model_file)
     opt = family.at("opt")
     here = instance(plan, family, constants, opt, source, at_opt)
     # the rules take the plan's kernels at the range's ends too
-    upper = instance(plan, family, constants, family.at("max"), source).graph
+    instance(plan, family, constants, family.at("max"), source)
     instance(plan, family, constants, family.at("min"), source)
-    printed = {}
-    for p in family.grid.points:
-        inst = instance(plan, family, constants, p, source)
-        printed[p] = emit(inst.graph, inst.planned, title=title, upper=upper)
-    shown = emit(here.graph, here.planned, title=title, upper=upper)
-    lifted = lift_source(
-        printed, family.grid, family.codes, [d.name for d in family.dims], shown, family.named(opt)
-    )
-    if isinstance(lifted, Unliftable):
-        where = f"kernel function {lifted.function}" if lifted.function else "the kernels"
+    hint = range_hint(family.dims, here.graph)
+    printed = _printed(plan, family, constants, hint, title, source)
+    if check_hints:
+        other = range_hint(family.dims, here.graph, taken=hint)
+        again = _printed(plan, family, constants, other, title, source)
+        if again != printed:
+            where = _first_difference(printed, again)
+            raise InputError(
+                f"{source}: {where} cannot serve the range: it prints differently at "
+                f"{family.named(hint)} and {family.named(other)}; narrow the range with "
+                "--shape or --dim"
+            )
+    return regenerate.Regenerated(here.graph, here.planned, printed)
+
+
+def _printed(
+    plan: Plan,
+    family: Family,
+    constants: Mapping[str, np.ndarray],
+    hint: Binding,
+    title: str,
+    source: str,
+) -> str:
+    """``kernels.py`` printed from the plan's graph with its dimensions as
+    SymInts valued at ``hint``; InputError where a kernel needs to know more
+    of a dimension than its range says."""
+    at = instance(plan, family, constants, hint, source)
+    graph = family.symbolic(at.planned.plan, at.graph, hint)
+    planned = regenerate.planned(at.planned.plan, graph, source, check_hash=False)
+    try:
+        with strict():
+            return emit(graph, planned, title=title, dims=family.dims)
+    except Undecided as e:
         raise InputError(
-            f"{source}: {where} cannot serve the range: {lifted.reason}; "
-            "narrow the range with --shape or --dim"
-        )
-    return regenerate.Regenerated(here.graph, here.planned, lifted)
+            f"{source}: the kernels cannot serve the range of "
+            f"{', '.join(d.shown for d in family.dims)}: {e}; narrow the range with "
+            "--shape or --dim"
+        ) from None
+
+
+def _first_difference(a: str, b: str) -> str:
+    """The generated function in which ``a`` and ``b`` first differ."""
+    function = "the kernels"
+    for x, y in zip(a.splitlines(), b.splitlines()):
+        if x.startswith("def "):
+            function = f"kernel function {x[4:].split('(')[0]}"
+        if x != y:
+            return function
+    return function

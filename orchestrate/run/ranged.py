@@ -51,13 +51,9 @@ from orchestrate.shapes.poly import Poly
 DEFAULT_CACHE = 8  # bindings whose Program (buffers, CUDA graph) is kept
 
 
-def _bare(p: Poly) -> int | None:
-    """The dimension ``p`` is exactly (``dim_k``), or None."""
-    if len(p.terms) == 1:
-        exps, c = p.terms[0]
-        if c == 1 and sum(exps) == 1:
-            return exps.index(1)
-    return None
+def _bare(family: Family, p: Poly) -> int | None:
+    """The dimension ``p`` is exactly (its index), or None."""
+    return next((k for k, name in enumerate(family.names) if p == Poly.of(name)), None)
 
 
 def binding_of(family: Family, shapes: Mapping[str, tuple[int, ...]]) -> Binding:
@@ -72,7 +68,7 @@ def binding_of(family: Family, shapes: Mapping[str, tuple[int, ...]]) -> Binding
         if len(shape) != len(polys):
             raise InputError(f"input {name!r}: rank {len(shape)}, expected {len(polys)}")
         for axis, p in enumerate(polys):
-            k = _bare(p)
+            k = _bare(family, p)
             if k is None:
                 continue
             v = int(shape[axis])

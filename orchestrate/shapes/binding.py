@@ -16,10 +16,10 @@ import onnx
 
 from orchestrate.errors import InputError
 from orchestrate.frontend import tensor_dims
-from orchestrate.shapes.affine import Affine, expression_of, parse_affine, plain_names
 from orchestrate.shapes.dims import DimRange, parse_range
+from orchestrate.shapes.poly import Poly, expression_of, parse_dim_expression, plain_names
 
-Shape = tuple[Affine, ...]
+Shape = tuple[Poly, ...]
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def bind_inputs(
             raise InputError(
                 f"{source}: input {name!r} has unknown rank; pass {flags.shape_of(name)}"
             )
-        shape: list[Affine | None] = []
+        shape: list[Poly | None] = []
         for k in range(len(given) if given is not None else len(model_dims)):
             d = model_dims[k] if k < len(model_dims) else None
             r = given[k] if given is not None else None
@@ -121,7 +121,7 @@ def bind_inputs(
     return order, {s: r for s, r in ranges.items() if not r.fixed}
 
 
-def _bind_expression(name, k, e: Affine, text, r, dims, ranges, source, flags, origin) -> Affine:
+def _bind_expression(name, k, e: Poly, text, r, dims, ranges, source, flags, origin) -> Poly:
     """Axis ``k`` of ``name``, written ``text`` (the expression ``e``): its
     symbols bound by --dim or by the inputs' plain dimensions, or, for one
     symbol plus a constant, by the range the axis is given."""
@@ -129,7 +129,7 @@ def _bind_expression(name, k, e: Affine, text, r, dims, ranges, source, flags, o
         if s not in ranges and s in dims:
             _declare(s, dims[s], ranges, flags.dim_of(s), origin)
     unbound = sorted(s for s in e.symbols if s not in ranges)
-    if r is not None and len(unbound) == 1 and e.terms == ((unbound[0], 1),):
+    if r is not None and len(unbound) == 1 and e - e.const == Poly.of(unbound[0]):
         shift = e.const
         if r.min - shift < 0:
             raise InputError(
@@ -158,13 +158,10 @@ def _bind_expression(name, k, e: Affine, text, r, dims, ranges, source, flags, o
             f"at the ranges given; narrow {flags.dim}"
         )
     fixed = {s: ranges[s].min for s in e.symbols if ranges[s].fixed}
-    return Affine._make(
-        e.const + sum(c * fixed[s] for s, c in e.terms if s in fixed),
-        {s: c for s, c in e.terms if s not in fixed},
-    )
+    return e.substitute(fixed)
 
 
-def _bind_one(name, k, d, r, dims, ranges, source, flags: Flags, origin) -> Affine:
+def _bind_one(name, k, d, r, dims, ranges, source, flags: Flags, origin) -> Poly:
     fixed = d is not None and d.HasField("dim_value")
     if r is not None:
         if fixed and not (r.fixed and r.min == d.dim_value):
@@ -179,17 +176,17 @@ def _bind_one(name, k, d, r, dims, ranges, source, flags: Flags, origin) -> Affi
             )
         return _declare(symbol, r, ranges, flags.shape_of(name), origin)
     if fixed:
-        return Affine.of(d.dim_value)
+        return Poly.of(d.dim_value)
     if d is not None and d.dim_param in ranges:
         r = ranges[d.dim_param]
-        return Affine.of(r.min) if r.fixed else Affine.of(d.dim_param)
+        return Poly.of(r.min) if r.fixed else Poly.of(d.dim_param)
     if d is not None and d.dim_param and d.dim_param in dims:
         return _declare(d.dim_param, dims[d.dim_param], ranges, flags.dim_of(d.dim_param), origin)
     what = f"dimension {d.dim_param!r}" if d is not None and d.dim_param else "a dynamic dimension"
     hint = ""
     if d is not None and d.dim_param:
         # ``past + 1`` whose ``past`` nothing names yet: ask for the symbol
-        e = parse_affine(d.dim_param) if any(c in d.dim_param for c in "+* ") else None
+        e = parse_dim_expression(d.dim_param) if any(c in d.dim_param for c in "+* ") else None
         names = sorted(e.symbols) if e is not None and e.symbols else [d.dim_param]
         hint = ", ".join(flags.dim_of(n, "MIN..MAX") for n in names) + " or "
     raise InputError(
@@ -199,7 +196,7 @@ def _bind_one(name, k, d, r, dims, ranges, source, flags: Flags, origin) -> Affi
 
 def _declare(
     symbol: str, r: DimRange, ranges: dict[str, DimRange], flag: str, origin: dict[str, str]
-) -> Affine:
+) -> Poly:
     """The symbol (a number when MIN == MAX); ``ranges`` keeps fixed ones too
     until binding ends, so that every use of a dim_param agrees; ``origin``
     the flag that gave each symbol its range."""
@@ -209,7 +206,7 @@ def _declare(
         )
     ranges[symbol] = r
     origin.setdefault(symbol, flag)
-    return Affine.of(r.min) if r.fixed else Affine.of(symbol)
+    return Poly.of(r.min) if r.fixed else Poly.of(symbol)
 
 
 @dataclass(frozen=True)

@@ -1,27 +1,26 @@
-"""One primitive graph for a range of shapes: the family, lifted from instances.
+"""One primitive graph for a range of shapes: the family, and what it is at a binding.
 
-The frontend folds shape arithmetic to constants, so it makes one primitive
-graph per binding of the dimensions.  A :class:`Family` is what those graphs
-share and how they differ: the same primitives, ops, inputs and dtypes at
-every binding, and shapes and integer attributes that are polynomials of the
-binding (``shapes/poly.py``).  Constants that depend on the binding (position
-embeddings gathered for ``seq`` positions, a causal mask of ``seq x seq``) are
-kept once, at MAX, and sliced: the family checks that each is a prefix of
-the MAX one.
+A range bundle's primitive graph is made once with its dimensions as
+symbols (``shapes/symint.py``, ``plan/ranged.py``).  A :class:`Family` is
+that graph's formulas, as data: the graph input shapes, the primitive shapes
+and integer attributes that are formulas of the dimensions (``batch*seq``
+rows, a reshape to ``[batch, seq, 4, 16]``), the constants whose shape is
+one (position embeddings gathered for ``seq`` positions, a ``seq x seq``
+causal mask: kept once, at MAX, and sliced) and the small constants whose
+values are (``x.shape[1]`` folded to a number, as mean pooling divides by
+it).  ``dims.json`` is its file.
 
-``lift_family`` builds it from the graphs at a grid of bindings and checks it
-against the graphs at other bindings (MIN, OPT, MAX).  What does not hold
-(a node that exists at one binding only, a shape that no polynomial gives, a
-constant that is not a prefix) is an InputError naming the node, so nothing
-is planned for a range the bundle could not serve.  ``plan_at`` and
-``constants_at`` make the concrete plan of one binding, which the runner and
-the emitter use exactly as a static plan.
+``plan_at`` and ``constants_at`` make the concrete plan of one binding,
+which the runner uses exactly as a static plan; ``symbolic`` makes the
+graph whose dimensions are SymInts again, which the emitter prints.
+``check_instance`` compares the family with a graph the frontend made at a
+binding, so nothing is planned for a range the bundle could not serve.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -30,7 +29,8 @@ from orchestrate import ir, text
 from orchestrate.errors import InputError
 from orchestrate.plan import Plan, Primitive
 from orchestrate.shapes.dims import DimRange
-from orchestrate.shapes.poly import Grid, NotLifted, Poly
+from orchestrate.shapes.poly import Poly
+from orchestrate.shapes.symint import Symbols, SymInt, sym
 
 Binding = tuple[int, ...]
 
@@ -62,31 +62,35 @@ def ranged(dims: Sequence[Dim]) -> str:
     return ", ".join(f"{d.shown} {d.range.min}..{d.range.max}" for d in dims)
 
 
+COMPUTED_DTYPES = ("int32", "int64", "float16", "float32", "float64")
+COMPUTED_MAX = 64  # elements: a shape vector or a scalar, not a tensor of data
+
+
 @dataclass(frozen=True)
 class Family:
-    """``dims`` in binding order, the ``grid`` the family was lifted on, and
-    what varies: graph input shapes, primitive shapes, primitive attributes
-    (``attrs[node][attr]``: the value with :class:`Poly` leaves) and the
-    shapes of the constants kept at MAX and sliced (``sliced``)."""
+    """``dims`` in binding order and what varies with them: graph input
+    shapes, primitive shapes, primitive attributes (``attrs[node][attr]``:
+    the value with :class:`Poly` leaves), the shapes of the constants kept
+    at MAX and sliced (``sliced``), and the constants whose values are
+    formulas (``computed``: name -> (shape, dtype, one formula per element
+    in C order))."""
 
     dims: tuple[Dim, ...]
-    grid: Grid
     inputs: Mapping[str, tuple[Poly, ...]]
     shapes: Mapping[str, tuple[Poly, ...]]
     attrs: Mapping[str, Mapping[str, Any]]
     sliced: Mapping[str, tuple[Poly, ...]]
-    # constants whose values are polynomials of the binding (a sequence length
-    # folded from Shape and used as data, as mean pooling divides by it):
-    # name -> (shape, dtype, one polynomial per element in C order)
-    computed: Mapping[str, tuple[tuple[int, ...], str, tuple[Poly, ...]]] = None  # type: ignore[assignment]
-
-    def __post_init__(self):
-        if self.computed is None:
-            object.__setattr__(self, "computed", {})
+    computed: Mapping[str, tuple[tuple[int, ...], str, tuple[Poly, ...]]] = field(
+        default_factory=dict
+    )
 
     @property
     def codes(self) -> tuple[str, ...]:
         return tuple(d.code for d in self.dims)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.dims)
 
     def at(self, which: str) -> Binding:
         """``min``, ``opt`` or ``max`` of every dimension."""
@@ -98,30 +102,46 @@ class Family:
     def contains(self, binding: Binding) -> bool:
         return all(v in d.range for d, v in zip(self.dims, binding))
 
+    def by_name(self, binding: Binding) -> dict[str, int]:
+        return dict(zip(self.names, binding))
+
+    def symbols(self, hint: Binding) -> Symbols:
+        """The symbols of the range, their SymInts valued at ``hint``."""
+        return Symbols(self.names, {d.name: d.range for d in self.dims}, self.by_name(hint))
+
     def input_shape(self, name: str, binding: Binding) -> tuple[int, ...]:
-        return tuple(p(binding) for p in self.inputs[name])
+        values = self.by_name(binding)
+        return tuple(p.evaluate(values) for p in self.inputs[name])
+
+    # -- at a binding --------------------------------------------------------------------
 
     def plan_at(self, plan: Plan, binding: Binding) -> Plan:
         """``plan`` (made at any binding of the family) with every shape and
         attribute at ``binding``."""
-        prims = tuple(self._primitive(p, binding) for p in plan.primitives)
+        values = self.by_name(binding)
+        return self._plan_with(plan, lambda p: p.evaluate(values))
+
+    def _plan_with(self, plan: Plan, leaf) -> Plan:
+        prims = tuple(self._primitive(p, leaf) for p in plan.primitives)
         inputs = tuple(
-            replace(i, shape=self.input_shape(i.name, binding)) if i.name in self.inputs else i
+            replace(i, shape=tuple(leaf(p) for p in self.inputs[i.name]))
+            if i.name in self.inputs
+            else i
             for i in plan.graph.inputs
         )
         return replace(plan, primitives=prims, graph=replace(plan.graph, inputs=inputs))
 
-    def _primitive(self, p: Primitive, binding: Binding) -> Primitive:
+    def _primitive(self, p: Primitive, leaf) -> Primitive:
         shape = self.shapes.get(p.name)
         attrs = self.attrs.get(p.name)
         if shape is None and attrs is None:
             return p
         new = p
         if shape is not None:
-            new = replace(new, shape=tuple(d(binding) for d in shape))
+            new = replace(new, shape=tuple(leaf(d) for d in shape))
         if attrs is not None:
             merged = dict(p.attrs)
-            merged.update({k: _evaluate(v, binding) for k, v in attrs.items()})
+            merged.update({k: _leaves(v, leaf) for k, v in attrs.items()})
             new = replace(new, attrs=ir.Attrs(merged))
         return new
 
@@ -130,9 +150,9 @@ class Family:
         None: each sliced constant is kept at MAX, so its shape is its shape
         formula at MAX (a dims.json given a larger MAX would cut past the
         end of what was stored, and pad with zeros)."""
-        top = self.at("max")
+        top = self.by_name(self.at("max"))
         for name, shape in sorted(self.sliced.items()):
-            want = tuple(d(top) for d in shape)
+            want = tuple(d.evaluate(top) for d in shape)
             have = tuple(np.shape(constants[name])) if name in constants else None
             if have != want:
                 return (
@@ -145,12 +165,13 @@ class Family:
         self, constants: Mapping[str, np.ndarray], binding: Binding
     ) -> dict[str, np.ndarray]:
         """The constants at ``binding``: the sliced ones cut from their MAX value."""
+        values = self.by_name(binding)
         out = dict(constants)
         for name, shape in self.sliced.items():
-            want = tuple(d(binding) for d in shape)
+            want = tuple(d.evaluate(values) for d in shape)
             cut = np.ascontiguousarray(constants[name][tuple(slice(0, d) for d in want)])
             if cut.shape != want:
-                # a grid point above MAX (a short range's, shapes/probes.py):
+                # a binding above MAX (a short range's hint, shapes/hints.py):
                 # only the code printed there is used, never these values
                 cut = np.pad(cut, [(0, w - c) for w, c in zip(want, cut.shape)])
             out[name] = cut
@@ -161,11 +182,45 @@ class Family:
     def computed_at(self, name: str, binding: Binding) -> np.ndarray:
         """A computed constant's value at ``binding``."""
         shape, dtype, polys = self.computed[name]
-        return np.array([p(binding) for p in polys], dtype=dtype).reshape(shape)
+        values = self.by_name(binding)
+        return np.array([p.evaluate(values) for p in polys], dtype=dtype).reshape(shape)
 
-    # -- the file --------------------------------------------------------------
+    # -- the graph with symbols -----------------------------------------------------------
+
+    def symbolic(self, plan: Plan, graph: ir.Graph, hint: Binding) -> ir.Graph:
+        """``graph`` (the plan's graph at ``hint``) with every dimension of
+        the range a SymInt valued at ``hint``: what the emitter prints."""
+        symbols = self.symbols(hint)
+
+        def leaf(p: Poly) -> int:
+            return sym(p, symbols)
+
+        at = self._plan_with(plan, leaf)
+        types = {p.name: ir.TensorType(p.shape, p.dtype) for p in at.primitives}
+        nodes = tuple(
+            replace(n, type=types[n.name], attrs=ir.Attrs(dict(p.attrs)))
+            for n, p in zip(graph.nodes, at.primitives)
+        )
+        inputs = tuple(
+            ir.Input(
+                i.name, ir.TensorType(tuple(leaf(p) for p in self.inputs[i.name]), i.type.dtype)
+            )
+            if i.name in self.inputs
+            else i
+            for i in graph.inputs
+        )
+        shapes = {k: tuple(leaf(p) for p in v) for k, v in self.sliced.items()}
+        values = {k: tuple(leaf(p) for p in polys) for k, (_, _, polys) in self.computed.items()}
+        return ir.Graph(nodes, inputs, graph.outputs, graph.constants, graph.name, shapes, values)
+
+    # -- the file ----------------------------------------------------------------------------
 
     def to_json(self) -> dict:
+        order = self.names
+
+        def polys(v) -> list:
+            return [p.to_json(order) for p in v]
+
         return {
             "dims": [
                 {
@@ -177,17 +232,16 @@ class Family:
                 }
                 for d in self.dims
             ],
-            "grid": [list(v) for v in self.grid.values],
-            "inputs": {k: [p.to_json() for p in v] for k, v in sorted(self.inputs.items())},
-            "shapes": {k: [p.to_json() for p in v] for k, v in sorted(self.shapes.items())},
+            "inputs": {k: polys(v) for k, v in sorted(self.inputs.items())},
+            "shapes": {k: polys(v) for k, v in sorted(self.shapes.items())},
             "attrs": {
-                k: {a: _value_json(x) for a, x in sorted(v.items())}
+                k: {a: _value_json(x, order) for a, x in sorted(v.items())}
                 for k, v in sorted(self.attrs.items())
             },
-            "sliced": {k: [p.to_json() for p in v] for k, v in sorted(self.sliced.items())},
+            "sliced": {k: polys(v) for k, v in sorted(self.sliced.items())},
             "computed": {
-                k: {"shape": list(shape), "dtype": dtype, "values": [p.to_json() for p in polys]}
-                for k, (shape, dtype, polys) in sorted(self.computed.items())
+                k: {"shape": list(shape), "dtype": dtype, "values": polys(values)}
+                for k, (shape, dtype, values) in sorted(self.computed.items())
             },
         }
 
@@ -202,18 +256,20 @@ class Family:
                 )
                 for i, d in enumerate(data["dims"])
             )
-            grid = Grid(tuple(tuple(int(x) for x in v) for v in data["grid"]))
-            n = len(dims)
-            if grid.rank != n:
-                raise ValueError("grid and dims disagree")
+            order = tuple(d.name for d in dims)
+            if len(set(order)) != len(order):
+                raise ValueError("two dimensions share a name")
+            for d in dims:
+                if not 1 <= d.range.min <= d.range.opt <= d.range.max:
+                    raise ValueError(f"dimension {d.code}: range {d.range} is not MIN..MAX@OPT")
 
             def shapes(d: Mapping) -> dict:
                 return {
-                    str(k): tuple(Poly.from_json(p, n, f"{k}") for p in v) for k, v in d.items()
+                    str(k): tuple(Poly.from_json(p, order, f"{k}") for p in v) for k, v in d.items()
                 }
 
             attrs = {
-                str(k): {str(a): _value_from_json(x, n, f"{k}.{a}") for a, x in v.items()}
+                str(k): {str(a): _value_from_json(x, order, f"{k}.{a}") for a, x in v.items()}
                 for k, v in data["attrs"].items()
             }
             computed = {}
@@ -222,13 +278,12 @@ class Family:
                 dtype = str(v["dtype"])
                 if dtype not in COMPUTED_DTYPES:
                     raise ValueError(f"{k}: computed constant of dtype {dtype!r}")
-                polys = tuple(Poly.from_json(p, n, k) for p in v["values"])
+                polys = tuple(Poly.from_json(p, order, k) for p in v["values"])
                 if len(polys) != int(np.prod(shape, dtype=np.int64)):
                     raise ValueError(f"{k}: {len(polys)} values for shape {list(shape)}")
                 computed[str(k)] = (shape, dtype, polys)
             return Family(
                 dims,
-                grid,
                 shapes(data["inputs"]),
                 shapes(data["shapes"]),
                 attrs,
@@ -245,156 +300,127 @@ def _code(value, i: int) -> str:
     return value
 
 
-def _evaluate(value, binding: Binding):
+def _leaves(value, leaf):
     if isinstance(value, Poly):
-        return value(binding)
+        return leaf(value)
     if isinstance(value, tuple):
-        return tuple(_evaluate(v, binding) for v in value)
+        return tuple(_leaves(v, leaf) for v in value)
     return value
 
 
-def _value_json(value):
+def _value_json(value, order):
     if isinstance(value, Poly):
-        return {"poly": value.to_json()}
+        return {"poly": value.to_json(order)}
     if isinstance(value, tuple):
-        return {"tuple": [_value_json(v) for v in value]}
+        return {"tuple": [_value_json(v, order) for v in value]}
     return {"value": value}
 
 
-def _value_from_json(data, rank: int, where: str):
+def _value_from_json(data, order, where: str):
     if "poly" in data:
-        return Poly.from_json(data["poly"], rank, where)
+        return Poly.from_json(data["poly"], order, where)
     if "tuple" in data:
-        return tuple(_value_from_json(v, rank, where) for v in data["tuple"])
+        return tuple(_value_from_json(v, order, where) for v in data["tuple"])
     value = data["value"]
     if not isinstance(value, (int, float, str)) or isinstance(value, bool):
         raise ValueError(f"{where}: unexpected attribute value")
     return value
 
 
-# -- lifting ---------------------------------------------------------------------
+# -- the family of a graph whose dimensions are symbols ----------------------------------
 
 
-def lift_family(
-    dims: Sequence[Dim],
-    grid: Grid,
-    graphs: Mapping[Binding, ir.Graph],
-    checks: Mapping[Binding, ir.Graph],
-    top: Binding,
-    source: str,
-) -> Family:
-    """The family of ``graphs`` (one per grid point), checked against
-    ``checks`` (other bindings: MIN, OPT, MAX); ``top`` is the binding whose
-    constants are kept for slicing (MAX, which must be in ``checks``)."""
-    points = grid.points
-    first = graphs[points[0]]
-    every = {**graphs, **checks}
-    for b, g in every.items():
-        _same_structure(first, g, dims, b, source)
-    where = _Where(dims, source)
-    inputs = {}
-    for i, inp in enumerate(first.inputs):
-        lifted = _lift_shape(
-            [graphs[p].inputs[i].type.shape for p in points], grid, where.of(f"input {inp.name!r}")
+def _formula(x) -> Poly | None:
+    return x.poly if isinstance(x, SymInt) else None
+
+
+def _formulas(value):
+    """An attribute value with each SymInt as its Poly; None when it holds none."""
+    if isinstance(value, SymInt):
+        return value.poly
+    if isinstance(value, tuple):
+        inner = [_formulas(v) for v in value]
+        if all(i is None for i in inner):
+            return None
+        return tuple(
+            Poly.of(v) if i is None and type(v) is int else (v if i is None else i)
+            for v, i in zip(value, inner)
         )
-        if lifted is not None:
-            inputs[inp.name] = lifted
-    shapes, attrs = {}, {}
-    for k, node in enumerate(first.nodes):
-        at = where.of(f"node {node.name!r} ({node.op.value})")
-        lifted = _lift_shape([graphs[p].nodes[k].shape for p in points], grid, at)
-        if lifted is not None:
-            shapes[node.name] = lifted
-        changed = {}
-        for a in node.attrs:
-            values = [graphs[p].nodes[k].attrs[a] for p in points]
-            if any(v != values[0] for v in values):
-                changed[a] = _lift_value(values, grid, at + f", attribute {a!r}")
-        if changed:
-            attrs[node.name] = changed
-    sliced, computed = {}, {}
-    for name in first.constants:
-        if any(name not in graphs[p].constants for p in points):
-            continue  # renamed elsewhere: equal there by value (_same_constant)
-        arrays = [graphs[p].constants[name] for p in points]
-        if all(a.shape == arrays[0].shape and np.array_equal(a, arrays[0]) for a in arrays):
-            continue
-        at = where.of(f"constant {name!r}")
-        lifted = _lift_shape([a.shape for a in arrays], grid, at)
-        if lifted is None:
-            computed[name] = _lift_values(arrays, grid, at)
-        else:
-            sliced[name] = lifted
-    family = Family(tuple(dims), grid, inputs, shapes, attrs, sliced, computed)
-    for b, g in every.items():
-        _check_instance(family, g, b, checks.get(top) or graphs[top], source)
-    return family
+    return None
 
 
-class _Where:
-    def __init__(self, dims: Sequence[Dim], source: str):
-        self.names = ", ".join(d.shown for d in dims)
-        self.source = source
-
-    def of(self, what: str) -> str:
-        return f"{self.source}: {what} cannot serve the range of {self.names}"
-
-
-def _lift_shape(shapes: Sequence[tuple[int, ...]], grid: Grid, at: str) -> tuple[Poly, ...] | None:
-    """The shape as polynomials, or None when it is the same at every point."""
-    if all(s == shapes[0] for s in shapes):
+def _shape_formulas(shape) -> tuple[Poly, ...] | None:
+    if not any(isinstance(d, SymInt) for d in shape):
         return None
-    if any(len(s) != len(shapes[0]) for s in shapes):
-        raise InputError(f"{at}: its rank changes with the shape")
-    out = []
-    for axis in range(len(shapes[0])):
-        p = grid.lift([s[axis] for s in shapes])
-        if isinstance(p, NotLifted):
-            raise InputError(f"{at}: axis {axis}: {p.reason}")
-        out.append(p)
-    return tuple(out)
+    return tuple(Poly.of(d.poly if isinstance(d, SymInt) else int(d)) for d in shape)
 
 
-COMPUTED_DTYPES = ("int32", "int64", "float16", "float32", "float64")
-COMPUTED_MAX = 64  # elements: a shape vector or a scalar, not a tensor of data
+def family_of(dims: Sequence[Dim], graph: ir.Graph, source: str) -> Family:
+    """The family of ``graph``, a primitive graph whose dimensions are
+    SymInts (made by fission at the hint binding)."""
+    inputs = {}
+    for i in graph.inputs:
+        f = _shape_formulas(i.type.shape)
+        if f is not None:
+            inputs[i.name] = f
+    shapes, attrs = {}, {}
+    for n in graph.nodes:
+        f = _shape_formulas(n.shape)
+        if f is not None:
+            shapes[n.name] = f
+        changed = {a: p for a, v in n.attrs.items() if (p := _formulas(v)) is not None}
+        if changed:
+            attrs[n.name] = changed
+    sliced = {k: _shape_formulas(v) for k, v in graph.constant_shapes.items()}
+    computed = {}
+    for k, values in graph.constant_values.items():
+        arr = graph.constants[k]
+        where = f"{source}: constant '{text.shown(k)}'"
+        if k in sliced or arr.dtype.name not in COMPUTED_DTYPES or arr.size > COMPUTED_MAX:
+            raise InputError(
+                f"{where} holds dimensions of the range as data in a way orchestrate "
+                "cannot follow; narrow the range with --shape or --dim"
+            )
+        computed[k] = (
+            tuple(arr.shape),
+            arr.dtype.name,
+            tuple(Poly.of(v.poly if isinstance(v, SymInt) else int(v)) for v in values),
+        )
+    return Family(
+        tuple(dims), inputs, shapes, attrs, {k: v for k, v in sliced.items() if v}, computed
+    )
 
 
-def _lift_values(arrays: Sequence[np.ndarray], grid: Grid, at: str):
-    """A small constant whose elements are whole numbers that are
-    polynomials of the binding: (shape, dtype, polynomials)."""
-    first = arrays[0]
-    if first.dtype.name not in COMPUTED_DTYPES or first.size > COMPUTED_MAX:
-        raise InputError(f"{at}: its values change with the shape")
-    flat = [a.reshape(-1) for a in arrays]
-    if any(not np.array_equal(np.round(f), f) for f in flat):
-        raise InputError(f"{at}: its values change with the shape, and not as whole numbers")
-    polys = []
-    for k in range(first.size):
-        p = grid.lift([int(f[k]) for f in flat])
-        if isinstance(p, NotLifted):
-            raise InputError(f"{at}: its values change with the shape ({p.reason})")
-        polys.append(p)
-    return tuple(first.shape), first.dtype.name, tuple(polys)
+# -- checking a graph made at a binding ------------------------------------------------
 
 
-def _lift_value(values: Sequence[Any], grid: Grid, at: str):
-    first = values[0]
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        p = grid.lift(list(values))
-        if isinstance(p, NotLifted):
-            raise InputError(f"{at}: {p.reason}")
-        return p
-    if all(isinstance(v, tuple) and len(v) == len(first) for v in values):
-        return tuple(_lift_value([v[i] for v in values], grid, at) for i in range(len(first)))
-    if all(v == first for v in values):
-        return first
-    raise InputError(f"{at}: it changes with the shape ({first!r}, {values[-1]!r})")
+def same_array(a: np.ndarray, b: np.ndarray) -> bool:
+    """The same dtype, shape and values (the same object, at once)."""
+    return a is b or (a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b)))
 
 
-def _same_structure(
-    a: ir.Graph, b: ir.Graph, dims: Sequence[Dim], binding: Binding, source: str
+def _same_constant(a: ir.Graph, i: str, b: ir.Graph, j: str) -> bool:
+    """Two constants of the same value under different names (the frontend
+    names a folded scalar after the node it came from, which can differ
+    between bindings): the family keeps the symbolic graph's name."""
+    x, y = a.constants.get(i), b.constants.get(j)
+    return x is not None and y is not None and same_array(x, y)
+
+
+def check_instance(
+    family: Family,
+    symbolic: ir.Graph,
+    g: ir.Graph,
+    binding: Binding,
+    top: ir.Graph,
+    source: str,
 ) -> None:
-    at = named(dims, binding)
+    """``g``, the graph the frontend made at ``binding``, is what the family
+    (whose symbolic graph is ``symbolic``) gives there; ``top`` the graph at
+    MAX, whose constants are the ones kept for slicing.  InputError naming
+    the node where it is not: the range cannot be served as planned."""
+    at = family.named(binding)
+    a, b = symbolic, g
     if len(a.nodes) != len(b.nodes) or [n.name for n in a.nodes] != [n.name for n in b.nodes]:
         only = sorted({n.name for n in a.nodes} ^ {n.name for n in b.nodes})
         what = f"primitive {only[0]!r} exists at one binding only" if only else "the order differs"
@@ -415,50 +441,32 @@ def _same_structure(
         raise InputError(f"{source}: the graph inputs differ at {at}")
     if a.outputs != b.outputs:
         raise InputError(f"{source}: the graph's outputs differ at {at}")
-
-
-def _same_constant(a: ir.Graph, i: str, b: ir.Graph, j: str) -> bool:
-    """Two constants of the same value under different names (the frontend
-    names a folded scalar after the node it came from, which can differ
-    between bindings): the family keeps the first graph's name."""
-    x, y = a.constants.get(i), b.constants.get(j)
-    return x is not None and y is not None and same_array(x, y)
-
-
-def same_array(a: np.ndarray, b: np.ndarray) -> bool:
-    """The same dtype, shape and values (the same object, at once)."""
-    return a is b or (a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b)))
-
-
-def _check_instance(
-    family: Family, g: ir.Graph, binding: Binding, top: ir.Graph, source: str
-) -> None:
-    """``g`` (the graph made at ``binding``) is what the family gives there."""
-    at = family.named(binding)
-    for i in g.inputs:
-        if i.name in family.inputs and family.input_shape(i.name, binding) != i.type.shape:
+    values = family.by_name(binding)
+    for i in b.inputs:
+        want = family.input_shape(i.name, binding) if i.name in family.inputs else None
+        if want is not None and want != i.type.shape:
             raise InputError(
-                f"{source}: input {i.name!r} at {at} is {list(i.type.shape)}, not "
-                f"{list(family.input_shape(i.name, binding))}"
+                f"{source}: input {i.name!r} at {at} is {list(i.type.shape)}, not {list(want)}"
             )
-    for n in g.nodes:
+    for x, n in zip(a.nodes, b.nodes):
         shape = family.shapes.get(n.name)
-        want = tuple(d(binding) for d in shape) if shape is not None else None
-        if want is not None and want != n.shape:
+        want = tuple(d.evaluate(values) for d in shape) if shape is not None else tuple(x.shape)
+        if want != n.shape:
             raise InputError(
                 f"{source}: node {n.name!r} ({n.op.value}) at {at} has shape "
-                f"{list(n.shape)}, not {list(want)}: the range's formula does not "
-                "hold there; narrow the range"
+                f"{list(n.shape)}, not {list(want)}: its shape follows the range's "
+                "dimensions in a way orchestrate cannot follow; narrow the range"
             )
-        for a, v in family.attrs.get(n.name, {}).items():
-            if _evaluate(v, binding) != n.attrs[a]:
+        for k in n.attrs:
+            f = family.attrs.get(n.name, {}).get(k)
+            expected = _leaves(f, lambda p: p.evaluate(values)) if f is not None else x.attrs[k]
+            if expected != n.attrs[k]:
                 raise InputError(
                     f"{source}: node {n.name!r} ({n.op.value}) at {at}: attribute "
-                    f"{a!r} is {n.attrs[a]!r}, not {_evaluate(v, binding)!r}; "
-                    "narrow the range"
+                    f"{k!r} is {n.attrs[k]!r}, not {expected!r}; narrow the range"
                 )
     if not family.contains(binding):
-        return  # a grid point above MAX: its graph only prints code (shapes/probes.py)
+        return
     cut = family.constants_at({k: top.constants[k] for k in family.sliced}, binding)
     for name, arr in cut.items():
         mine = g.constants[name]
@@ -477,5 +485,5 @@ def _check_instance(
                 )
             continue
         kept = top.constants.get(name)  # (a name only here is a renamed scalar: _same_constant)
-        if kept is not None and name not in family.sliced and not np.array_equal(arr, kept):
+        if kept is not None and name not in family.sliced and not same_array(arr, kept):
             raise InputError(f"{source}: constant {name!r} changes at {at}; narrow the range")

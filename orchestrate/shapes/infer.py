@@ -18,13 +18,13 @@ import onnx
 from orchestrate.errors import InputError
 from orchestrate.frontend import DEFAULT_DOMAINS, graph_inputs
 from orchestrate.frontend.weights import array as initializer_array
-from orchestrate.shapes.affine import Affine
 from orchestrate.shapes.binding import bind_inputs
 from orchestrate.shapes.dims import DimRange
 from orchestrate.shapes.ops import RULES
+from orchestrate.shapes.poly import Poly
 from orchestrate.shapes.rules import DATA_LIMIT, INT_TYPES, Decline, Rules, Value
 
-Shape = tuple[Affine, ...]
+Shape = tuple[Poly, ...]
 
 
 @dataclass(frozen=True)
@@ -140,20 +140,20 @@ def _constant(node: onnx.NodeProto) -> Value:
     value = onnx.helper.get_attribute_value(a)
     if a.name in ("value_int", "value_ints"):
         vals = [value] if a.name == "value_int" else list(value)
-        shape = () if a.name == "value_int" else (Affine.of(len(vals)),)
-        return Value(shape, onnx.TensorProto.INT64, tuple(map(Affine.of, vals)))
-    shape = () if a.name in ("value_float", "value_string") else (Affine.of(len(value)),)
+        shape = () if a.name == "value_int" else (Poly.of(len(vals)),)
+        return Value(shape, onnx.TensorProto.INT64, tuple(map(Poly.of, vals)))
+    shape = () if a.name in ("value_float", "value_string") else (Poly.of(len(value)),)
     return Value(shape, onnx.TensorProto.FLOAT)
 
 
 def _tensor_value(t: onnx.TensorProto) -> Value:
-    shape = tuple(Affine.of(int(d)) for d in t.dims)
+    shape = tuple(Poly.of(int(d)) for d in t.dims)
     data = None
     count = 1
     for d in t.dims:
         count *= d
     if t.data_type in INT_TYPES and len(t.dims) <= 1 and count <= DATA_LIMIT:
-        data = tuple(Affine.of(int(x)) for x in initializer_array(t).reshape(-1))
+        data = tuple(Poly.of(int(x)) for x in initializer_array(t).reshape(-1))
     return Value(shape, t.data_type, data)
 
 

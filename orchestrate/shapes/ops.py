@@ -7,10 +7,11 @@ import math
 import numpy as np
 import onnx
 
-from orchestrate.shapes.affine import Affine
+from orchestrate.shapes.poly import NotExact, Poly
 from orchestrate.shapes.rules import (
     BOOL,
     DATA_LIMIT,
+    FLOAT_TYPES,
     INT64,
     INT_TYPES,
     Decline,
@@ -23,7 +24,7 @@ from orchestrate.shapes.rules import (
     product,
 )
 
-ONE = Affine.of(1)
+ONE = Poly.of(1)
 
 SAME_SHAPE = frozenset(
     """Relu Sigmoid Tanh Exp Log Sqrt Neg Abs Erf Reciprocal Identity Not Softmax LogSoftmax
@@ -64,11 +65,13 @@ def same_shape(r: Rules, node, ins):
     x = ins[0]
     dtype = _out_type(node, ins)
     data = (
-        x.data if node.op_type in ("Identity", "Cast", "CastLike") and dtype in INT_TYPES else None
+        x.data
+        if node.op_type in ("Identity", "Cast", "CastLike") and dtype in INT_TYPES | FLOAT_TYPES
+        else None
     )
     if data is not None and dtype == BOOL and node.op_type != "Identity":
         data = (
-            tuple(Affine.of(int(d.const != 0)) for d in data)
+            tuple(Poly.of(int(d.const != 0)) for d in data)
             if all(d.is_const for d in data)
             else None
         )
@@ -84,7 +87,7 @@ def same_shape(r: Rules, node, ins):
     return outs
 
 
-def _elementwise(r: Rules, op: str, a: Affine, b: Affine) -> Affine | None:
+def _elementwise(r: Rules, op: str, a: Poly, b: Poly) -> Poly | None:
     """``a op b`` on shape values; None when the contents are not decided for
     every binding (the shape still is); Decline when Mul or Div leaves affine
     form, since such a value is a dimension that cannot be expressed."""
@@ -93,10 +96,10 @@ def _elementwise(r: Rules, op: str, a: Affine, b: Affine) -> Affine | None:
     if op == "Sub":
         return a - b
     if op == "Mul":
-        return ok(a.times(b))
+        return a * b
     if op == "Div" and a.is_const and b.is_const and b.const:
         q = abs(a.const) // abs(b.const)  # ONNX's integer Div truncates toward zero
-        return Affine.of(q if (a.const < 0) == (b.const < 0) else -q)
+        return Poly.of(q if (a.const < 0) == (b.const < 0) else -q)
     if op == "Div":
         return ok(a.floordiv(b))
     if op in ("Max", "Min"):
@@ -114,9 +117,9 @@ def _elementwise(r: Rules, op: str, a: Affine, b: Affine) -> Affine | None:
             "GreaterOrEqual": (lo >= 0, hi < 0),
         }
         yes, no = tests[op]
-        return Affine.of(int(yes)) if yes or no else None
+        return Poly.of(int(yes)) if yes or no else None
     if op in ("And", "Or") and a.is_const and b.is_const:
-        return Affine.of(
+        return Poly.of(
             int(bool(a.const) and bool(b.const) if op == "And" else bool(a.const) or bool(b.const))
         )
     return None
@@ -183,7 +186,7 @@ def shape(r: Rules, node, ins):
     start = max(0, min(rank, _axis(node.attrs.get("start", 0), rank)))
     end = max(0, min(rank, _axis(node.attrs.get("end", rank), rank)))
     data = dims[start:end]
-    return [Value((Affine.of(len(data)),), INT64, tuple(data))]
+    return [Value((Poly.of(len(data)),), INT64, tuple(data))]
 
 
 def size(r: Rules, node, ins):
@@ -195,44 +198,37 @@ def reshape(r: Rules, node, ins):
     target = list(known(ins[1], "the Reshape target"))
     allowzero = node.attrs.get("allowzero", 0)
     for k, t in enumerate(target):
-        if t == Affine.of(0) and not allowzero:
+        if t == Poly.of(0) and not allowzero:
             target[k] = x.shape[k]
-    holes = [k for k, t in enumerate(target) if t == Affine.of(-1)]
+    holes = [k for k, t in enumerate(target) if t == Poly.of(-1)]
     if len(holes) > 1:
         raise Decline("more than one -1 in the Reshape target")
     for t in target:
-        if t != Affine.of(-1) and not r.always(t, 0):
+        if t != Poly.of(-1) and not r.always(t, 0):
             raise Decline(f"the Reshape target holds {t}, which may be negative")
     if holes:
         target[holes[0]] = _quotient(x.shape, [t for k, t in enumerate(target) if k != holes[0]])
     return [Value(tuple(target), x.dtype, x.data if len(target) <= 1 else None)]
 
 
-def _quotient(num, den) -> Affine:
-    """prod(num) / prod(den) when it is affine: symbolic factors of ``den``
-    cancel equal factors of ``num``, and at most one symbolic factor may remain."""
-    top = [d for d in num if not d.is_const]
-    top_c = math.prod(d.const for d in num if d.is_const)
-    den_c = 1
+def _quotient(num, den) -> Poly:
+    """prod(num) / prod(den) when it is a polynomial for every value of the
+    symbols: factors of ``den`` equal to factors of ``num`` cancel, and what
+    is left must divide exactly."""
+    top = list(num)
+    rest = []
     for d in den:
-        if d.is_const:
-            den_c *= d.const
-        elif d in top:
+        if not d.is_const and d in top:
             top.remove(d)
         else:
-            raise Decline(f"the target's dim {d} is not a dim of the input, so -1 cannot be solved")
-    if len(top) > 1:
-        raise Decline(
-            f"-1 would be the product {' * '.join(f'({d})' for d in top)} "
-            "of symbolic axes (merging them is not affine)"
-        )
-    if den_c == 0:
+            rest.append(d)
+    below = product(rest)
+    if below == Poly():
         raise Decline("the Reshape target has a 0 next to -1")
-    if not top:
-        if top_c % den_c:
-            raise Decline(f"{top_c} elements do not divide into {den_c}")
-        return Affine.of(top_c // den_c)
-    return ok(top[0].times(top_c).floordiv(den_c))
+    q = product(top).floordiv(below)
+    if isinstance(q, NotExact):
+        raise Decline(f"-1 cannot be solved: {q.reason}")
+    return q
 
 
 def flatten(r: Rules, node, ins):
@@ -280,7 +276,7 @@ def concat(r: Rules, node, ins):
     rank = len(ins[0].shape)
     axis = _axis(node.attrs["axis"], rank)
     shape = list(ins[0].shape)
-    shape[axis] = sum((v.shape[axis] for v in ins), Affine.of(0))
+    shape[axis] = sum((v.shape[axis] for v in ins), Poly.of(0))
     for v in ins[1:]:
         for k, d in enumerate(v.shape):
             if k != axis and r.equal(d, shape[k]) is not True:
@@ -318,8 +314,8 @@ def gather_nd(r: Rules, node, ins):
 def slice_(r: Rules, node, ins):
     x = ins[0]
     if "starts" in node.attrs:  # opset < 10
-        starts = [Affine.of(s) for s in node.attrs["starts"]]
-        ends = [Affine.of(e) for e in node.attrs["ends"]]
+        starts = [Poly.of(s) for s in node.attrs["starts"]]
+        ends = [Poly.of(e) for e in node.attrs["ends"]]
         axes = node.attrs.get("axes")
         steps = [1] * len(starts)
     else:
@@ -341,7 +337,7 @@ def slice_(r: Rules, node, ins):
                 raise Decline("a negative Slice step over a symbolic dim")
             n = const(d, "the dim")
             picked = range(n)[slice(s.const, e.const, st)]
-            out[a] = Affine.of(len(picked))
+            out[a] = Poly.of(len(picked))
             continue
         big = e.is_const and e.const >= r.bounds(d)[1]
         lo = r.clamp(s, d, "the Slice start")
@@ -349,7 +345,7 @@ def slice_(r: Rules, node, ins):
         length = hi - lo
         if not r.always(length, 0):
             if r.bounds(length)[1] <= 0:
-                length = Affine.of(0)
+                length = Poly.of(0)
             else:
                 raise Decline(f"the Slice length {length} may be negative")
         out[a] = length if st == 1 else ok((length + (st - 1)).floordiv(st))
@@ -385,7 +381,7 @@ def constant_of_shape(r: Rules, node, ins):
     if dtype in INT_TYPES and len(dims) <= 1 and all(d.is_const for d in dims):
         n = math.prod(d.const for d in dims)
         if n <= DATA_LIMIT:
-            data = (Affine.of(int(arr.reshape(-1)[0])),) * n
+            data = (Poly.of(int(arr.reshape(-1)[0])),) * n
     return [Value(tuple(dims), dtype, data)]
 
 
@@ -400,7 +396,7 @@ def range_(r: Rules, node, ins):
         raise Decline(f"the Range length {n} may be negative")
     data = None
     if n.is_const and n.const <= DATA_LIMIT and start.is_const:
-        data = tuple(Affine.of(start.const + k * step) for k in range(n.const))
+        data = tuple(Poly.of(start.const + k * step) for k in range(n.const))
     return [Value((n,), ins[0].dtype, data)]
 
 
@@ -437,7 +433,7 @@ def split(r: Rules, node, ins):
     outs = []
     for p in parts:
         shape = list(x.shape)
-        shape[axis] = Affine.of(p)
+        shape[axis] = Poly.of(p)
         outs.append(Value(tuple(shape), x.dtype))
     return outs
 
@@ -472,7 +468,7 @@ def window(r: Rules, node, ins):
         span = sizes[k] + pad - ((kernel[k] - 1) * dil[k] + 1)
         outs.append((-(-span // strides[k]) if ceil else span // strides[k]) + 1)
     channels = ins[1].shape[0] if node.op_type == "Conv" else x.shape[1]
-    shape = (x.shape[0], channels, *map(Affine.of, outs))
+    shape = (x.shape[0], channels, *map(Poly.of, outs))
     return [Value(shape, x.dtype)] + [Value(shape, INT64)] * (len(node.output) - 1)
 
 
@@ -515,7 +511,7 @@ def einsum(r: Rules, node, ins):
         raise Decline("Einsum with an ellipsis has no symbolic rule yet")
     lhs, arrow, out = eq.partition("->")
     terms = lhs.split(",")
-    sizes: dict[str, Affine] = {}
+    sizes: dict[str, Poly] = {}
     for term, v in zip(terms, ins):
         for letter, d in zip(term, v.shape):
             if letter in sizes and sizes[letter] != d and ONE not in (sizes[letter], d):

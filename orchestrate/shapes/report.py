@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from orchestrate.shapes.affine import Affine
 from orchestrate.shapes.infer import SymbolicShapes, shape_text
+from orchestrate.shapes.poly import Poly
 
 
-def _dim(d: Affine) -> int | str:
+def _dim(d: Poly) -> int | str:
     return d.const if d.is_const else str(d)
 
 

@@ -3,8 +3,9 @@
 A :class:`Template` is data.  Its ``rule`` (``kernels/rule.py``) judges
 which sets of primitives it runs and with which launch configuration that
 fits on chip; ``generate`` prints the kernel of one spec (None: the
-template launches nothing, a view), given also the graph at the largest
-binding it serves, where it reads the bound of an extent it specialises on; the cost terms say what the roofline
+template launches nothing, a view), where a range's dimensions are SymInts
+whose formulas it prints and whose ranges decide what it specialises on
+(``shapes/symint.py``); the cost terms say what the roofline
 (``cost/roofline.py``) needs to know of one of its kernels:
 
 ``flops``   (dot flops, other flops): tensor-core and CUDA-core work;
@@ -33,8 +34,8 @@ from orchestrate.ir import Graph
 from orchestrate.kernels.rule import Rule
 from orchestrate.kernels.spec import KernelSpec
 
-# (graph, spec, writes, function name, the graph at the largest binding served)
-Generate = Callable[[Graph, KernelSpec, Sequence[str], str, Graph], object]
+# (graph, spec, writes, function name)
+Generate = Callable[[Graph, KernelSpec, Sequence[str], str], object]
 Counts = Callable[[Graph, KernelSpec], tuple[int, int]]
 # (bytes, flops, memory µs, compute µs, launch µs[, latency µs, blocks])
 Terms = Callable[[Graph, KernelSpec, Device], tuple]

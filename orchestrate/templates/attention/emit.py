@@ -62,11 +62,10 @@ from orchestrate.emit.expr import Sym
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import HALF, Graph
 from orchestrate.kernels.spec import SPLIT_K_COUNTERS, SPLIT_K_PARTIALS, KernelSpec, split_k
+from orchestrate.shapes.symint import upper
 
 
-def attention(
-    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, upper: Graph
-) -> KernelSource:
+def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
     a = k.roles
     m1, m2 = graph.producer[a.m1], graph.producer[a.m2]
     q_name, k_name = m1.inputs
@@ -129,12 +128,12 @@ def attention(
 
     # -- the key loop ---------------------------------------------------------
     splits = split_k(k.config)
-    # one step when one BLOCK_N block holds every key at the largest binding
-    # served: a runtime loop bound would keep the loop, and its registers
-    # (tiny GPT-2 over 2..64 keys: 196 against 74 for the one step)
-    # (under the interpreter's blocks too)
+    # one step when one BLOCK_N block holds every key the range allows: a
+    # runtime loop bound would keep the loop, and its registers (tiny GPT-2
+    # over 2..64 keys: 196 against 74 for the one step) (under the
+    # interpreter's blocks too)
     block_n = min(k.config["BLOCK_N"], dict(k.config.interpret).get("BLOCK_N", k.config["BLOCK_N"]))
-    one_step = splits == 1 and upper.producer[a.m1].shape[-1] <= block_n
+    one_step = splits == 1 and upper(lk) <= block_n
     if splits > 1:
         body.comment(
             f"split-KV: program pid_k of the row block's SPLIT_K walks its share of the {lk} keys"
@@ -179,8 +178,8 @@ def attention(
     body.lines += loop.lines
 
     # -- normalise and store --------------------------------------------------
-    batch_off = f"pid_b * {lq * dv} + " if nbatch > 1 else ""
-    row = f"offs_m[:, None] * {dv}" if dv > 1 else "offs_m[:, None]"
+    batch_off = f"pid_b * {lq * dv} + " if nbatch != 1 else ""
+    row = f"offs_m[:, None] * {dv}" if dv != 1 else "offs_m[:, None]"
     offsets = [
         "mask_o = mask_m[:, None] & mask_dv[None, :]",
         f"offs_o = {batch_off}{row} + offs_dv[None, :]",
@@ -251,7 +250,7 @@ def _combine(body: Body, ptrs, nbatch: int, lq: int, dv: int) -> Body:
 
     body.comment("split-KV: this program's partial state to its slot; the row block's last")
     body.comment("program combines the SPLIT_K slots in order")
-    body.raw(f"offs_r = pid_b * {lq} + offs_m" if nbatch > 1 else "offs_r = offs_m")
+    body.raw(f"offs_r = pid_b * {lq} + offs_m" if nbatch != 1 else "offs_r = offs_m")
     body.raw(f"tl.store({partials} + pid_k * {size} + offs_o, acc, mask=mask_o)")
     body.raw(f"tl.store({m_at('pid_k')}, m_i, mask=mask_m)")
     body.raw(f"tl.store({l_at('pid_k')}, l_i, mask=mask_m)")

@@ -27,18 +27,18 @@ from __future__ import annotations
 import math
 
 from orchestrate.emit.body import Body
+from orchestrate.emit.codegen import cdiv_text
 from orchestrate.emit.expr import Const, Expr, Sym, and_, ge, lt, ne
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import HALF, Graph
 from orchestrate.kernels.spec import KernelSpec
+from orchestrate.shapes.symint import upper
 from orchestrate.templates.matmul.emit import WIDE, epilogue, grouped_tile
 
 AXES = {1: ("w",), 2: ("h", "w"), 3: ("d", "h", "w")}
 
 
-def conv(
-    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, upper: Graph
-) -> KernelSource:
+def conv(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
     cv = graph.producer[k.roles.anchor]
     x_name, w_name = cv.inputs
     x_t, w_t = graph.types[x_name], graph.types[w_name]
@@ -54,7 +54,7 @@ def conv(
     kvol = math.prod(kern)
     gemm_m, gemm_n, gemm_k = nb * math.prod(out_sp), mg, cg * kvol
     in_vol, out_vol = math.prod(in_sp), math.prod(out_sp)
-    wide = any(graph.types[t].size >= WIDE for t in set(k.inputs) | set(k.nodes))
+    wide = any(upper(graph.types[t].size) >= WIDE for t in set(k.inputs) | set(k.nodes))
     wid = ".to(tl.int64)" if wide else ""
     itype = "tl.int64" if wide else "tl.int32"
 
@@ -146,8 +146,8 @@ def conv(
 
     doc = describe(graph, k, writes, ptrs) + [
         f"  traffic: each input pixel is gathered by up to {kvol} rows of a tile and x by "
-        f"{math.ceil(gemm_n / k.config['BLOCK_N'])} column(s) of tiles,",
-        f"  w by {math.ceil(gemm_m / k.config['BLOCK_M'])} row(s) of tiles: re-reads hit L1/L2; "
+        f"{cdiv_text(gemm_n, k.config['BLOCK_N'])} column(s) of tiles,",
+        f"  w by {cdiv_text(gemm_m, k.config['BLOCK_M'])} row(s) of tiles: re-reads hit L1/L2; "
         "epilogue inputs read once, outputs written once.",
     ]
     return KernelSource(

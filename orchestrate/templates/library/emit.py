@@ -30,7 +30,7 @@ from typing import ClassVar
 
 from orchestrate.emit.codegen import literal
 from orchestrate.emit.helpers import Helper
-from orchestrate.emit.source import describe, pointers
+from orchestrate.emit.source import describe, launcher_args, pointers
 from orchestrate.ir import Graph
 from orchestrate.kernels.spec import (
     LIBRARY_ATTENTION,
@@ -54,8 +54,8 @@ class LibrarySource:
     helpers: list[Helper] = field(default_factory=list)  # none: kept for the module's loop
     calls_torch: ClassVar[bool] = True  # the module imports torch for it
 
-    def render(self) -> str:
-        args = ", ".join([*self.params, "interpret=False"])
+    def render(self, dims: Sequence[str] = ()) -> str:
+        args = launcher_args(self.params, dims)
         lines = [
             f"# {'-' * 76}",
             *(comment(d) for d in self.doc),
@@ -73,9 +73,7 @@ def _num(v: float) -> str:
     return literal(v, "float64")
 
 
-def library(
-    graph: Graph, spec: KernelSpec, writes: Sequence[str], name: str, upper: Graph
-) -> LibrarySource:
+def library(graph: Graph, spec: KernelSpec, writes: Sequence[str], name: str) -> LibrarySource:
     ptrs = pointers(graph, spec, writes)
     at = {t: p for t, p in ptrs.slots.items()}
     params = [at[t] for t in spec.inputs if t in at] + [at[t] for t in writes]

@@ -34,9 +34,7 @@ from orchestrate.templates.low_rank.roles import LowRank
 from orchestrate.templates.matmul.emit import accumulator_dtype, grouped_tile, traffic_note
 
 
-def low_rank(
-    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, upper: Graph
-) -> KernelSource:
+def low_rank(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
     roles = k.roles
     assert isinstance(roles, LowRank)
     mm = graph.producer[roles.anchor]
@@ -117,8 +115,8 @@ def low_rank(
     ev.provided[roles.join] = lambda index: ev.value(roles.main, index)
     results = {t: ev.value(t, out_index) for t in writes}
     body.raw(
-        f"offs_c = {f'pid_b * {m * n} + ' if nbatch > 1 else ''}"
-        f"{f'rm[:, None] * {n}' if n > 1 else 'rm[:, None]'} + rn[None, :]"
+        f"offs_c = {f'pid_b * {m * n} + ' if nbatch != 1 else ''}"
+        f"{f'rm[:, None] * {n}' if n != 1 else 'rm[:, None]'} + rn[None, :]"
     )
     for tensor in writes:
         store(body, graph, ptrs, tensor, "offs_c", results[tensor], "mask_c")

@@ -50,12 +50,14 @@ from orchestrate.emit.codegen import (
     Index,
     Pointers,
     broadcast_index,
+    cdiv_text,
     split_linear,
 )
 from orchestrate.emit.expr import Sym
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph
 from orchestrate.kernels.spec import SPLIT_K_COUNTERS, SPLIT_K_PARTIALS, KernelSpec, split_k
+from orchestrate.shapes.symint import upper
 
 WIDE = 2**31  # tensors this large need 64-bit offsets
 MAX_GRID_AXIS1 = 65535  # a larger batch is counted on grid axis 0 with the tiles
@@ -106,8 +108,8 @@ def multiply_accumulate(body: Body, a: str, b: str, dtype: str, precision: str) 
 
 def traffic_note(m: int, n: int, spec: KernelSpec) -> list[str]:
     """The comment lines that reason about the re-reads of A and B."""
-    col_tiles = math.ceil(n / spec.config["BLOCK_N"])
-    row_tiles = math.ceil(m / spec.config["BLOCK_M"])
+    col_tiles = cdiv_text(n, spec.config["BLOCK_N"])
+    row_tiles = cdiv_text(m, spec.config["BLOCK_M"])
     return [
         f"  traffic: A strips read by {col_tiles} column(s) of tiles, B strips by {row_tiles} "
         "row(s) of tiles;",
@@ -139,9 +141,7 @@ def epilogue(
     return {t: ev.value(t, out_index) for t in writes}
 
 
-def matmul(
-    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, upper: Graph
-) -> KernelSource:
+def matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
     mm = graph.producer[k.roles.anchor]
     *batch, m, n = mm.shape
     nbatch = math.prod(batch)
@@ -163,7 +163,7 @@ def matmul(
         config=k.config,
         helpers=body.helpers,
         body=body.code(),
-        grid=[_grid(m, n, nbatch, nbatch > MAX_GRID_AXIS1, splits)],
+        grid=[_grid(m, n, nbatch, upper(nbatch) > MAX_GRID_AXIS1, splits)],
     )
 
 
@@ -189,7 +189,10 @@ def tile_program(
     nbatch = math.prod(batch)
     kernel_tensors = set(k.inputs) | set(k.nodes)
     splits = split_k(k.config)
-    wide = any(graph.types[t].size >= WIDE for t in kernel_tensors) or splits * mm.type.size >= WIDE
+    wide = (
+        any(upper(graph.types[t].size) >= WIDE for t in kernel_tensors)
+        or splits * upper(mm.type.size) >= WIDE
+    )
     itype = "tl.int64" if wide else "tl.int32"
 
     inside = set(k.nodes)
@@ -197,7 +200,7 @@ def tile_program(
         f"C{list(mm.shape)} = A{list(a_t.shape)} @ B{list(b_t.shape)}"
         + (f", batch {list(batch)} on grid axis 1" if batch else "")
     )
-    fold = nbatch > MAX_GRID_AXIS1
+    fold = upper(nbatch) > MAX_GRID_AXIS1
     grouped_tile(body, m, n, batch_too=fold, pid=pid)
     wid = ".to(tl.int64)" if wide else ""
     if not fold:
@@ -260,9 +263,9 @@ def tile_program(
     body.lines += loop.lines
 
     # -- epilogue on the accumulator ----------------------------------------
-    batch_off = f"pid_b * {m * n} + " if nbatch > 1 else ""
+    batch_off = f"pid_b * {m * n} + " if nbatch != 1 else ""
     col = "rn[None, :]"
-    row = f"rm[:, None] * {n}" if n > 1 else "rm[:, None]"
+    row = f"rm[:, None] * {n}" if n != 1 else "rm[:, None]"
     last = body
     if splits > 1:
         body.raw("mask_c = mask_m[:, None] & mask_n[None, :]")

@@ -52,9 +52,7 @@ from orchestrate.templates.matmul.emit import (
 from orchestrate.templates.norm_matmul.rule import Linear, Monomial, NormMatmul
 
 
-def norm_matmul(
-    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, upper: Graph
-) -> KernelSource:
+def norm_matmul(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
     roles = k.roles
     assert isinstance(roles, NormMatmul)
     mm = graph.producer[roles.anchor]
@@ -121,8 +119,8 @@ def norm_matmul(
     body.raw(f"acc = {' + '.join(terms)}")
     body.comment("epilogue on the accumulator tile, then store")
     results = epilogue(graph, k, body, ptrs, bdims + (rm, rn), "tl.int32", writes, name)
-    batch_off = f"pid_b * {m * n} + " if nbatch > 1 else ""
-    row = f"rm[:, None] * {n}" if n > 1 else "rm[:, None]"
+    batch_off = f"pid_b * {m * n} + " if nbatch != 1 else ""
+    row = f"rm[:, None] * {n}" if n != 1 else "rm[:, None]"
     body.raw(f"offs_c = {batch_off}{row} + rn[None, :]")
     for t in writes:
         store(body, graph, ptrs, t, "offs_c", results[t], "mask_c")

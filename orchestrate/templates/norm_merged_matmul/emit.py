@@ -34,7 +34,7 @@ from orchestrate.templates.norm_merged_matmul.rule import NormSiblings
 
 
 def norm_merged_matmul(
-    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, upper: Graph
+    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str
 ) -> KernelSource:
     roles = k.roles
     assert isinstance(roles, NormSiblings)
@@ -108,8 +108,8 @@ def norm_merged_matmul(
         mine = tuple(t for t in writes if t in seg.nodes and t not in roles.prologue)
         dims = bdims + (rm, Sym("rn[None, :]", 0, width))
         results = epilogue(graph, seg, branch, ptrs, dims, "tl.int32", mine, name)
-        row = f"rm[:, None] * {width}" if width > 1 else "rm[:, None]"
-        batch_off = f"pid_b * {m * width} + " if nbatch > 1 else ""
+        row = f"rm[:, None] * {width}" if width != 1 else "rm[:, None]"
+        batch_off = f"pid_b * {m * width} + " if nbatch != 1 else ""
         branch.raw(f"offs_c = {batch_off}{row} + rn[None, :]")
         for t in mine:
             store(branch, graph, ptrs, t, "offs_c", results[t], "mask_c")

@@ -18,17 +18,16 @@ from orchestrate.emit.expr import Sym
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph
 from orchestrate.kernels.spec import KernelSpec
+from orchestrate.shapes.symint import upper
 
 
-def pointwise(
-    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, upper: Graph
-) -> KernelSource:
+def pointwise(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
     numel = math.prod(k.space)
     body = Body()
     ptrs = pointers(graph, k, writes)
     body.comment("map the program id to a block of output elements")
     body.raw("pid = tl.program_id(0)")
-    wide = numel >= 2**31
+    wide = upper(numel) >= 2**31
     body.raw(
         "offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)"
         if wide

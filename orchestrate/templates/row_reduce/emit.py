@@ -65,11 +65,10 @@ from orchestrate.emit.helpers import PROD, Helper, helper
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph, Node, Op
 from orchestrate.kernels.spec import KernelSpec
+from orchestrate.shapes.symint import upper
 
 
-def row_reduce(
-    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, upper: Graph
-) -> KernelSource:
+def row_reduce(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
     gen = _Generator(graph, k, writes, name)
     if k.roles.looped:
         gen.looped()
@@ -187,7 +186,7 @@ class _Generator:
         self.row_vars: dict[str, str] = {}  # reduction -> its [BLOCK_ROWS, 1] value
         self.accumulators = 0
         b = self.body
-        wide = math.prod(info.x) >= 2**31
+        wide = upper(math.prod(info.x)) >= 2**31
         b.comment(f"{info.rows} rows of {info.length}: BLOCK_ROWS rows per program")
         b.raw("pid = tl.program_id(0)")
         start = "pid.to(tl.int64) * BLOCK_ROWS" if wide else "pid * BLOCK_ROWS"
@@ -260,7 +259,7 @@ class _Generator:
         col_dims = iter(split_linear(body, cols, info.cols_shape, "j"))
         dims = tuple(next(col_dims) if i in info.axes else d for i, d in enumerate(self.keep_dims))
         n = len(info.x)
-        if info.axes == tuple(range(n - len(info.axes), n)) and info.rows > 1:
+        if info.axes == tuple(range(n - len(info.axes), n)) and info.rows != 1:
             # reduced axes last: rows are contiguous
             body.linear_of[(dims, info.x)] = self.rows * info.length + cols
         return Index(dims)

@@ -27,6 +27,7 @@ from orchestrate.emit.expr import Const, Expr, Sym, and_, ge, lt
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph
 from orchestrate.kernels.spec import KernelSpec
+from orchestrate.shapes.symint import upper
 
 # windows with more taps than this loop at runtime instead of being unrolled
 UNROLL_LIMIT = 64
@@ -34,9 +35,7 @@ UNROLL_LIMIT = 64
 _TAP_NAMES = {1: ("kx",), 2: ("ky", "kx"), 3: ("kz", "ky", "kx")}
 
 
-def window(
-    graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str, upper: Graph
-) -> KernelSource:
+def window(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
     pool = graph.producer[k.roles.anchor]
     epilogue = set(k.roles.epilogue)
     prologue = set(k.roles.prologue)
@@ -47,7 +46,7 @@ def window(
     kernel, strides, dil, pads = a["kernel"], a["strides"], a["dilations"], a["pads"]
     volume = math.prod(kernel)
     numel = math.prod(k.space)
-    largest = max([numel] + [graph.types[t].size for t in k.inputs])
+    largest = max([upper(numel)] + [upper(graph.types[t].size) for t in k.inputs])
 
     body = Body()
     ptrs = pointers(graph, k, writes)
