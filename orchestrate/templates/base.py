@@ -18,6 +18,11 @@ whose formulas it prints and whose ranges decide what it specialises on
 ``gemm`` says whether ``--gemm-backends`` governs a Triton template (it runs
 matmuls, convolutions or attention, which a library call may run instead).
 
+``exact`` is for a template whose kernel computes something other than its
+primitives one by one (a rewrite: merged siblings, a folded low-rank
+branch): the exact check (``check/exact/check.py``) evaluates its kernels
+with it, given a ``KernelRun``, and not from the primitives it replaces.
+
 Every template is one line of the registry (``templates/__init__.py``);
 the rule table, the cost model and the emitter iterate the registry and
 never dispatch on a template's name.
@@ -51,6 +56,7 @@ class Template:
     dot_us: Callable[[Graph, KernelSpec, int, Device], float] = terms.anchor_dot_us
     terms: Terms | None = None
     gemm: bool = False
+    exact: Callable[[object], dict] | None = None
 
     @property
     def name(self) -> str:

@@ -17,7 +17,9 @@ from orchestrate.check.exact import check, kernels_of
 from orchestrate.check.exact import field as F
 from orchestrate.check.exact.fragment import analyse
 from orchestrate.ir import Op
+from orchestrate.kernels.spec import Siblings
 from orchestrate.plan import pipeline
+from orchestrate.templates.low_rank import LowRank
 from tests import graphs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -311,15 +313,15 @@ def _segment(ks, n):
     """(kernel index, kernel, segments as a list, segment index) of the merged
     matmul whose segment ``n`` anchors, or None."""
     for i, k in enumerate(ks):
-        for j, s in enumerate(k.merged.segments if k.merged is not None else ()):
+        for j, s in enumerate(k.roles.segments if isinstance(k.roles, Siblings) else ()):
             if s.anchor == n.name:
-                return i, k, list(k.merged.segments), j
+                return i, k, list(k.roles.segments), j
     return None
 
 
 def _resegmented(ks, i, k, segments, **fields):
-    merged = replace(k.merged, segments=tuple(segments))
-    return ks[:i] + (replace(k, merged=merged, **fields),) + ks[i + 1 :]
+    merged = replace(k.roles, segments=tuple(segments))
+    return ks[:i] + (replace(k, roles=merged, **fields),) + ks[i + 1 :]
 
 
 def _swap_ranges(g, ks, n):
@@ -396,10 +398,10 @@ def _low_rank(ks, n, dropped=(), **fields):
     """The kernels with the low-rank roles of the kernel ``n`` anchors
     changed, and the nodes ``dropped`` no longer run."""
     for i, k in enumerate(ks):
-        if k.low_rank is not None and k.low_rank.anchor == n.name:
+        if isinstance(k.roles, LowRank) and k.roles.anchor == n.name:
             k2 = replace(
                 k,
-                low_rank=replace(k.low_rank, **fields),
+                roles=replace(k.roles, **fields),
                 nodes=tuple(t for t in k.nodes if t not in dropped),
             )
             return ks[:i] + (k2,) + ks[i + 1 :]
@@ -408,7 +410,7 @@ def _low_rank(ks, n, dropped=(), **fields):
 
 def _roles(ks, n):
     return next(
-        (k.low_rank for k in ks if k.low_rank is not None and k.low_rank.anchor == n.name), None
+        (k.roles for k in ks if isinstance(k.roles, LowRank) and k.roles.anchor == n.name), None
     )
 
 

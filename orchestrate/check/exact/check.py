@@ -8,23 +8,12 @@ and only what it writes is visible after it.  A kernel wired to the wrong
 tensor, work dropped or done twice, or a rewrite that changes the function
 gives a different value somewhere in the fragment (``fragment.py``).
 
-A merged matmul (``templates/merged_matmul/rule.py``) is evaluated from its roles, not
-from the sibling matmuls it replaces: its activation times its segments'
-weights concatenated along N (in segment order), each segment's recorded
-columns [start, stop) as that sibling's result, then each segment's own
-epilogue, which sees only its own segment.  A wrong split of the merged
-weights (ranges swapped or shifted, a weight in the wrong segment, a sibling
-dropped, an epilogue on another sibling's columns) is a wrong value.  A norm moved
-past the siblings (``templates/norm_merged_matmul/rule.py``) is the roles' ``prologue``:
-its nodes are evaluated first, as any kernel's (what is outside the fragment
-becomes a variable, as in a norm_matmul kernel), and give the activation.
-
-A low-rank branch folded into its matmul (``templates/low_rank/``) is
-evaluated from its roles too: one matmul of [x | alpha (x @ A)[:, :rank]]
-by [W ; B[:rank]] (alpha the product of the branch's scales, in the field),
-P's adds on that, P as the join's value, then the nodes after the join.  The
-branch's own matmuls are never evaluated, so a dropped low-rank term, a
-dropped alpha, a wrong rank slice or B applied without A is a wrong value.
+A kernel whose code computes something other than its primitives one by one
+(a rewrite: merged sibling matmuls, a low-rank branch folded into its
+matmul) is evaluated as its template says it computes (the template's
+``exact``: ``templates/merged_matmul/exact.py``, ``templates/low_rank/exact.py``),
+through :class:`KernelRun`, never from the primitives it replaces; a wrong
+split of merged weights or a dropped low-rank term is then a wrong value.
 
 Both are evaluated on the same random point in Z_p x Z_q (``field.py``):
 inputs, constants' images and the variables standing for nodes outside the
@@ -52,12 +41,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrate import ir
+# the registry as a module, not its names: a template's exact evaluation
+# imports this package while the registry is still being built
+from orchestrate import ir, templates
 from orchestrate.check.exact import field as F
 from orchestrate.check.exact.evaluate import Trial, Value, evaluate
 from orchestrate.check.exact.fragment import Fragment, analyse
-from orchestrate.kernels.spec import Siblings
-from orchestrate.templates.low_rank import LowRank
 
 TARGET = 1e-9
 MAX_TRIALS = 50
@@ -71,8 +60,8 @@ class Kernel:
     nodes: tuple[str, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
-    merged: Siblings | None = None  # a merged matmul's segments (its spec's roles)
-    low_rank: LowRank | None = None  # a low-rank branch folded into its matmul (its roles)
+    template: str = ""  # its template (whose ``exact`` may say what it computes)
+    roles: object = None  # its spec's roles, where the plan's specs are known
 
 
 @dataclass(frozen=True)
@@ -115,16 +104,45 @@ class Result:
         return out
 
 
-class _Wrong(Exception):
+class Wrong(Exception):
+    """The plan's kernel does not compute ``tensor`` as it claims; ``detail`` says how."""
+
     def __init__(self, tensor: str, detail: str):
         super().__init__(detail)
         self.tensor, self.detail = tensor, detail
 
 
+@dataclass
+class KernelRun:
+    """One planned kernel being evaluated, as a template's ``exact`` sees it:
+    ``node`` evaluates one of the plan's primitives from the values at hand,
+    ``read`` a tensor the kernel reads, ``wrong`` refuses (raises
+    :class:`Wrong`); ``field`` and ``trial`` are the trial's arithmetic."""
+
+    graph: ir.Graph
+    kernel: Kernel
+    frag: Fragment
+    written: dict[str, Value]
+    trial: Trial
+
+    @property
+    def field(self) -> F.Field:
+        return self.trial.field
+
+    def node(self, name: str, local: dict[str, Value]) -> Value:
+        return _node(self.graph, self.kernel, name, local, self.written, self.frag, self.trial)
+
+    def read(self, tensor: str, local: dict[str, Value] | None = None) -> Value:
+        return _read(self.graph, self.kernel, tensor, local or {}, self.written, self.trial)
+
+    def wrong(self, tensor: str, detail: str):
+        raise Wrong(tensor, f"kernel {self.kernel.name}: {detail}")
+
+
 def kernels_of(plan, graph: ir.Graph, specs=()) -> tuple[Kernel, ...]:
     """The kernels of an ``orchestrate.plan.Plan`` (nodes in graph order),
-    with the merged matmuls' and low-rank branches' roles from their
-    ``specs`` (the plan's, in order)."""
+    with their roles from their ``specs`` (the plan's, in order), which a
+    rewriting template's ``exact`` reads."""
     pos = graph.position
     roles = [s.roles for s in specs] or [None] * len(plan.kernels)
     return tuple(
@@ -133,8 +151,8 @@ def kernels_of(plan, graph: ir.Graph, specs=()) -> tuple[Kernel, ...]:
             tuple(sorted(k.primitives, key=lambda n: pos.get(n, -1))),
             tuple(k.inputs),
             tuple(k.outputs),
-            r if isinstance(r, Siblings) else None,
-            r if isinstance(r, LowRank) else None,
+            k.template,
+            r,
         )
         for k, r in zip(plan.kernels, roles)
     )
@@ -236,22 +254,21 @@ def _run_plan(
     seen: dict[str, Value] = {}
     for k in kernels:
         local: dict[str, Value] = {}
-        if k.merged is not None:
-            local = _run_merged(graph, k, frag, written, trial)
-        elif k.low_rank is not None:
-            local = _run_low_rank(graph, k, frag, written, trial)
-        for name in k.nodes if k.merged is None and k.low_rank is None else ():
+        rewrite = _rewrite(k)
+        if rewrite is not None:  # the template says what its kernel computes
+            local = rewrite(KernelRun(graph, k, frag, written, trial))
+        for name in k.nodes if rewrite is None else ():
             local[name] = _node(graph, k, name, local, written, frag, trial)
         for o in k.outputs:
             if o not in local:
-                raise _Wrong(o, f"kernel {k.name} writes {o!r} but does not compute it")
+                raise Wrong(o, f"kernel {k.name} writes {o!r} but does not compute it")
             if o in written:
-                raise _Wrong(o, f"kernel {k.name} writes {o!r} a second time")
+                raise Wrong(o, f"kernel {k.name} writes {o!r} a second time")
             written[o] = local[o]
         seen.update(local)
     for o in graph.outputs:
         if o not in written:
-            raise _Wrong(o, "no kernel writes this output")
+            raise Wrong(o, "no kernel writes this output")
     return {**seen, **written}
 
 
@@ -260,7 +277,7 @@ def _node(
 ) -> Value:
     n = graph.producer.get(name)
     if n is None:
-        raise _Wrong(name, f"kernel {k.name} runs {name!r}, which the plan's graph lacks")
+        raise Wrong(name, f"kernel {k.name} runs {name!r}, which the plan's graph lacks")
     args = [_read(graph, k, t, local, written, trial) for t in n.inputs]
     try:
         return (
@@ -269,155 +286,18 @@ def _node(
             else evaluate(n, args, graph, trial)
         )
     except (ValueError, IndexError, KeyError, TypeError) as e:
-        raise _Wrong(name, f"kernel {k.name} cannot compute it ({e})") from None
+        raise Wrong(name, f"kernel {k.name} cannot compute it ({e})") from None
 
 
-def _run_merged(
-    graph: ir.Graph, k: Kernel, frag: Fragment, written, trial: Trial
-) -> dict[str, Value]:
-    """A merged matmul as its roles say: activation @ concat(weights), split
-    by the recorded columns, each segment's epilogue on its own columns."""
-    roles = k.merged
-    claimed = {n for g in roles.segments for n in (g.anchor, *g.epilogue)}
-    stray = next((n for n in k.nodes if n not in claimed and n not in roles.prologue), None)
-    if stray is not None:
-        raise _Wrong(stray, f"kernel {k.name} runs {stray!r} in none of its segments")
-    for g in roles.segments:  # the roles describe the plan's own matmuls
-        n = graph.producer.get(g.anchor)
-        if n is None or n.op is not ir.Op.MATMUL or n.inputs != (roles.activation, g.weight):
-            raise _Wrong(
-                g.anchor,
-                f"kernel {k.name}: segment {g.anchor!r} is not "
-                f"{roles.activation} @ {g.weight} in the plan's graph",
-            )
-    before: dict[str, Value] = {}  # the activation's own nodes (a norm), as the kernel's
-    for name in roles.prologue:
-        before[name] = _node(graph, k, name, before, written, frag, trial)
-    x = _read(graph, k, roles.activation, before, written, trial)
-    weights = [_read(graph, k, g.weight, {}, written, trial) for g in roles.segments]
-    f = trial.field
+def _rewrite(k: Kernel):
+    """The template's ``exact`` evaluation of ``k``, where it has one and the
+    kernel's roles are known; None: the kernel computes its primitives."""
+    if k.roles is None or not k.template:
+        return None
     try:
-        y = tuple(
-            F.matmul(x[i], np.concatenate([w[i] for w in weights], axis=-1), m)
-            for i, m in ((0, f.p), (1, f.q))
-        )
-    except ValueError as e:
-        raise _Wrong(
-            roles.anchor, f"kernel {k.name} cannot multiply its merged weights ({e})"
-        ) from None
-    local: dict[str, Value] = dict(before)
-    for g in roles.segments:
-        mine: dict[str, Value] = {
-            g.anchor: (y[0][..., g.start : g.stop], y[1][..., g.start : g.stop])
-        }
-        for name in g.epilogue:
-            n = graph.producer.get(name)
-            other = next(
-                (t for t in (n.inputs if n else ()) if t in claimed and t not in mine), None
-            )
-            if other is not None:
-                raise _Wrong(
-                    name,
-                    f"kernel {k.name} computes {name!r} in the segment of "
-                    f"{g.anchor!r} from {other!r}, another segment's",
-                )
-            mine[name] = _node(graph, k, name, mine, written, frag, trial)
-        local.update(mine)
-    return local
-
-
-def _run_low_rank(
-    graph: ir.Graph, k: Kernel, frag: Fragment, written, trial: Trial
-) -> dict[str, Value]:
-    """A low-rank branch as its roles say: [x | alpha (x @ A)[:, :rank]] @
-    [W ; B[:rank]], P's adds on it, P as the join, then the join's readers."""
-    roles = k.low_rank
-    branch = {roles.down, roles.up, *roles.scaling}
-    stray = next((n for n in k.nodes if n not in {roles.anchor, *branch, *roles.epilogue}), None)
-    if stray is not None:
-        raise _Wrong(stray, f"kernel {k.name} runs {stray!r} in none of its roles")
-    mm = graph.producer.get(roles.anchor)
-    if mm is None or mm.op is not ir.Op.MATMUL or mm.inputs[0] != roles.x:
-        raise _Wrong(
-            roles.anchor,
-            f"kernel {k.name}: {roles.anchor!r} is not {roles.x} @ W in the plan's graph",
-        )
-    down = graph.producer.get(roles.down)
-    if roles.down and (down is None or down.op is not ir.Op.MATMUL or down.inputs[0] != roles.x):
-        raise _Wrong(
-            roles.down, f"kernel {k.name}: {roles.down!r} is not {roles.x} @ A in the plan's graph"
-        )
-    join = graph.producer.get(roles.join)
-    if join is None or join.op is not ir.Op.ADD or roles.main not in join.inputs:
-        raise _Wrong(
-            roles.join,
-            f"kernel {k.name}: {roles.join!r} does not add the low-rank "
-            f"branch to {roles.main!r} in the plan's graph",
-        )
-    f = trial.field
-    x = _read(graph, k, roles.x, {}, written, trial)
-    w = _read(graph, k, mm.inputs[1], {}, written, trial)
-    # B applied to (x @ A), or to x itself where the roles name no A
-    t = (
-        x
-        if not roles.down
-        else tuple(
-            F.matmul(
-                x[i],
-                _read(graph, k, _weight(graph, k, roles.down), {}, written, trial)[i][
-                    ..., : roles.rank
-                ],
-                m,
-            )
-            for i, m in ((0, f.p), (1, f.q))
-        )
-    )
-    b = _read(graph, k, _weight(graph, k, roles.up), {}, written, trial)
-    alpha = [1, 1]
-    for name in roles.scaling:
-        n = graph.producer.get(name)
-        c = next((i for i in (n.inputs if n else ()) if i in graph.constants), None)
-        if c is None or n.op not in (ir.Op.MUL, ir.Op.DIV):
-            raise _Wrong(name, f"kernel {k.name}: {name!r} is not a scale by a constant")
-        v = trial.constant(c, graph.constants[c])
-        for i, m in ((0, f.p), (1, f.q)):
-            s = int(v[i].reshape(-1)[0])
-            alpha[i] = alpha[i] * (pow(s, -1, m) if n.op is ir.Op.DIV else s) % m
-    try:
-        y = tuple(
-            F.matmul(
-                np.concatenate(
-                    [x[i], F.mulmod(t[i][..., : roles.rank], F.U64(alpha[i]), m)], axis=-1
-                ),
-                np.concatenate([w[i], b[i][: roles.rank]], axis=0),
-                m,
-            )
-            for i, m in ((0, f.p), (1, f.q))
-        )
-    except ValueError as e:
-        raise _Wrong(
-            roles.anchor, f"kernel {k.name} cannot multiply its concatenated operands ({e})"
-        ) from None
-    local: dict[str, Value] = {roles.anchor: y}
-    for name in roles.epilogue:
-        if name == roles.join:
-            local[name] = local[roles.main]
-        else:
-            n = graph.producer.get(name)
-            other = next((i for i in (n.inputs if n else ()) if i in branch), None)
-            if other is not None:
-                raise _Wrong(
-                    name, f"kernel {k.name} reads the branch's {other!r}, which it never forms"
-                )
-            local[name] = _node(graph, k, name, local, written, frag, trial)
-    return local
-
-
-def _weight(graph: ir.Graph, k: Kernel, node: str) -> str:
-    n = graph.producer.get(node)
-    if n is None or n.op is not ir.Op.MATMUL:
-        raise _Wrong(node, f"kernel {k.name}: {node!r} is not a matmul in the plan's graph")
-    return n.inputs[1]
+        return templates.template(k.template).exact
+    except KeyError:
+        return None
 
 
 def _read(graph: ir.Graph, k: Kernel, t: str, local, written, trial: Trial) -> Value:
@@ -427,9 +307,9 @@ def _read(graph: ir.Graph, k: Kernel, t: str, local, written, trial: Trial) -> V
     if c is not None and (t in k.inputs or c.size == 1):
         return trial.constant(t, c)
     if t not in k.inputs:
-        raise _Wrong(t, f"kernel {k.name} reads {t!r}, which it neither computes nor declares")
+        raise Wrong(t, f"kernel {k.name} reads {t!r}, which it neither computes nor declares")
     if t not in written:
-        raise _Wrong(t, f"kernel {k.name} reads {t!r} before any kernel writes it")
+        raise Wrong(t, f"kernel {k.name} reads {t!r} before any kernel writes it")
     return written[t]
 
 
@@ -439,7 +319,7 @@ def _compare(
     want = _run_original(original, fo, trial)
     try:
         got = _run_plan(plan_graph, kernels, fp, trial)
-    except _Wrong as e:
+    except Wrong as e:
         return Mismatch(e.tensor, index, e.detail)
     for t in compared:
         if t not in got:

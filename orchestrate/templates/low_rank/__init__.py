@@ -1,7 +1,8 @@
 """The low_rank template: x @ W + alpha (x @ A) @ B (LoRA, low-rank layers) as
 one matmul over K + r, in one package: its roles (``roles.py``), its rule,
-configurations and fit (``rule.py``), its kernel (``emit.py``) and, here,
-its cost terms and its registry entry.
+configurations and fit (``rule.py``), its kernel (``emit.py``), what it
+computes for the exact check (``exact.py``) and, here, its cost terms and
+its registry entry.
 
 Cost (``cost/roofline.py`` turns these counts into time):
 grid and loop
@@ -22,6 +23,7 @@ from orchestrate.ir import Graph
 from orchestrate.kernels.spec import KernelSpec
 from orchestrate.templates.base import Template
 from orchestrate.templates.low_rank.emit import low_rank
+from orchestrate.templates.low_rank.exact import low_rank as exact_low_rank
 from orchestrate.templates.low_rank.roles import NAME, LowRank
 from orchestrate.templates.low_rank.rule import RULE, analyse, propose
 
@@ -41,5 +43,11 @@ def flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
 
 
 TEMPLATE = Template(
-    RULE, low_rank, flops=flops, blocks=terms.matmul_blocks, steps=terms.matmul_steps, gemm=True
+    RULE,
+    low_rank,
+    flops=flops,
+    blocks=terms.matmul_blocks,
+    steps=terms.matmul_steps,
+    gemm=True,
+    exact=exact_low_rank,
 )

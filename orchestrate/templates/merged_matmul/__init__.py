@@ -15,6 +15,7 @@ from orchestrate.ir import Graph
 from orchestrate.kernels.spec import KernelSpec, segment_specs
 from orchestrate.templates.base import Template
 from orchestrate.templates.merged_matmul.emit import merged_matmul
+from orchestrate.templates.merged_matmul.exact import merged as exact_merged
 from orchestrate.templates.merged_matmul.rule import RULE
 
 
@@ -31,4 +32,5 @@ TEMPLATE = Template(
     blocks=terms.merged_blocks,
     steps=terms.matmul_steps,
     gemm=True,
+    exact=exact_merged,
 )

@@ -13,6 +13,7 @@ from orchestrate.ir import Graph
 from orchestrate.kernels.spec import KernelSpec, segment_specs
 from orchestrate.templates import norm_matmul
 from orchestrate.templates.base import Template
+from orchestrate.templates.merged_matmul.exact import merged as exact_merged
 from orchestrate.templates.norm_merged_matmul.emit import norm_merged_matmul
 from orchestrate.templates.norm_merged_matmul.rule import RULE
 
@@ -30,4 +31,5 @@ TEMPLATE = Template(
     blocks=terms.merged_blocks,
     steps=terms.matmul_steps,
     gemm=True,
+    exact=exact_merged,
 )
