@@ -10,14 +10,22 @@ input.  What the primitives do not know is arranged around them:
 * the divisor of an average that is not the kernel volume (``ceil_mode``
   windows, ``count_include_pad=0``) becomes a MUL by a constant correction
   tensor (kernel volume / real count per output position) computed here;
-* ConvTranspose is a stride-1 CONV over the zero-inserted input (RESHAPE,
-  PAD, RESHAPE) with the flipped, in/out-swapped weight.
+* ConvTranspose with stride s is s**n stride-1 CONVs, one per output
+  phase (sub-pixel convolution): the outputs at positions ``s*q + phi``
+  take only the kernel taps ``k`` whose ``k*d`` meets ``phi + pad`` modulo
+  ``s``, so each phase is an ordinary convolution of the input with those
+  taps (flipped, in/out-swapped, dilated by ``d / gcd(s, d)``), and the
+  phases are interleaved back by layout (CONCAT, RESHAPE, SLICE: index
+  arithmetic in the kernel that reads them).  No zero is inserted and no
+  multiply-add is spent on one.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -186,30 +194,94 @@ def _transpose_pads(
     return begins, [t - p for t, p in zip(total, begins)], out
 
 
-def _flipped_weight(b: Builder, w: Value, group: int) -> Value:
-    """ConvTranspose weight (C, M/g, k...) as a Conv weight (M, C/g, k...) flipped in space."""
+def _conv_layout(b: Builder, w: Value, group: int) -> Value:
+    """ConvTranspose weight (C, M/g, k...) as a Conv weight (M, C/g, k...)."""
     c, mg, kernel = w.shape[0], w.shape[1], w.shape[2:]
     n = len(kernel)
-    if group < 1 or c % group:
-        raise UnsupportedError(f"ConvTranspose: {c} channels in {group} groups", {"group": 1})
     w = b.reshape(w, (group, c // group, mg) + kernel)
     w = b.transpose(w, (0, 2, 1) + tuple(range(3, 3 + n)))
-    w = b.reshape(w, (group * mg, c // group) + kernel)
-    starts = [0, 0] + [k - 1 for k in kernel]
-    return b.slice(w, starts, [1, 1] + [-1] * n, w.shape)
+    return b.reshape(w, (group * mg, c // group) + kernel)
 
 
-def _zero_insert(b: Builder, x: Value, strides: Sequence[int]) -> Value:
-    """``x`` with ``s - 1`` zeros after every element along each spatial axis."""
-    if all(s == 1 for s in strides):
-        return x
+@dataclass(frozen=True)
+class _Phase:
+    """The outputs ``s*q + phi`` (q < ``length``) of one spatial axis: the
+    kernel taps they take (``first``, then every ``step``-th, ``count`` of
+    them), read as a stride-1 convolution of the input from index
+    ``offset`` (at q = 0, its first tap) at dilation ``dilation``."""
+
+    length: int
+    first: int
+    step: int
+    count: int
+    offset: int
+    dilation: int
+
+
+def _phase(phi: int, k: int, s: int, d: int, begin: int, out: int) -> _Phase:
+    """Output phase ``phi`` of one axis: y[s*q + phi] is the sum over the
+    taps t with (phi + begin - t*d) % s == 0 of x[q + (phi + begin - t*d) // s] * w[t]."""
+    length = max(0, -(-(out - phi) // s))
+    taps = [t for t in range(k) if (phi + begin - t * d) % s == 0]
+    if not taps or not length:
+        return _Phase(length, 0, 1, 0, 0, 1)
+    # a correlation reads the kernel flipped: its first tap is the last one,
+    # which reads the smallest input index
+    offset = (phi + begin - taps[-1] * d) // s
+    return _Phase(length, taps[0], s // math.gcd(s, d), len(taps), offset, d // math.gcd(s, d))
+
+
+def _phase_conv(
+    b: Builder, x: Value, w: Value, phases: Sequence[_Phase], group: int, m: int
+) -> Value:
+    """The convolution of one output phase (a ``_Phase`` per axis):
+    [N, M, length...], zeros where an axis takes no tap."""
+    n = len(phases)
+    shape = x.shape[:1] + (m,) + tuple(p.length for p in phases)
+    if any(p.count == 0 for p in phases):
+        zero = b.reshape(b.constant(np.zeros((), x.dtype)), (1,) * len(shape))
+        return b.expand(zero, shape)
+    taps = b.slice(
+        w,
+        [0, 0] + [p.first + (p.count - 1) * p.step for p in phases],
+        [1, 1] + [-p.step for p in phases],
+        list(w.shape[:2]) + [p.count for p in phases],
+    )
+    front = [-p.offset for p in phases]
+    back = [
+        p.length - 1 + p.offset + (p.count - 1) * p.dilation - (size - 1)
+        for p, size in zip(phases, x.shape[2:])
+    ]
+    xs, front, back = _crop(b, x, front, back)
+    return b.conv(
+        xs,
+        _conv_layout(b, taps, group),
+        strides=(1,) * n,
+        pads=front + back,
+        dilations=[p.dilation for p in phases],
+        group=group,
+    )
+
+
+def _interleave(b: Builder, ys: dict, strides: Sequence[int], out: Sequence[int]) -> Value:
+    """The phases' outputs (by phase tuple) as one [N, M, out...]:
+    y[.., s*q + phi, ..] = ys[phi][.., q, ..], each padded to ``ceil(out / s)``."""
     n = len(strides)
-    lead = x.shape[:2]
-    split = lead + tuple(v for d in x.shape[2:] for v in (d, 1))
-    x = b.reshape(x, split)
-    pads = [0] * len(split) + [0, 0] + [v for s in strides for v in (0, s - 1)]
-    x = b.pad(x, pads)
-    return b.reshape(x, lead + tuple(d * s for d, s in zip(x.shape[2::2], strides[:n])))
+    q = [-(-o // s) for o, s in zip(out, strides)]
+    lead = next(iter(ys.values())).shape[:2]
+
+    def gathered(prefix: tuple[int, ...]) -> Value:
+        axis = len(prefix)
+        if axis == n:
+            y = ys[prefix]
+            ends = [qa - d for qa, d in zip(q, y.shape[2:])]
+            y = b.pad(y, [0] * (2 + n) + [0, 0] + ends)
+            return b.reshape(y, lead + tuple(v for qa in q for v in (qa, 1)))
+        parts = [gathered(prefix + (phi,)) for phi in range(strides[axis])]
+        return b.concat(parts, 2 + 2 * axis + 1)
+
+    y = b.reshape(gathered(()), lead + tuple(qa * s for qa, s in zip(q, strides)))
+    return b.slice(y, [0] * (2 + n), [1] * (2 + n), lead + tuple(out))
 
 
 def ConvTranspose(
@@ -241,17 +313,20 @@ def ConvTranspose(
     )
     if min(out) < 1:
         raise UnsupportedError(f"ConvTranspose: output size {out}", {"ConvTranspose.pads": 1})
-    # a stride-1 conv of the flipped weight over the zero-inserted input,
-    # padded by (k - 1) * d - begin in front and whatever makes `out` at the end
-    z = _zero_insert(b, x, strides)
-    front = [(k - 1) * d - p for k, d, p in zip(kernel, dilations, begins)]
-    back = [
-        o + (k - 1) * d - f - size
-        for o, k, d, f, size in zip(out, kernel, dilations, front, z.shape[2:])
+    if group < 1 or w.shape[0] % group:
+        raise UnsupportedError(
+            f"ConvTranspose: {w.shape[0]} channels in {group} groups", {"group": 1}
+        )
+    m = w.shape[1] * group
+    per_axis = [
+        [_phase(phi, k, s, d, p, o) for phi in range(s)]
+        for k, s, d, p, o in zip(kernel, strides, dilations, begins, out)
     ]
-    z, front, back = _crop(b, z, front, back)
-    wf = _flipped_weight(b, w, group)
-    y = b.conv(z, wf, strides=(1,) * n, pads=front + back, dilations=dilations, group=group)
+    ys = {
+        phi: _phase_conv(b, x, w, [per_axis[a][f] for a, f in enumerate(phi)], group, m)
+        for phi in itertools.product(*(range(s) for s in strides))
+    }
+    y = ys[(0,) * n] if all(s == 1 for s in strides) else _interleave(b, ys, strides, out)
     return _add_bias(b, y, bias)
 
 
