@@ -52,7 +52,7 @@ def primitive_graph(plan: Plan, constants: Mapping[str, np.ndarray], source: str
                 ops[p.op],
                 p.name,
                 p.inputs,
-                _type(p.shape, p.dtype, p.name, source),
+                _type(p.shape, p.dtype, p.name, source, p.name in plan.graph.outputs),
                 p.attrs,
                 p.origin,
             )
@@ -72,12 +72,17 @@ def primitive_graph(plan: Plan, constants: Mapping[str, np.ndarray], source: str
         raise InputError(f"{source}: a primitive's attributes do not type-check ({e!r})") from None
 
 
-def _type(shape: tuple[int, ...], dtype: str, name: str, source: str) -> ir.TensorType:
+def _type(
+    shape: tuple[int, ...], dtype: str, name: str, source: str, held: bool = True
+) -> ir.TensorType:
+    """``held``: a tensor in memory (a graph input or output), bounded by
+    ``ir.MAX_ELEMENTS``; any other is held only if a kernel writes it, which
+    the rules refuse past that bound when the plan is matched again."""
     if dtype not in ir.ALL_DTYPES:
         raise InputError(f"{source}: tensor {name!r} has unsupported dtype {dtype!r}")
     if any(d < 0 for d in shape):
         raise InputError(f"{source}: tensor {name!r} has a negative dimension {list(shape)}")
-    if int(np.prod(shape, dtype=object)) > ir.MAX_ELEMENTS:
+    if held and int(np.prod(shape, dtype=object)) > ir.MAX_ELEMENTS:
         raise InputError(
             f"{source}: tensor {name!r} of shape {list(shape)} has more than "
             f"{ir.MAX_ELEMENTS:,} elements"

@@ -91,6 +91,15 @@ LIBRARY_GEMM_EFFICIENCY = 0.75
 # skinny problems, are not modelled (a pessimistic simplification).
 LIBRARY_TILE = 128
 
+# cuBLAS splits K where a GEMM's tiles underfill the GPU (split-K kernels
+# among its heuristics' choices; stream-K on Hopper), into at most this many
+# parts of at least this much of K each.  Estimate: CUTLASS's split-K
+# examples and cuBLAS's heuristics keep each part to a few hundred of K; the
+# split is priced at whichever S makes the library's terms fastest.
+LIBRARY_MAX_SPLIT_K = 16
+# (the least of K each part takes: same source)
+LIBRARY_MIN_K_PER_SPLIT = 256
+
 # Fraction of the dense tensor-core peak cuDNN's implicit-GEMM convolutions
 # reach.  Estimate: published ResNet-50 layer benchmarks on A100 / H100 put
 # cuDNN's large 3x3 and 1x1 convolutions at 50-70% of peak; 0.6 taken.

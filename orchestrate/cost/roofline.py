@@ -94,8 +94,8 @@ from orchestrate.cost.figures import (
 from orchestrate.cost.measured import Measured
 from orchestrate.cost.terms import passes, read_bytes, us_for_bytes, us_for_flops, write_bytes
 from orchestrate.ir import Graph
-from orchestrate.kernels.spec import VIEW, KernelSpec, split_k, split_k_scratch
-from orchestrate.templates import template, working_set
+from orchestrate.kernels.spec import VIEW, KernelSpec, split_k
+from orchestrate.templates import scratch, template, working_set
 
 
 @dataclass(frozen=True)
@@ -228,7 +228,7 @@ def cost(graph: Graph, spec: KernelSpec, device: Device) -> Cost:
     if t.terms is not None:  # a view, a library call: the template's own terms
         return Cost(*t.terms(graph, spec, device))
     loaded = _moved(graph, spec)
-    nbytes = loaded + 2 * 4 * split_k_scratch(graph, spec)[0]  # split-K partials: out and in
+    nbytes = loaded + 2 * 4 * scratch(graph, spec)[0]  # a split's partials: out and in
     blocks = max(1, grid(graph, spec))
     per_sm = resident(graph, spec, device)
     busy = min(blocks, device.sms)

@@ -147,11 +147,12 @@ def fission(
 
 
 def _check_sizes(graph: ir.Graph, source: str) -> None:
-    """Refuse a primitive tensor of more than ir.MAX_ELEMENTS elements, naming
-    the ONNX node it comes from (the frontend refuses ONNX tensors that large;
-    a decomposition can still make a larger intermediate)."""
+    """Refuse a graph output of more than ir.MAX_ELEMENTS elements, naming
+    the ONNX node it comes from (an intermediate may be larger: the planner
+    refuses any kernel that would write one, ``templates._region``)."""
+    outputs = set(graph.outputs)
     for n in graph.nodes:
-        if n.type.size > ir.MAX_ELEMENTS:
+        if n.name in outputs and n.type.size > ir.MAX_ELEMENTS:
             raise InputError(
                 f"{source}: node {n.origin!r} makes a {n.op.value} of shape "
                 f"{'x'.join(map(str, n.type.shape))}: {n.type.size:,} elements, more than the "

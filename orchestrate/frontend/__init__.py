@@ -427,11 +427,14 @@ def prepare(
 
 
 def _check_sizes(m: onnx.ModelProto, source: str) -> None:
-    """Refuse any tensor of known shape with more than MAX_ELEMENTS elements."""
+    """Refuse a graph input or output of known shape with more than
+    MAX_ELEMENTS elements (they are held in memory; an intermediate may be
+    larger where the plan never writes it, ``ir.MAX_ELEMENTS``)."""
     made_by = {o: n for n in m.graph.node for o in n.output if o}
     index = {id(n): k for k, n in enumerate(m.graph.node)}
+    held = {i.name for i in m.graph.input} | {o.name for o in m.graph.output}
     for name, (shape, _) in static_shapes(m).items():
-        if math.prod(shape) <= MAX_ELEMENTS:
+        if name not in held or math.prod(shape) <= MAX_ELEMENTS:
             continue
         node = made_by.get(name)
         if node is None:

@@ -16,7 +16,7 @@ from orchestrate.cost.roofline import Cost, Prices
 from orchestrate.ilp import program
 from orchestrate.ilp.baselines import Priced
 from orchestrate.ilp.partition import Partition
-from orchestrate.ir import Graph
+from orchestrate.ir import MAX_ELEMENTS, Graph
 from orchestrate.kernels.spec import KernelSpec
 from orchestrate.plan.candidates import Enumeration
 
@@ -62,10 +62,26 @@ class Problem:
             name=f"partition {self.part.index}",
             budget=budget,
             budget_exempt=budget_exempt,
+            unwritable=unwritable(graph, self.kernels),
         )
 
     def chosen(self, sol: program.Solution) -> list[tuple[KernelSpec, tuple[str, ...]]]:
         return [(self.kernels[c.kernel], c.writes) for c in sol.choices]
+
+
+def unwritable(graph: Graph, kernels: Sequence[KernelSpec]) -> dict[str, str]:
+    """The tensors the candidates could write that are too large to hold in
+    memory (``ir.MAX_ELEMENTS``), each with the reason: only a kernel that
+    keeps them on chip may make them (a flash kernel's scores)."""
+    out = {}
+    for k in kernels:
+        for t in (*k.outputs, *k.optional):
+            size = graph.types[t].size
+            if size > MAX_ELEMENTS and t not in out:
+                out[t] = (
+                    f"{size:,} elements, more than the {MAX_ELEMENTS:,} (2**36) one tensor in memory may have"
+                )
+    return out
 
 
 def problem(graph: Graph, part: Partition, found: Enumeration, prices: Prices) -> Problem:

@@ -39,7 +39,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrate.cost.roofline import Cost
@@ -67,6 +67,10 @@ class BudgetInfeasible(InputError):
 
 class NoPlanInTime(InputError):
     """The time limit ran out before the solver found any plan."""
+
+
+class NoPlan(InputError):
+    """Every plan writes a tensor too large to hold in memory."""
 
 
 @dataclass
@@ -114,14 +118,22 @@ def solve(
     recompute: bool = True,
     edges: Sequence[tuple[str, str]] = (),
     name: str = "partition",
+    unwritable: Mapping[str, str] | None = None,
 ) -> Solution:
     """Pick the cheapest set of kernels that produces ``required`` from ``available``.
 
     ``edges`` are the (producer, consumer) pairs of the primitive graph; they
     only tighten the relaxation (see ``_add_computed_cuts``).  An infeasible
-    ``budget`` raises BudgetInfeasible (ilp.budget says what would fit)."""
+    ``budget`` raises BudgetInfeasible (ilp.budget says what would fit).
+    ``unwritable``: tensors no chosen kernel may write, with the reason (too
+    large to hold in memory: attention's scores at a long sequence, which
+    only a kernel keeping them on chip may make); a plan that cannot avoid
+    writing one raises NoPlan naming it."""
     import pulp  # here, not at the top: loading and running a bundle needs no PuLP
 
+    unwritable = dict(unwritable or {})
+    if any(t in unwritable for c in warm for t in c.writes):
+        warm = ()  # the greedy plan writes one: no incumbent to start from
     started = time.perf_counter()
     if time_limit is not None and time_limit < MIN_SOLVE_S and warm:
         # the planning's time is spent: the greedy plan stands, unsolved
@@ -151,6 +163,9 @@ def solve(
         else:
             objective.append(c.time_us * x[k])
     prob += pulp.lpSum(objective)
+    for t in sorted(unwritable):
+        for _, v in writers.get(t, ()):
+            prob += v == 0
     written = _written(prob, writers)
     for t in required:
         if t not in writers:
@@ -219,6 +234,9 @@ def solve(
             )
         elif status is None and budget is not None:
             raise BudgetInfeasible(f"--memory-budget {budget}: no plan fits")
+        elif status is None and unwritable:
+            t, why = next(iter(sorted(unwritable.items())))
+            raise NoPlan(f"{name}: no plan keeps {t} out of memory ({why})")
         elif status is None:
             raise AssertionError(f"{name}: the linear program is infeasible")
         else:

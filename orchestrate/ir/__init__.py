@@ -206,9 +206,12 @@ DTYPES: Mapping[Op, frozenset[str]] = {
 # ---------------------------------------------------------------------------
 # value types
 
-# The most elements one tensor may have: 2**36 (256 GiB of float32), more than
-# any GPU in the device table holds.  Kernels switch to 64-bit offsets from
-# 2**31 elements, so this bounds shapes that are mistakes, not the indexing.
+# The most elements a tensor held in memory may have (a graph input or
+# output, a tensor a kernel writes): 2**36 (256 GiB of float32), more than any
+# GPU in the device table holds.  Kernels switch to 64-bit offsets from 2**31
+# elements, so this bounds shapes that are mistakes, not the indexing.  An
+# intermediate no kernel writes may be larger: attention's scores, which a
+# flash kernel keeps on chip one tile at a time.
 MAX_ELEMENTS = 2**36
 
 

@@ -71,7 +71,7 @@ def optional(r: Region, roles_: Anchored) -> tuple[str, ...]:
 
 
 def one(op: Op):
-    def judges(r: Region) -> bool:
+    def judges(graph: Graph, r: Region) -> bool:
         return len(r.anchors) == 1 and r.anchors[0].op is op and not r.reductions
 
     return judges

@@ -37,7 +37,7 @@ Propose = Callable[[Graph, Sequence[str]], Iterable[Iterable[str]]]
 class Rule:
     name: str
     summary: str  # one line, for `orchestrate rules`
-    judges: Callable[[Region], bool]  # is this set this rule's to judge?
+    judges: Callable[[Graph, Region], bool]  # is this set this rule's to judge?
     match: Match
     propose: Propose | None = None  # sets beyond enumeration (pattern rules)
     backend: str = "triton"  # who runs the kernel: generated Triton, or a library call

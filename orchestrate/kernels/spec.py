@@ -158,22 +158,13 @@ SCRATCH_DTYPES = {SPLIT_K_PARTIALS: "float32", SPLIT_K_COUNTERS: "int32"}
 
 
 def split_k_scratch(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
-    """(workspace elements, counters) a split-K matmul needs: SPLIT_K x the
-    output's elements, and one counter per output tile under the GPU's or the
-    interpreter's block sizes, whichever has more tiles; a split-KV attention
-    SPLIT_K x (its output and two row values), and one counter per block of
-    query rows.  (0, 0) otherwise."""
+    """(workspace elements, counters) a split-K matmul or conv needs: SPLIT_K
+    x the output's elements, and one counter per output tile under the GPU's
+    or the interpreter's block sizes, whichever has more tiles.  (0, 0)
+    unsplit.  A template that splits otherwise says so (``Template.scratch``)."""
     s = split_k(spec.config)
     if s == 1:
         return 0, 0
-    if spec.template == ATTENTION:  # split-KV: (output, running max, running sum) per row
-        *batch, lq, dv = graph.producer[spec.roles.m2].shape
-        b = 1
-        for d in batch:
-            b *= d
-        blocks = dict(spec.config.blocks)
-        bm = min(blocks["BLOCK_M"], dict(spec.config.interpret).get("BLOCK_M", blocks["BLOCK_M"]))
-        return s * b * lq * (dv + 2), b * -(-lq // bm)
     *batch, m, n = graph.producer[spec.anchor].shape
     b = 1
     for d in batch:

@@ -271,7 +271,7 @@ def _pinned(plan: Plan, family: Family, g_max: ir.Graph, top: Binding, source: s
     software-pipeline stage for a kernel whose loop takes one step at MAX.
 
     At every binding such a loop takes at most one step, so more stages
-    buy nothing, but the lifted kernel's loop bound is a runtime value and
+    buy nothing, but the range kernel's loop bound is a runtime value and
     Triton pipelines it anyway, allocating every stage's buffers, where
     the fit model sees one step.  (Attention whose keys fit one block at
     MAX prints no loop at all: ``templates/attention/emit.py``.)"""

@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from orchestrate import ir
+from orchestrate import ir, templates
 from orchestrate.errors import InputError, OrchestrateError
 from orchestrate.ir.bounds import (
     INDEX_ERROR,
@@ -54,7 +54,6 @@ from orchestrate.kernels.spec import (
     SPLIT_K_PARTIALS,
     KernelSpec,
     split_k,
-    split_k_scratch,
 )
 from orchestrate.plan import Planned
 
@@ -324,7 +323,7 @@ class Program:
         self._flag_of = {k: self._flags[i : i + 1] for i, k in enumerate(checked)}
         # split-K matmuls' scratch, shared (kernels run one at a time): fp32
         # partials, and arrival counters zeroed once (each kernel leaves them zero)
-        scratch = [split_k_scratch(graph, s) for s in planned.specs if split_k(s.config) > 1]
+        scratch = [templates.scratch(graph, s) for s in planned.specs if split_k(s.config) > 1]
         self._scratch = {
             SPLIT_K_PARTIALS: torch.empty(
                 max((p for p, _ in scratch), default=0), dtype=torch.float32, device=self.device

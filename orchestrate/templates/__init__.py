@@ -33,7 +33,7 @@ from orchestrate.ir import Graph
 from orchestrate.kernels.fit import WorkingSet
 from orchestrate.kernels.region import Region, region
 from orchestrate.kernels.rule import Rule
-from orchestrate.kernels.spec import KernelSpec, Rejection, Target
+from orchestrate.kernels.spec import KernelSpec, Rejection, Target, split_k
 from orchestrate.templates import (
     attention,
     conv,
@@ -75,6 +75,15 @@ def template(name: str) -> Template:
     return _BY_NAME[name]
 
 
+def scratch(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
+    """(fp32 workspace elements, int32 counters) ``spec`` needs of the
+    runner's shared scratch: none unless its configuration splits
+    (``SPLIT_K`` > 1), then as its template says."""
+    if split_k(spec.config) == 1:
+        return 0, 0
+    return template(spec.template).scratch(graph, spec)
+
+
 def working_set(graph: Graph, spec: KernelSpec) -> WorkingSet:
     """The on-chip working set of ``spec``, as its template's rule models it."""
     return template(spec.template).rule.working_set(graph, spec)
@@ -93,9 +102,9 @@ def match(graph: Graph, names: Iterable[str], target: Target) -> KernelSpec | Re
     r = _region(graph, names)
     if isinstance(r, Rejection):
         return r
-    judging = _judging(r, target)
+    judging = _judging(graph, r, target)
     if not judging:
-        return _refusal(r, target)
+        return _refusal(graph, r, target)
     return _admitted(graph, judging[0].match(graph, r, target), target)
 
 
@@ -112,9 +121,9 @@ def match_all(graph: Graph, names: Iterable[str], target: Target) -> list[Kernel
     r = _region(graph, names)
     if isinstance(r, Rejection):
         return r
-    judging = _judging(r, target)
+    judging = _judging(graph, r, target)
     if not judging:
-        return _refusal(r, target)
+        return _refusal(graph, r, target)
     found = [_admitted(graph, rule.match(graph, r, target), target) for rule in judging]
     specs = [k for k in found if isinstance(k, KernelSpec)]
     return specs or found[0]
@@ -133,17 +142,17 @@ def _region(graph: Graph, names: Iterable[str]) -> Region | Rejection:
     return r
 
 
-def _judging(r: Region, target: Target) -> list[Rule]:
+def _judging(graph: Graph, r: Region, target: Target) -> list[Rule]:
     """The allowed rules that judge ``r``: the first of each backend."""
     out: list[Rule] = []
     for rule in RULES:
-        if rule.judges(r) and all(o.backend != rule.backend for o in out):
+        if rule.judges(graph, r) and all(o.backend != rule.backend for o in out):
             out.append(rule)
     return [rule for rule in out if allowed(rule, target)]
 
 
-def _refusal(r: Region, target: Target) -> Rejection:
-    barred = next((rule for rule in RULES if rule.judges(r)), None)
+def _refusal(graph: Graph, r: Region, target: Target) -> Rejection:
+    barred = next((rule for rule in RULES if rule.judges(graph, r)), None)
     if barred is not None:
         return Rejection(
             f"--gemm-backends {','.join(target.gemm_backends)} leaves no kernel "

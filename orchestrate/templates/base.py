@@ -18,6 +18,11 @@ whose formulas it prints and whose ranges decide what it specialises on
 ``gemm`` says whether ``--gemm-backends`` governs a Triton template (it runs
 matmuls, convolutions or attention, which a library call may run instead).
 
+``scratch`` says what a split configuration (``SPLIT_K`` > 1: several
+programs per output tile, the last combining their partial results) needs
+of the runner's shared scratch: (fp32 workspace elements, int32 arrival
+counters); the default is a split-K matmul's.
+
 ``exact`` is for a template whose kernel computes something other than its
 primitives one by one (a rewrite: merged siblings, a folded low-rank
 branch): the exact check (``check/exact/check.py``) evaluates its kernels
@@ -37,7 +42,7 @@ from orchestrate.cost import terms
 from orchestrate.cost.devices import Device
 from orchestrate.ir import Graph
 from orchestrate.kernels.rule import Rule
-from orchestrate.kernels.spec import KernelSpec
+from orchestrate.kernels.spec import KernelSpec, split_k_scratch
 
 # (graph, spec, writes, function name)
 Generate = Callable[[Graph, KernelSpec, Sequence[str], str], object]
@@ -56,6 +61,7 @@ class Template:
     dot_us: Callable[[Graph, KernelSpec, int, Device], float] = terms.anchor_dot_us
     terms: Terms | None = None
     gemm: bool = False
+    scratch: Counts = split_k_scratch
     exact: Callable[[object], dict] | None = None
 
     @property

@@ -18,7 +18,7 @@ from orchestrate.kernels.spec import (
 from orchestrate.templates.base import Template
 
 
-def _is_view(r: Region) -> bool:
+def _is_view(graph: Graph, r: Region) -> bool:
     return all(n.op is Op.RESHAPE for n in r.nodes) and len(r.sinks) == 1 and not r.exposed
 
 

@@ -31,6 +31,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
+from orchestrate import templates
 from orchestrate.emit import kernel_source
 from orchestrate.emit.source import Launch, module, pointers
 from orchestrate.errors import OrchestrateError
@@ -41,7 +42,6 @@ from orchestrate.kernels.spec import (
     SPLIT_K_COUNTERS,
     SPLIT_K_PARTIALS,
     KernelSpec,
-    split_k_scratch,
 )
 from orchestrate.templates import template
 from orchestrate.tune.timer import TimerInfo
@@ -245,7 +245,7 @@ class GpuTimer:
         if name == INDEX_ERROR:
             return torch.zeros(1, dtype=torch.int32, device=dev)
         if name in (SPLIT_K_PARTIALS, SPLIT_K_COUNTERS):
-            partials, counters = split_k_scratch(graph, spec)
+            partials, counters = templates.scratch(graph, spec)
             if name == SPLIT_K_PARTIALS:
                 return torch.empty(partials, dtype=torch.float32, device=dev)
             return torch.zeros(counters, dtype=torch.int32, device=dev)

@@ -371,6 +371,78 @@ def test_nan_and_inf_propagate(monkeypatch, loop):
     check(fn, [x.shape], inputs={"x0": x})
 
 
+# -- split rows: several programs per row, the last combining ---------------------
+
+
+@pytest.fixture
+def split(monkeypatch):
+    """Rows longer than 4 are looped over, 4 (GPU) / 8 (interpreter) columns
+    at a time, and a splittable row is split over 3 programs."""
+    monkeypatch.setattr(config, "SINGLE_PASS_ROW", 4)
+    monkeypatch.setattr(config, "LOOP_BLOCK", 4)
+    monkeypatch.setattr(config, "INTERPRET_LOOP_BLOCK", 8)
+    own = config.row_reduce
+
+    def three(*args, **kw):
+        configs = own(*args, **kw)
+        pick = [
+            c.__class__(
+                blocks=tuple((k, 3 if k == "SPLIT_K" else v) for k, v in c.blocks),
+                num_warps=c.num_warps,
+                num_stages=c.num_stages,
+                interpret=tuple((k, 3 if k == "SPLIT_K" else v) for k, v in c.interpret),
+            )
+            for c in configs
+            if "SPLIT_K" in dict(c.blocks)
+        ]
+        return pick[:1] or configs
+
+    monkeypatch.setattr(config, "row_reduce", three)
+
+
+@pytest.mark.parametrize("shape,axes", [((3, 37), [1]), ((2, 5, 7), [0, 2]), ((1, 50), [1])])
+def test_a_split_row_reduce_matches_the_reference(split, shape, axes):
+    """Sum, max, min and product in one phase, a row epilogue (the mean,
+    the norm) and a full-space output stored before the reduction, each
+    row's columns shared by three programs; the last one combines."""
+
+    def fn(b, x):
+        sq = b.mul(x, x)
+        return (
+            b.mean(x, axes),
+            b.sqrt(b.sum(sq, axes)),
+            b.reduce_max(x, axes),
+            b.reduce_min(x, axes, keepdims=False),
+            b.prod(b.add(b.mul(x, 0.01), 1.0), axes),
+            sq,
+        )
+
+    g = graphs.build(fn, [shape])
+    src = assert_matches_reference(g, one_kernel(g), graphs.random_inputs(g, 0), rtol=2e-5)
+    assert "SPLIT_K = 3" in src and "tl.atomic_add(counter" in src
+
+
+def test_a_split_row_propagates_nan_from_any_share(split):
+    """A NaN in one program's share wins the max and the sum, whichever
+    program combines (numpy's max propagates it)."""
+    x = np.arange(40, dtype=np.float32).reshape(2, 20)
+    x[0, 17] = np.nan  # in the last share
+    x[1, 2] = np.nan  # in the first
+
+    def fn(b, x):
+        return b.reduce_max(x, [1]), b.reduce_min(x, [1]), b.sum(x, [1])
+
+    check(fn, [x.shape], inputs={"x0": x})
+
+
+def test_what_reads_a_row_result_over_the_row_is_not_split(split):
+    """A softmax needs its max over the whole row before its exponentials:
+    no share of the row can compute them, so its row is looped, not split."""
+    g = graphs.build(graphs.softmax, [(2, 30)])
+    spec = one_kernel(g).specs[0]
+    assert spec.roles.looped and "SPLIT_K" not in dict(spec.config.blocks)
+
+
 # -- dtypes, plans, errors -----------------------------------------------------
 
 

@@ -215,7 +215,7 @@ def test_kernels_take_the_dimensions_as_runtime_arguments(built):
         assert [a.arg for a in f.args.kwonlyargs][:2] == ["dim0", "dim1"]
 
 
-def test_the_lifted_kernels_compile_for_hopper_with_runtime_dimensions(built):
+def test_the_range_kernels_compile_for_hopper_with_runtime_dimensions(built):
     """The interpreter accepts what the compiler may not: every function of
     the dynamic bundle compiles for sm_90 with its dimensions as i32
     arguments (one cubin for the range) and fits the device."""
@@ -724,7 +724,7 @@ def test_a_huge_range_is_one_line_not_all_memory(model_file, tmp_path):
 @pytest.mark.parametrize("opt", [64, 16])
 def test_a_loop_of_one_step_at_max_is_not_pipelined(tmp_path, opt):
     """Tiny GPT-2's attention over 2..64 keys, planned at 64 (64-key blocks),
-    takes one step at every binding, so its lifted kernel, whose loop bound
+    takes one step at every binding, so its range kernel, whose loop bound
     is a runtime value, gets one stage (Triton would pipeline it: 2.3x the
     shared memory, spilling); planned at 16 (16-key blocks) it takes up to
     four steps and keeps its pipeline."""
@@ -741,7 +741,7 @@ def test_a_loop_of_one_step_at_max_is_not_pipelined(tmp_path, opt):
     (config,) = {k.config for k in made.plan.kernels if k.template == ATTENTION}
     assert config["BLOCK_N"] == opt, config
     assert (config.num_stages == 1) is (opt == 64), config
-    # one block of keys at every binding: the lifted kernel has no key loop
+    # one block of keys at every binding: the range kernel has no key loop
     assert ("for start_n in range(0, dim1, BLOCK_N):" in made.source) is (opt == 16)
 
 

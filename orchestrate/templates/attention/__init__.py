@@ -32,7 +32,7 @@ from orchestrate.cost import terms
 from orchestrate.cost.devices import Device
 from orchestrate.cost.figures import SFU_FLOPS
 from orchestrate.ir import Graph, Op
-from orchestrate.kernels.spec import AttentionRoles, KernelSpec, Operand, split_k, split_k_scratch
+from orchestrate.kernels.spec import AttentionRoles, KernelSpec, Operand, split_k
 from orchestrate.templates.attention.emit import attention
 from orchestrate.templates.attention.rule import RULE
 from orchestrate.templates.base import Template
@@ -59,7 +59,7 @@ def flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
     other += key_blocks * (rows * SFU_FLOPS + outputs)  # rescale by exp(m_old - m_new)
     splits = split_k(spec.config)
     if splits > 1:  # split-KV's combine: one exp per row and slot, the slots' sums added
-        other += splits * rows * SFU_FLOPS + split_k_scratch(graph, spec)[0]
+        other += splits * rows * SFU_FLOPS + scratch(graph, spec)[0]
     # prologue: Q's once, K's and V's once per block of query rows, side inputs per score
     query_blocks = math.ceil(lq / spec.config["BLOCK_M"])
     for n, operand in a.prologue:
@@ -100,6 +100,25 @@ def dot_us(graph: Graph, spec: KernelSpec, dots: int, device: Device) -> float:
     )
 
 
+def scratch(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
+    """Split-KV's scratch: SPLIT_K x (its output and two row values), and one
+    counter per block of query rows (under the smaller of the GPU's and the
+    interpreter's BLOCK_M: the more blocks)."""
+    a = spec.roles
+    *batch, lq, dv = graph.producer[a.m2].shape
+    blocks = dict(spec.config.blocks)
+    bm = min(blocks["BLOCK_M"], dict(spec.config.interpret).get("BLOCK_M", blocks["BLOCK_M"]))
+    b = math.prod(batch)
+    return split_k(spec.config) * b * lq * (dv + 2), b * -(-lq // bm)
+
+
 TEMPLATE = Template(
-    RULE, attention, flops=flops, blocks=blocks, steps=steps, dot_us=dot_us, gemm=True
+    RULE,
+    attention,
+    flops=flops,
+    blocks=blocks,
+    steps=steps,
+    dot_us=dot_us,
+    gemm=True,
+    scratch=scratch,
 )

@@ -64,6 +64,8 @@ from orchestrate.ir import HALF, Graph
 from orchestrate.kernels.spec import SPLIT_K_COUNTERS, SPLIT_K_PARTIALS, KernelSpec, split_k
 from orchestrate.shapes.symint import upper
 
+WIDE = 2**31  # from here offsets into a tensor need 64 bits
+
 
 def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
     a = k.roles
@@ -81,13 +83,25 @@ def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
         f"O{list(m2.shape)} = softmax(S) @ V, S = chain(Q @ K){list(m1.shape)}"
         + (f", batch {list(batch)} on grid axis 1" if batch else "")
     )
+    # 64-bit offsets where a tensor in memory holds 2**31 elements or more
+    # (the scores never reach memory, however many there are)
+    held = [*(t for t in k.inputs if t in graph.types), *writes]
+    splits = split_k(k.config)
+    wide = any(upper(graph.types[t].size) >= WIDE for t in held) or (
+        splits > 1 and splits * upper(nbatch * lq * (dv + 2)) >= WIDE
+    )
+    wid = ".to(tl.int64)" if wide else ""
     body.raw("pid_m = tl.program_id(0)")
-    body.raw("pid_b = tl.program_id(1)")
+    body.raw(f"pid_b = tl.program_id(1){wid}")
     pid_b = Sym("pid_b", 0, nbatch, lane=False)
     bdims = split_linear(body, pid_b, tuple(batch), "b") if batch else ()
     extent = {"offs_m": lq, "offs_n": lk, "offs_d": d, "offs_dv": dv}
     body.comment("query rows of this program and the (padded) head dims")
-    body.raw("offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+    body.raw(
+        "offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M))" + wid
+        if wide
+        else "offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)"
+    )
     body.raw("offs_d = tl.arange(0, BLOCK_D)")
     body.raw("offs_dv = tl.arange(0, BLOCK_DV)")
     body.raw(f"mask_m = offs_m < {lq}")
@@ -127,7 +141,6 @@ def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
     body.raw("acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)")
 
     # -- the key loop ---------------------------------------------------------
-    splits = split_k(k.config)
     # one step when one BLOCK_N block holds every key the range allows: a
     # runtime loop bound would keep the loop, and its registers (tiny GPT-2
     # over 2..64 keys: 196 against 74 for the one step) (under the
@@ -149,7 +162,8 @@ def attention(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -
         body.comment(f"walk the {lk} keys in BLOCK_N steps")
         body.raw(f"for start_n in range(0, {lk}, BLOCK_N):")
     loop = body.fork(body.indent if one_step else body.indent + "    ")
-    loop.raw("offs_n = " + ("" if one_step else "start_n + ") + "tl.arange(0, BLOCK_N)")
+    offs_n = ("" if one_step else "start_n + ") + "tl.arange(0, BLOCK_N)"
+    loop.raw(f"offs_n = ({offs_n}){wid}" if wide else f"offs_n = {offs_n}")
     loop.raw(f"mask_n = offs_n < {lk}")
     loop.raw("mask_k = mask_d[:, None] & mask_n[None, :]")
     kt = operand(loop, k_name, "offs_d", "offs_n", (d, lk), "mask_k", "zero_k")

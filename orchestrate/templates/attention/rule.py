@@ -58,10 +58,9 @@ from orchestrate.templates.attention import config as spaces
 
 DOT_DTYPES = ("float16", "bfloat16", "float32")
 MAX_BATCH = 65535  # the batch runs on grid axis 1
-WIDE = 2**31  # offsets are int32
 
 
-def _judges(r: Region) -> bool:
+def _judges(graph: Graph, r: Region) -> bool:
     return len(r.anchors) == 2 and all(a.op is Op.MATMUL for a in r.anchors)
 
 
@@ -70,9 +69,6 @@ def attention(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection
     a = analyse(graph, r)
     if isinstance(a, Rejection):
         return a
-    big = next((t for t in (*r.inputs, *r.names) if graph.types[t].size >= WIDE), None)
-    if big is not None:
-        return Rejection(f"{big} has 2**31 elements or more (int32 offsets)")
     m1, m2 = graph.producer[a.m1], graph.producer[a.m2]
     *_, lq, lk = m1.shape
     d, dv = graph.types[m1.inputs[0]].shape[-1], m2.shape[-1]

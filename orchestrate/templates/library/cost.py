@@ -28,6 +28,13 @@ kernels run IEEE fp32, see ``templates/library/emit.py``); efficiency is
 GEMM's output (per batch entry, per group) or 128 query rows per batch
 entry (FlashAttention-2's), spread in whole waves over the SMs.
 
+**split-K**: cuBLAS splits the K loop of a GEMM whose tiles underfill the
+device (its heuristics and Hopper's stream-K kernels), so a library matmul
+is priced at the split S (1 to ``LIBRARY_MAX_SPLIT_K``, at least
+``LIBRARY_MIN_K_PER_SPLIT`` of K each) that its terms make fastest: S times
+the blocks, the fp32 partial tiles written and read back (S x M x N x 4
+bytes each way) and, for S > 1, one more kernel that reduces them.
+
 **latency** = ``LIBRARY_LATENCY_US``: the least time one library kernel takes.
 
 **launch** = ``LAUNCH_US`` per kernel the call launches (CUDA-graph replay:
@@ -47,6 +54,8 @@ from orchestrate.cost.figures import (
     LIBRARY_CONV_EFFICIENCY,
     LIBRARY_GEMM_EFFICIENCY,
     LIBRARY_LATENCY_US,
+    LIBRARY_MAX_SPLIT_K,
+    LIBRARY_MIN_K_PER_SPLIT,
     LIBRARY_TILE,
     SFU_FLOPS,
 )
@@ -54,6 +63,7 @@ from orchestrate.ir import Graph
 from orchestrate.kernels.spec import (
     LIBRARY_ATTENTION,
     LIBRARY_CONV,
+    LIBRARY_MATMUL,
     KernelSpec,
     LibraryAttention,
     LibraryCall,
@@ -92,22 +102,42 @@ def library_terms(
     fields."""
     out = graph.types[spec.outputs[0]].nbytes
     extra, launches = _around(graph, spec, out)
-    nbytes = read + written + extra
-    memory_us = nbytes / (device.bandwidth_gbs * 1e3 * ACHIEVABLE_BANDWIDTH)
     dots, other = library_flops(graph, spec)
-    blocks = _blocks(graph, spec)
-    quantised = device.sms * math.ceil(blocks / device.sms) / blocks
-    compute_us = dots / (_rate(graph, spec, device) * 1e6) * quantised
-    compute_us += other / (device.fp32_tflops * 1e6)
-    return (
-        nbytes,
-        dots + other,
-        memory_us,
-        compute_us,
-        LAUNCH_US * launches,
-        LIBRARY_LATENCY_US,
-        blocks,
-    )
+    rate = _rate(graph, spec, device)
+    best = None
+    for split in _splits(graph, spec):
+        partials = 2 * split * _output_elements(graph, spec) * 4 if split > 1 else 0
+        nbytes = read + written + extra + partials
+        memory_us = nbytes / (device.bandwidth_gbs * 1e3 * ACHIEVABLE_BANDWIDTH)
+        blocks = _blocks(graph, spec) * split
+        quantised = device.sms * math.ceil(blocks / device.sms) / blocks
+        compute_us = dots / (rate * 1e6) * quantised + other / (device.fp32_tflops * 1e6)
+        terms = (
+            nbytes,
+            dots + other,
+            memory_us,
+            compute_us,
+            LAUNCH_US * (launches + (split > 1)),
+            LIBRARY_LATENCY_US,
+            blocks,
+        )
+        time_us = max(memory_us, compute_us, LIBRARY_LATENCY_US) + terms[4]
+        if best is None or time_us < best[0]:
+            best = (time_us, terms)
+    return best[1]
+
+
+def _splits(graph: Graph, spec: KernelSpec) -> range:
+    """The K splits a library matmul may run at (1 for anything else)."""
+    r = spec.roles
+    if spec.template != LIBRARY_MATMUL or not isinstance(r, LibraryCall):
+        return range(1, 2)
+    k = graph.types[graph.producer[r.anchor].inputs[0]].shape[-1]
+    return range(1, max(1, min(LIBRARY_MAX_SPLIT_K, k // LIBRARY_MIN_K_PER_SPLIT)) + 1)
+
+
+def _output_elements(graph: Graph, spec: KernelSpec) -> int:
+    return graph.producer[spec.anchor].type.size
 
 
 def _around(graph: Graph, spec: KernelSpec, out: int) -> tuple[int, int]:

@@ -301,13 +301,13 @@ def propose(graph: Graph, nodes: Sequence[str]) -> list[tuple[str, ...]]:
 
 
 def _one(op: Op):
-    def judges(r: Region) -> bool:
+    def judges(graph: Graph, r: Region) -> bool:
         return len(r.anchors) == 1 and r.anchors[0].op is op and not r.reductions
 
     return judges
 
 
-def _two_matmuls(r: Region) -> bool:
+def _two_matmuls(graph: Graph, r: Region) -> bool:
     return len(r.anchors) == 2 and all(a.op is Op.MATMUL for a in r.anchors)
 
 

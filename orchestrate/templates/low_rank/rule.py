@@ -65,7 +65,7 @@ WIDE = 2**31  # offsets are int32
 MAX_RANK = 128
 
 
-def _judges(r: Region) -> bool:
+def _judges(graph: Graph, r: Region) -> bool:
     return len(r.anchors) == 3 and all(a.op is Op.MATMUL for a in r.anchors) and not r.reductions
 
 

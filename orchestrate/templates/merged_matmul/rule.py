@@ -60,7 +60,7 @@ MAX_BATCH = 65535  # the batch runs on grid axis 1
 WIDE = 2**31  # offsets are int32
 
 
-def _judges(r: Region) -> bool:
+def _judges(graph: Graph, r: Region) -> bool:
     return (
         len(r.anchors) >= 2
         and all(a.op is Op.MATMUL for a in r.anchors)

@@ -93,7 +93,7 @@ class NormMatmul(Anchored):
     shifts: tuple[Monomial, ...] = ()
 
 
-def _judges(r: Region) -> bool:
+def _judges(graph: Graph, r: Region) -> bool:
     return len(r.anchors) == 1 and r.anchors[0].op is Op.MATMUL and bool(r.reductions)
 
 

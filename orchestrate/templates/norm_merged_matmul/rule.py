@@ -79,7 +79,7 @@ class NormSiblings(Siblings):
         )
 
 
-def _judges(r: Region) -> bool:
+def _judges(graph: Graph, r: Region) -> bool:
     mms = [a for a in r.anchors if a.op is Op.MATMUL]
     return (
         len(mms) >= 2

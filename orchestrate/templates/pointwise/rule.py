@@ -20,7 +20,7 @@ from orchestrate.kernels.spec import (
 from orchestrate.templates.pointwise import config as spaces
 
 
-def _judges_pointwise(r: Region) -> bool:
+def _judges_pointwise(graph: Graph, r: Region) -> bool:
     return not r.anchors and not r.reductions
 
 

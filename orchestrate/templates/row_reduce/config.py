@@ -13,14 +13,36 @@ SINGLE_PASS_ROW = 16384
 SINGLE_PASS_TILE = 4096  # elements per program (several short rows per program)
 LOOP_BLOCK = 2048  # columns per loop step
 INTERPRET_TILE, INTERPRET_LOOP_BLOCK = 1 << 16, 1 << 14
+WIDE_ROW = 2**31  # from here column indices need 64 bits
+
+
+# a looped row whose result is all the kernel writes may be split over
+# SPLIT_K programs (each its share of the column blocks, the last of them
+# combining the partial results): up to this many
+MAX_SPLIT = 256
 
 
 @config.space
-def row_reduce(rows: int, length: int, looped: bool) -> list[config.LaunchConfig]:
+def row_reduce(
+    rows: int, length: int, looped: bool, splittable: bool = False
+) -> list[config.LaunchConfig]:
+    """The configurations of a row reduce: one, or for a row that may be
+    split (``splittable``, see ``rule.py``) one per SPLIT_K, 1 first (the
+    cost model ranks them: a few long rows fill the GPU only split).  A row
+    of 2**31 elements or more is always split, its columns in int64."""
     cols = config.next_pow2(length)
     if looped:
         gpu = {"BLOCK_ROWS": 1, "BLOCK_COLS": min(LOOP_BLOCK, cols)}
         fast_cols = min(INTERPRET_LOOP_BLOCK, cols)
+        if splittable:
+            fast = {"BLOCK_ROWS": 1, "BLOCK_COLS": fast_cols}
+            steps = -(-length // gpu["BLOCK_COLS"])
+            splits = [s for s in (1 << i for i in range(9)) if s <= min(MAX_SPLIT, steps)]
+            if length >= WIDE_ROW:
+                splits = [s for s in splits if s > 1] or [2]
+            return [
+                config.launch_config({**gpu, "SPLIT_K": s}, {**fast, "SPLIT_K": s}) for s in splits
+            ]
     else:
         gpu = {
             "BLOCK_ROWS": min(config.next_pow2(rows), max(1, SINGLE_PASS_TILE // cols)),

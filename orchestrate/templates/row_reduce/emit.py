@@ -37,6 +37,18 @@ Two forms, chosen by the rule (``Rows.looped``, rows longer than
   inputs once per loop (phases, plus the epilogue loop when needed), write
   each output once.
 
+* split (a few long rows, ``SPLIT_K`` = S > 1 in the configuration; one
+  phase, nothing written from the row's result back over the row): grid
+  axis 1 gives each block of rows S programs, program ``pid_k`` looping over
+  its share of the column blocks into its own partial results, which it
+  stores in its slot of the runner's fp32 scratch and counts its arrival
+  with an acq_rel atomic (as split-K matmuls and split-KV attention do); the
+  block's last program combines the S slots in slot order (the same bits
+  every run), resets the counter, computes the row epilogue and stores the
+  row outputs.  Rows of 2**31 elements or more are split, their columns in
+  int64.  Memory traffic: the inputs read once, S partial values per row
+  and reduction written and read back.
+
 NaN propagates as in numpy: ``tl.max``/``tl.min`` may return the non-NaN
 operand, so max/min reductions also reduce a NaN flag; arg-max/arg-min use
 their own combine function (NaN is the extreme value, ties go to the first
@@ -64,12 +76,15 @@ from orchestrate.emit.expr import Const, Expr, Sym
 from orchestrate.emit.helpers import PROD, Helper, helper
 from orchestrate.emit.source import KernelSource, describe, pointers, store
 from orchestrate.ir import Graph, Node, Op
-from orchestrate.kernels.spec import KernelSpec
+from orchestrate.kernels.spec import SPLIT_K_COUNTERS, SPLIT_K_PARTIALS, KernelSpec, split_k
 from orchestrate.shapes.symint import upper
 
 
 def row_reduce(graph: Graph, k: KernelSpec, writes: tuple[str, ...], name: str) -> KernelSource:
     gen = _Generator(graph, k, writes, name)
+    if split_k(k.config) > 1:
+        gen.split()  # (the last program of each block of rows stores them)
+        return gen.source()
     if k.roles.looped:
         gen.looped()
     else:
@@ -187,6 +202,7 @@ class _Generator:
         self.accumulators = 0
         b = self.body
         wide = upper(math.prod(info.x)) >= 2**31
+        self.wide_cols = upper(info.length) >= 2**31
         b.comment(f"{info.rows} rows of {info.length}: BLOCK_ROWS rows per program")
         b.raw("pid = tl.program_id(0)")
         start = "pid.to(tl.int64) * BLOCK_ROWS" if wide else "pid * BLOCK_ROWS"
@@ -249,12 +265,13 @@ class _Generator:
 
     # -- full space ---------------------------------------------------------
 
-    def columns(self, body: Body, start: str | None) -> Index:
-        """Emit the column indices of a block and the X multi-index."""
+    def columns(self, body: Body, start: str | None, end: str | None = None) -> Index:
+        """Emit the column indices of a block (below ``end``, else the row's
+        length) and the X multi-index."""
         info = self.info
         first = f"{start} + " if start else ""
         body.raw(f"cols = {first}tl.arange(0, BLOCK_COLS)[None, :]")
-        body.raw(f"mask = row_mask & (cols < {info.length})")
+        body.raw(f"mask = row_mask & (cols < {end or info.length})")
         cols = Sym("cols", 0, info.length)
         col_dims = iter(split_linear(body, cols, info.cols_shape, "j"))
         dims = tuple(next(col_dims) if i in info.axes else d for i, d in enumerate(self.keep_dims))
@@ -428,6 +445,77 @@ class _Generator:
             loop.raw(f"{acc}, {idx} = {fn}({acc}, {idx}, {v}, {j})")
             finish.append((red.name, (f"tl.reduce(({acc}, {idx}), 1, {fn}, keep_dims=True)",)))
 
+    # -- split --------------------------------------------------------------
+
+    def split(self) -> None:
+        info, b = self.info, self.body
+        reds = self._phase(1)
+        partials = self.pointers.get(SPLIT_K_PARTIALS)
+        counters = self.pointers.get(SPLIT_K_COUNTERS)
+        slots = len(reds)
+        b.comment("split: SPLIT_K programs share each block of rows, each its share of columns")
+        b.raw("pid_k = tl.program_id(1)" + (".to(tl.int64)" if self.wide_cols else ""))
+        b.raw(f"c_share = tl.cdiv(tl.cdiv({info.length}, BLOCK_COLS), SPLIT_K) * BLOCK_COLS")
+        b.raw("c_lo = pid_k * c_share")
+        b.raw(f"c_hi = tl.minimum(c_lo + c_share, {info.length})")
+        loop = b.fork(b.indent + "    ")
+        index = self.columns(loop, "c0", "c_hi")
+        ev = self.full_evaluator(loop, index)
+        init, finish = [], []
+        for red in reds:
+            v = self.reduced_input(ev, loop, red, index)
+            self._accumulate(red, v, loop, init, finish)
+        self.store_full(ev, loop, index, self._full_writes(0))
+        b.comment(f"this program's share: {', '.join(r.op.value for r in reds)} over column blocks")
+        b.lines += [f"{b.indent}{line}" for line in init]
+        b.raw("for c0 in range(c_lo, c_hi, BLOCK_COLS):")
+        b.lines += loop.lines
+        b.comment("its partial results to its slots; the block's last program combines them")
+        for j, (_, expr) in enumerate(finish):
+            part = b.let(expr, "r")
+            slot = f"{partials} + (pid_k * {slots} + {j}) * {info.rows} + rows"
+            b.raw(f"tl.store({slot}, {part}, mask=row_mask)")
+        b.raw("tl.debug_barrier()  # every thread's partial stored before the arrival counts")
+        b.raw(f"counter = {counters} + pid")
+        b.raw('arrived = tl.atomic_add(counter, 1, sem="acq_rel")')
+        b.raw("if arrived == SPLIT_K - 1:")
+        last = b.fork(b.indent + "    ")
+        last.comment("the S slots combined in slot order")
+        for j, (red, _) in enumerate(finish):
+            node = self.graph.producer[red]
+            total = last.fresh("t")
+            last.raw(
+                f"{total} = tl.full([BLOCK_ROWS, 1], {self._neutral_of(node)}, dtype=tl.float32)"
+            )
+            last.raw("for s in tl.static_range(SPLIT_K):")
+            slot = f"{partials} + (s * {slots} + {j}) * {info.rows} + rows"
+            last.raw(
+                f"    p = tl.load({slot}, mask=row_mask, other={self._neutral_of(node)}, "
+                'cache_modifier=".cg")'
+            )
+            last.raw(f"    {total} = {self._combine(node, total, 'p', last)}")
+            self.row_vars[red] = total
+        last.raw("tl.atomic_xchg(counter, 0)  # zero for the next launch")
+        self.body = last  # the row epilogue and stores: in the last program's branch
+        self.row_ev = Evaluator(
+            self.graph, self.inside, last, self.pointers, mask=Sym("row_mask"), zero=self.zero
+        )
+        for r in self.reductions:
+            self.row_ev.provided[r.name] = self._reduction_reader(r.name)
+        self.store_rows()
+        b.lines += last.lines
+        self.body = b
+
+    def _combine(self, red: Node, a: str, p: str, body: Body) -> str:
+        """Two partial results of ``red`` combined (NaN propagating)."""
+        if red.op is Op.SUM:
+            return f"{a} + {p}"
+        if red.op is Op.PROD:
+            return f"{a} * {p}"
+        fn = "max" if red.op is Op.RMAX else "min"
+        body.use(NAN_HELPERS[fn][1])
+        return f"_{fn}imum_nan({a}, {p})"
+
     # -- row outputs and the source -----------------------------------------
 
     def store_rows(self) -> None:
@@ -441,7 +529,14 @@ class _Generator:
 
     def source(self) -> KernelSource:
         info = self.info
-        if info.looped:
+        splits = split_k(self.k.config)
+        if splits > 1:
+            traffic = (
+                f"split: {splits} programs per block of rows, each a share of the columns; "
+                f"{self.pointers.name(SPLIT_K_PARTIALS)}: fp32 partial results written "
+                "and read back"
+            )
+        elif info.looped:
             passes = info.phases + (1 if self._full_writes(info.phases) else 0)
             traffic = f"looped: {passes} pass{'es' if passes > 1 else ''} over each row"
         else:
@@ -454,6 +549,10 @@ class _Generator:
             params=self.pointers.params(),
             config=self.k.config,
             body=self.body.code(),
-            grid=[f"    grid = (triton.cdiv({info.rows}, BLOCK_ROWS),)"],
+            grid=[
+                f"    grid = (triton.cdiv({info.rows}, BLOCK_ROWS), SPLIT_K)"
+                if splits > 1
+                else f"    grid = (triton.cdiv({info.rows}, BLOCK_ROWS),)"
+            ],
             helpers=self.body.helpers,
         )

@@ -31,10 +31,9 @@ from orchestrate.kernels.spec import ROW_REDUCE, KernelSpec, Rejection, Rows, Ta
 from orchestrate.templates.row_reduce import config as spaces
 
 ROW_OPS = ir.ELEMENTWISE | {Op.RESHAPE, Op.IDENTITY}  # what may run on row values
-MAX_ROW = 2**31  # column indices are int32
 
 
-def _judges(r: Region) -> bool:
+def _judges(graph: Graph, r: Region) -> bool:
     return not r.anchors and bool(r.reductions)
 
 
@@ -49,8 +48,32 @@ def row_reduce(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejectio
         if (e in rows_.row_space and graph.types[e].size == rows_.rows)
         or (e not in rows_.row_space and graph.types[e].shape == x)
     )
-    configs = spaces.row_reduce(rows_.rows, rows_.length, rows_.looped)
+    splittable = _splittable(graph, rows_, r)
+    if rows_.length >= spaces.WIDE_ROW and not splittable:
+        return Rejection(
+            f"rows of {rows_.length} elements need 64-bit columns, which only a split row "
+            "reduce has (one phase of float sums, products, maxima or minima, nothing "
+            "written from the row's result back over the row)"
+        )
+    configs = spaces.row_reduce(rows_.rows, rows_.length, rows_.looped, splittable)
     return accept(graph, RULE, r, x, rows_, optional, configs, target)
+
+
+SPLIT_OPS = (Op.SUM, Op.PROD, Op.RMAX, Op.RMIN)
+
+
+def _splittable(graph: Graph, rows_: Rows, r: Region) -> bool:
+    """Whether several programs may share a row (a split row reduce): a
+    looped row, one phase of float sums, products, maxima or minima, and
+    nothing computed from a row's result over the row's elements (each
+    program sees only its share of them; what it writes of its share before
+    the reduction it may store)."""
+    if not rows_.looped or rows_.phases != 1:
+        return False
+    for red in r.reductions:
+        if red.op not in SPLIT_OPS or graph.types[red.inputs[0]].dtype not in ir.FLOATS:
+            return False
+    return not any(n.name not in rows_.row_space and rows_.depth_of(n.name) >= 1 for n in r.nodes)
 
 
 def analyse(graph: Graph, r: Region) -> Rows | Rejection:
@@ -67,8 +90,6 @@ def analyse(graph: Graph, r: Region) -> Rows | Rejection:
             )
     rows = math.prod(d for i, d in enumerate(x) if i not in axes)
     length = math.prod(x[a] for a in axes)
-    if length >= MAX_ROW:
-        return Rejection(f"rows of {length} elements exceed int32 column indices")
     keep = tuple(1 if i in axes else d for i, d in enumerate(x))
     row_space: set[str] = set()
     from_rows: set[str] = set()  # full-space nodes computed from row values
