@@ -92,7 +92,7 @@ from orchestrate.cost.figures import (
     WARPS_PER_SM,
 )
 from orchestrate.cost.measured import Measured
-from orchestrate.cost.terms import passes, read_bytes, us_for_bytes, us_for_flops, write_bytes
+from orchestrate.cost.terms import read_bytes, us_for_bytes, us_for_flops, write_bytes
 from orchestrate.ir import Graph
 from orchestrate.kernels.spec import VIEW, KernelSpec, split_k
 from orchestrate.templates import scratch, template, working_set
@@ -263,5 +263,6 @@ def _moved(graph: Graph, spec: KernelSpec) -> int:
     seen = _MOVED.setdefault(graph, {})
     key = (spec.template, spec.nodes, spec.inputs, spec.outputs, spec.roles)
     if key not in seen:
-        seen[key] = read_bytes(graph, spec) * passes(graph, spec) + write_bytes(graph, spec.outputs)
+        streams = template(spec.template).passes(graph, spec)
+        seen[key] = read_bytes(graph, spec) * streams + write_bytes(graph, spec.outputs)
     return seen[key]

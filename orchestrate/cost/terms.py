@@ -70,6 +70,11 @@ def write_bytes(graph: Graph, names) -> int:
     return sum(graph.types[t].nbytes for t in names)
 
 
+def once(graph: Graph, spec: KernelSpec) -> int:
+    """A kernel that streams its inputs once."""
+    return 1
+
+
 def passes(graph: Graph, spec: KernelSpec) -> int:
     """How many times a row-reduce kernel streams its inputs: once when the
     row fits in registers, else once per phase plus the epilogue pass that

@@ -209,30 +209,19 @@ def Hardmax(b: Builder, x: Value, *, axis: int | None = None) -> Value:
 
 
 def CumSum(b: Builder, x: Value, axis: Value, *, exclusive: int = 0, reverse: int = 0) -> Value:
-    """A prefix sum as a matmul with a constant triangular 0/1 matrix along the
-    axis (exact for integers; for floats the summation order differs from a
-    sequential scan by rounding only).  Transformer exports use it for
-    position ids from an attention mask."""
+    """The cumulative sum along ``axis``: the CUMSUM primitive, a scan
+    (``templates/scan/``).  Transformer exports use it for position ids from
+    an attention mask."""
     if axis.const is None:
         raise UnsupportedError("CumSum: input 'axis' must be a constant", {"CumSum axis": 1})
     ax = int(np.asarray(axis.const).reshape(-1)[0])
     if not -x.rank <= ax < x.rank or x.rank == 0:
         raise UnsupportedError(f"CumSum: axis {ax} out of range", {"CumSum axis": 1})
-    ax %= x.rank
-    if x.dtype not in ir.DTYPES[Op.MATMUL]:
+    if x.dtype not in ir.DTYPES[Op.CUMSUM]:
         raise UnsupportedError(f"CumSum of {x.dtype}", {f"CumSum {x.dtype}": 1})
-    n = x.shape[ax]
-    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
-    # y[..., j] = sum_i x[..., i] * tri[i, j]
-    keep = (i >= j) if reverse else (i <= j)
-    if exclusive:
-        keep &= i != j
-    tri = b.constant(keep.astype(x.dtype))
-    perm = [d for d in range(x.rank) if d != ax] + [ax]
-    moved = b.transpose(x, perm)
-    flat = b.reshape(moved, (math.prod(moved.shape[:-1]), n))
-    summed = b.reshape(b.matmul(flat, tri), moved.shape)
-    return b.transpose(summed, np.argsort(perm))
+    return b.emit(
+        Op.CUMSUM, [x], axis=ax % x.rank, exclusive=bool(exclusive), reverse=bool(reverse)
+    )
 
 
 OPS = {

@@ -5,6 +5,8 @@ Each primitive is a single loop nest that a kernel template knows how to place:
 
 * elementwise: unary, binary (numpy broadcasting), ternary ``WHERE``;
 * reduce: sum / max / min / prod over axes, arg-max / arg-min over one axis;
+* scan: the cumulative sum along one axis (inclusive or exclusive, forward
+  or reverse);
 * layout: transpose, reshape, slice, concat, pad, expand, gather, identity;
 * compute: matmul (batched), conv (implicit GEMM), pool (windowed reduce).
 
@@ -74,6 +76,8 @@ class Op(enum.Enum):
     PROD = "prod"
     ARGMAX = "argmax"
     ARGMIN = "argmin"
+    # scans
+    CUMSUM = "cumsum"
     # layout
     TRANSPOSE = "transpose"
     RESHAPE = "reshape"
@@ -123,11 +127,12 @@ BINARY = (
 TERNARY = frozenset({Op.WHERE})
 ELEMENTWISE = UNARY | BINARY | TERNARY
 REDUCE = frozenset({Op.SUM, Op.RMAX, Op.RMIN, Op.PROD, Op.ARGMAX, Op.ARGMIN})
+SCAN = frozenset({Op.CUMSUM})
 LAYOUT = frozenset(
     {Op.TRANSPOSE, Op.RESHAPE, Op.SLICE, Op.CONCAT, Op.PAD, Op.EXPAND, Op.GATHER, Op.IDENTITY}
 )
 COMPUTE = frozenset({Op.MATMUL, Op.CONV, Op.POOL})
-ALL_OPS = ELEMENTWISE | REDUCE | LAYOUT | COMPUTE
+ALL_OPS = ELEMENTWISE | REDUCE | SCAN | LAYOUT | COMPUTE
 assert ALL_OPS == frozenset(Op), "every Op belongs to exactly one group"
 
 # ---------------------------------------------------------------------------
@@ -191,6 +196,7 @@ DTYPES: Mapping[Op, frozenset[str]] = {
     Op.WHERE: _ALL,
     Op.SUM: frozenset(FLOATS + ("int32", "int64", "uint32", "uint64")),
     Op.PROD: frozenset(FLOATS + ("int32", "int64", "uint32", "uint64")),
+    Op.CUMSUM: frozenset(FLOATS + ("int32", "int64", "uint32", "uint64")),
     Op.RMAX: frozenset(FLOATS + ("int8", "int32", "int64", "uint8")),
     Op.RMIN: frozenset(FLOATS + ("int8", "int32", "int64", "uint8")),
     Op.ARGMAX: frozenset(FLOATS + ("int8", "int32", "int64", "uint8")),

@@ -59,6 +59,7 @@ PRIMITIVE_ONNX_OPS = frozenset(
         "ReduceProd",
         "ArgMax",
         "ArgMin",
+        "CumSum",
         "Transpose",
         "Reshape",
         "Slice",
@@ -174,6 +175,11 @@ def _node(n: Node, graph: Graph, const) -> onnx.NodeProto:
             axis=a["axis"],
             keepdims=int(a["keepdims"]),
             select_last_index=int(a["select_last_index"]),
+        )
+    if op is Op.CUMSUM:
+        axis = const(stem + "/axis", np.array(a["axis"], np.int64))
+        return helper.make_node(
+            "CumSum", ins + [axis], out, exclusive=int(a["exclusive"]), reverse=int(a["reverse"])
         )
     if op is Op.TRANSPOSE:
         return helper.make_node("Transpose", ins, out, perm=list(a["perm"]))

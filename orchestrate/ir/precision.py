@@ -62,7 +62,7 @@ SUPPORTED = ("fp32", "fp16", "bf16")
 RTOL = {"fp16": 1e-2, "bf16": 4e-2}
 
 _ALWAYS_HALF = frozenset({Op.MATMUL, Op.CONV})
-_ALWAYS_FULL = frozenset({Op.SUM, Op.PROD})
+_ALWAYS_FULL = frozenset({Op.SUM, Op.PROD, Op.CUMSUM})
 # what an fp32 reader pulls to fp32 with it (upcasting the chain at its start)
 _UPCAST_WITH_READERS = ir.ELEMENTWISE | {Op.RMAX, Op.RMIN}
 

@@ -120,6 +120,19 @@ def _reduce(fn: Callable, *, neutral: str | None = None) -> Callable:
     return impl
 
 
+def _cumsum(a: Attrs, x: np.ndarray) -> np.ndarray:
+    """The cumulative sum along ``axis``: reverse sums from the end; exclusive
+    leaves out each element's own value (the first sum is 0)."""
+    ax = a["axis"]
+    y = np.flip(x, ax) if a["reverse"] else x
+    total = np.cumsum(y, axis=ax, dtype=_acc(x))
+    if a["exclusive"]:
+        total = np.concatenate(
+            [np.zeros_like(np.take(total, [0], axis=ax)), np.delete(total, -1, axis=ax)], axis=ax
+        )
+    return np.flip(total, ax) if a["reverse"] else total
+
+
 def _arg(fn: Callable) -> Callable:
     def impl(a: Attrs, x: np.ndarray) -> np.ndarray:
         ax = a["axis"]
@@ -257,6 +270,7 @@ IMPLS: dict[Op, Callable[..., np.ndarray]] = {
     Op.RMIN: _reduce(np.min, neutral="min"),
     Op.ARGMAX: _arg(np.argmax),
     Op.ARGMIN: _arg(np.argmin),
+    Op.CUMSUM: _cumsum,
     Op.TRANSPOSE: lambda a, x: np.transpose(x, a["perm"]),
     Op.RESHAPE: lambda a, x: np.reshape(x, a["shape"]),
     Op.SLICE: _slice,

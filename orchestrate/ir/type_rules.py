@@ -90,6 +90,7 @@ _ARITY = {
     Op.MATMUL: 2,
     Op.CONV: 2,
     Op.POOL: 1,
+    Op.CUMSUM: 1,
 }
 
 
@@ -110,6 +111,13 @@ def _infer_reduce(op: Op, x: TensorType, attrs: Attrs) -> TensorType:
     shape = tuple((1 if keep else None) if i in axes else d for i, d in enumerate(x.shape))
     shape = tuple(d for d in shape if d is not None)
     return TensorType(shape, "int64" if op in (Op.ARGMAX, Op.ARGMIN) else x.dtype)
+
+
+def _infer_cumsum(ins, attrs):
+    (x,) = ins
+    if not 0 <= attrs["axis"] < x.rank:
+        raise GraphError(f"cumsum: axis {attrs['axis']} out of range for rank {x.rank}")
+    return x
 
 
 def _infer_transpose(ins, attrs):
@@ -242,6 +250,7 @@ def _infer_pool(ins, attrs):
 
 
 _INFER_OTHER = {
+    Op.CUMSUM: _infer_cumsum,
     Op.TRANSPOSE: _infer_transpose,
     Op.RESHAPE: _infer_reshape,
     Op.SLICE: _infer_slice,

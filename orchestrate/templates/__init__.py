@@ -45,6 +45,7 @@ from orchestrate.templates import (
     norm_merged_matmul,
     pointwise,
     row_reduce,
+    scan,
     view,
     window,
 )
@@ -52,6 +53,7 @@ from orchestrate.templates.base import Template
 
 REGISTRY: tuple[Template, ...] = (
     view.TEMPLATE,
+    scan.TEMPLATE,
     pointwise.TEMPLATE,
     row_reduce.TEMPLATE,
     matmul.TEMPLATE,

@@ -11,6 +11,8 @@ whose formulas it prints and whose ranges decide what it specialises on
 ``flops``   (dot flops, other flops): tensor-core and CUDA-core work;
 ``blocks``  thread blocks in its grid;
 ``steps``   (dependent loop steps per block, steps in flight at once);
+``passes``  how many times it streams its inputs (a looped row reduce: once
+            per phase, and once more for its epilogue);
 ``dot_us``  the time of its dots at their rate;
 ``terms``   the whole cost, where the roofline's own terms do not apply (a
             library call, which picks its own tiles; a view).
@@ -58,6 +60,7 @@ class Template:
     flops: Counts = terms.elementwise_flops
     blocks: Callable[[Graph, KernelSpec], int] = terms.one_block
     steps: Counts = terms.no_loop
+    passes: Callable[[Graph, KernelSpec], int] = terms.once
     dot_us: Callable[[Graph, KernelSpec, int, Device], float] = terms.anchor_dot_us
     terms: Terms | None = None
     gemm: bool = False

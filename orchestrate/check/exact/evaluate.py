@@ -111,6 +111,8 @@ def evaluate(node: ir.Node, args: list[Value], graph: ir.Graph, trial: Trial) ->
                 np.sum(x[0], axis=axes, keepdims=bool(attrs["keepdims"]), dtype=F.U64) % F.U64(m)
             )
         )
+    if op is Op.CUMSUM:
+        return each(lambda x, m: _cumsum(x[0], attrs, m))
     if op is Op.EXP:
         return f.exp(qs[0]), np.zeros(qs[0].shape, F.U64)
     if op is Op.CAST:
@@ -133,3 +135,14 @@ def evaluate(node: ir.Node, args: list[Value], graph: ir.Graph, trial: Trial) ->
         return each(padded)
     impl = IMPLS[op]  # layout: the reference executor's own, on residues
     return each(lambda x, m: np.ascontiguousarray(impl(attrs, *x)).astype(F.U64, copy=False))
+
+
+def _cumsum(x: np.ndarray, attrs, m: int) -> np.ndarray:
+    """The cumulative sum mod ``m`` along ``axis`` (reverse, exclusive as the primitive)."""
+    ax = attrs["axis"]
+    y = np.flip(x, ax) if attrs["reverse"] else x
+    total = np.cumsum(y % F.U64(m), axis=ax, dtype=F.U64) % F.U64(m)
+    if attrs["exclusive"]:
+        first = np.zeros_like(np.take(total, [0], axis=ax))
+        total = np.concatenate([first, np.delete(total, -1, axis=ax)], axis=ax)
+    return np.flip(total, ax) if attrs["reverse"] else total

@@ -31,7 +31,7 @@ import numpy as np
 from orchestrate import ir
 from orchestrate.ir import Op
 
-LINEAR = frozenset({Op.ADD, Op.SUB, Op.NEG, Op.SUM})
+LINEAR = frozenset({Op.ADD, Op.SUB, Op.NEG, Op.SUM, Op.CUMSUM})
 LAYOUT = frozenset({Op.TRANSPOSE, Op.RESHAPE, Op.SLICE, Op.CONCAT, Op.EXPAND, Op.IDENTITY})
 
 

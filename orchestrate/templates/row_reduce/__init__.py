@@ -50,4 +50,6 @@ def scratch(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
     return partials, math.ceil(rows.rows / fewest)
 
 
-TEMPLATE = Template(RULE, row_reduce, blocks=blocks, steps=steps, scratch=scratch)
+TEMPLATE = Template(
+    RULE, row_reduce, blocks=blocks, steps=steps, passes=terms.passes, scratch=scratch
+)
