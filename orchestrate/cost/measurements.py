@@ -8,13 +8,16 @@ values of small tensors only), where it ran (``gpu``, a row of
 name) and how long (``time_ms``, the mean), with its ``source``.
 data/measurements/README.md has the schema and the published rows.
 
-``load(path)`` reads a file or a folder of ``*.jsonl``; a malformed row is an
-``InputError`` naming the file, the line and the field.  ``model(m)`` rebuilds
-a row's program as an ONNX model with random weights for the planner.
+``load(path)`` reads a file or a folder of ``*.jsonl`` (or ``*.jsonl.gz``: the
+published rows repeat their graphs, which gzip shrinks many times over); a
+malformed row is an ``InputError`` naming the file, the line and the field.
+``model(m)`` rebuilds a row's program as an ONNX model with random weights for
+the planner.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from dataclasses import dataclass, field
@@ -248,17 +251,19 @@ def _measurement(data, where: str) -> Measurement:
 
 
 def load(path: str | Path) -> tuple[Measurement, ...]:
-    """The measurements in a ``.jsonl`` file, or in every ``*.jsonl`` of a folder."""
+    """The measurements in a ``.jsonl`` file (or ``.jsonl.gz``, gzipped), or
+    in every such file of a folder."""
     path = Path(path)
     if path.is_dir():
-        files = sorted(path.glob("*.jsonl"))
+        files = sorted([*path.glob("*.jsonl"), *path.glob("*.jsonl.gz")])
     elif path.is_file():
         files = [path]
     else:
         raise InputError(f"{path}: no such file or folder of measurements")
     out, seen = [], {}
     for file in files:
-        with open(file, encoding="utf-8") as f:
+        opener = gzip.open if file.suffix == ".gz" else open
+        with opener(file, "rt", encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
                 if not line.strip():
                     continue

@@ -4,6 +4,7 @@ and each row's program rebuilds as an ONNX model the planner accepts."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -54,9 +55,15 @@ def test_a_folder_is_every_jsonl_in_it_and_an_id_is_one_row(tmp_path):
     (tmp_path / "a.jsonl").write_text(LINES[0] + "\n")
     (tmp_path / "b.jsonl").write_text("\n" + LINES[1] + "\n")
     (tmp_path / "notes.txt").write_text("not rows")
-    assert [m.program for m in M.load(tmp_path)] == ["small_matmul", "small_conv"]
-    (tmp_path / "c.jsonl").write_text(LINES[0] + "\n")
-    with pytest.raises(InputError, match=r"c\.jsonl:1: id: .* is also the id on .*a\.jsonl:1$"):
+    (tmp_path / "c.jsonl.gz").write_bytes(gzip.compress((LINES[2] + "\n").encode()))
+    assert [m.program for m in M.load(tmp_path)] == [
+        "small_matmul",
+        "small_conv",
+        "gemm_scale_batchnorm_sigmoid",
+    ]
+    assert [m.program for m in M.load(tmp_path / "c.jsonl.gz")] == ["gemm_scale_batchnorm_sigmoid"]
+    (tmp_path / "d.jsonl").write_text(LINES[0] + "\n")
+    with pytest.raises(InputError, match=r"d\.jsonl:1: id: .* is also the id on .*a\.jsonl:1$"):
         M.load(tmp_path)
 
 

@@ -15,7 +15,7 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 from orchestrate.cost import measurements as M
 from tools.measurements import export, history
 from tools.measurements.describe import attribute, describe
-from tools.measurements.kernelbench import Cache, Timed, row
+from tools.measurements.kernelbench import Cache, Timed, row, write_rows
 
 BEFORE = history.SIZES_CHANGED - 86400 * 30
 AFTER = history.SIZES_CHANGED + 86400 * 30
@@ -227,8 +227,11 @@ def test_a_program_exports_in_the_mode_it_was_timed_in_and_becomes_a_row(tmp_pat
     entry = {"mean": 0.5, "std": 0.01, "min": 0.45, "max": 0.7, "num_trials": 100}
     entry |= {"hardware": "NVIDIA A100-SXM4-40GB"}
     timed = Timed(version, 2, "5_Gemm_BN.py", entry, "a100-40gb-sxm", "f" * 64)
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text(json.dumps(row(timed, graph)) + "\n")
+    rows = tmp_path / "rows.jsonl.gz"
+    write_rows([row(timed, graph)], rows)
+    first = rows.read_bytes()
+    write_rows([row(timed, graph)], rows)
+    assert rows.read_bytes() == first  # no time stamp in the gzip header
     (m,) = M.load(rows)
     assert (m.id, m.program, m.level, m.kind) == (
         f"kernelbench/A100_modal/eager/level2/5_Gemm_BN@{'f' * 8}",

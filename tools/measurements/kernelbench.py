@@ -20,6 +20,7 @@ lacks, entries without a figure, programs that did not export.
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
@@ -238,9 +239,14 @@ def summary(rows: list[dict], timed: list[Timed], done, notes: list[str]) -> lis
 
 
 def write_rows(rows: list[dict], out: Path) -> None:
+    """JSON lines, gzipped (with no time stamp: the same rows, the same bytes)
+    when ``out`` ends in .gz."""
     out.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows).encode()
+    if out.suffix == ".gz":
+        text = gzip.compress(text, compresslevel=9, mtime=0)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+    tmp.write_bytes(text)
     os.replace(tmp, out)
 
 
