@@ -15,7 +15,7 @@ DEMO   := examples/models/tiny_bert.onnx
 
 .PHONY: install demo test test-slow test-gpu fuzz lint format examples golden-update \
         conformance models bench-plan bench bench-gpu bench-gpu-dry gpu-wheels bench-launch \
-        hf-check fit-check dynamic-check peer-check clean
+        hf-check fit-check dynamic-check peer-check measurements clean
 
 install: $(STAMP)
 
@@ -83,6 +83,18 @@ peer-check: install
 	@test -n "$(KERNELBENCH)" || { echo "make peer-check: set KERNELBENCH=PATH, a checkout of ScalingIntelligence/KernelBench" >&2; exit 2; }
 	mkdir -p out
 	TRITON_INTERPRET=1 $(PY) -m examples.kernelbench $(KERNELBENCH) --levels 1,2 --json out/peer-check.jsonl
+
+# KernelBench's published GPU timings as measurement rows (orchestrate/cost/
+# measurements.py loads them): every timed level 1 and 2 program exported at its
+# published size, one at a time, into data/measurements/kernelbench.jsonl; the
+# exports are cached in out/measurements/cache, so a stopped run resumes.
+# KERNELBENCH is a git directory of ScalingIntelligence/KernelBench (a mirror will
+# do: its history is read, not its work tree); MEASURE_ARGS adds --timeout S, ...
+MEASURE_ARGS ?= --jobs 2
+measurements: install
+	@test -n "$(KERNELBENCH)" || { echo "make measurements: set KERNELBENCH=PATH, a git directory of ScalingIntelligence/KernelBench" >&2; exit 2; }
+	$(PY) -m tools.measurements.kernelbench $(KERNELBENCH) --out data/measurements/kernelbench.jsonl \
+		--levels 1,2 $(MEASURE_ARGS)
 
 # the benchmark suite at full size, random weights, no network (examples/suite.py
 # lists it), into out/models: ~3 GB that any checkout rebuilds, so kept in the

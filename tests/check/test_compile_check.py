@@ -141,12 +141,18 @@ def test_devices_name_their_target_and_limits():
         "h100-pcie": 90,
         "a100": 80,
         "a100-40gb": 80,
+        "a100-40gb-sxm": 80,
+        "b200": 100,
         "v100": 70,
         "l4": 89,
         "l40s": 89,
         "rtx4090": 89,
         "a10": 86,
+        "a10g": 86,
+        "rtx-a6000": 86,
+        "t4": 75,
         "rtx3090": 86,
+        "rtx3090ti": 86,
     }
     assert H200.smem_per_block_kb * 1024 == 232_448
     assert {(d.registers_per_thread, d.threads_per_block) for d in DEVICES.values()} == {
