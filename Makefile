@@ -15,7 +15,7 @@ DEMO   := examples/models/tiny_bert.onnx
 
 .PHONY: install demo test test-slow test-gpu fuzz lint format examples golden-update \
         conformance models bench-plan bench bench-gpu bench-gpu-dry gpu-wheels bench-launch \
-        hf-check fit-check dynamic-check peer-check measurements clean
+        hf-check fit-check dynamic-check peer-check measurements calibrate clean
 
 install: $(STAMP)
 
@@ -163,6 +163,15 @@ fit-check: install
 # plan; writes out/dynamic/dynamic.md (tens of minutes in the CPU interpreter)
 dynamic-check: install
 	$(PY) -m examples.ranges $(DYNAMIC_ARGS)
+
+# the cost model against published GPU measurements (data/measurements):
+# per GPU, runtime and kind, the geometric mean of predicted / measured, the
+# error factor, Spearman and the share within 2x; a scatter plot and every
+# row's prediction into out/calibrate (ARGS: --gpu h100, --runtime eager, ...)
+calibrate: install
+	$(PY) -m pip install -q 'matplotlib>=3.7'
+	mkdir -p out/calibrate
+	$(BIN)/orchestrate calibrate $(ARGS) --plot out/calibrate/scatter.png --json out/calibrate/predictions.json
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache

@@ -782,6 +782,67 @@ def rules() -> None:
         echo(line)
 
 
+@main.command()
+@click.argument(
+    "data", nargs=-1, type=click.Path(exists=False, path_type=Path), metavar="[DATA]..."
+)
+@click.option("--gpu", "gpus", multiple=True, help="Only rows of this device row (h100, l4, ...).")
+@click.option(
+    "--runtime",
+    "runtimes",
+    multiple=True,
+    help="Only rows of this runtime: eager, compile, or a runtime's own name.",
+)
+@click.option("--kind", "kinds", multiple=True, help="Only rows of this kind (matmul, conv, ...).")
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write a scatter plot of predicted against measured (PNG; needs matplotlib).",
+)
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write every row's prediction and its plan's kernels as JSON.",
+)
+@reports_errors
+def calibrate(data, gpus, runtimes, kinds, plot: Path | None, json_out: Path | None) -> None:
+    """Set the cost model's predictions against published GPU measurements.
+
+    DATA are measurement files or folders of JSON lines (default: the
+    project's data/measurements).  Each row's program is planned for its GPU
+    and priced as the runtime that timed it runs it (eager: one kernel per
+    op with library GEMMs; torch.compile: the plan), then the tables give,
+    per GPU, runtime and kind, the geometric mean of predicted / measured,
+    the typical error factor, Spearman's rank correlation and the share
+    within 2x.  Predicted times are the model's; measured ones published."""
+    from orchestrate import calibrate as cal
+    from orchestrate.calibrate.report import scatter
+    from orchestrate.calibrate.run import calibrate as run_calibrate
+    from orchestrate.calibrate.run import write_json
+    from orchestrate.plan import pipeline
+
+    for out in (plot, json_out):
+        if out is not None:
+            pipeline.check_output_path(out)
+    stage = StageProgress()
+    found, skipped = run_calibrate(
+        list(data), gpus, runtimes, kinds, progress=lambda i, n: stage("calibrate", i, n)
+    )
+    echo(cal.text(found, skipped), nl=False)
+    if json_out is not None:
+        write_json(found, skipped, json_out)
+        echo(f"wrote {json_out}")
+    if plot is not None:
+        try:
+            scatter(found, plot, "orchestrate calibrate: predicted (cost model) vs measured")
+        except ImportError:
+            raise InputError("--plot needs matplotlib (pip install matplotlib)") from None
+        echo(f"wrote {plot} (predicted against published measurements)")
+
+
 def _tolerances(rtol, atol):
     """--rtol and --atol, refused (naming the flag) unless finite and >= 0."""
     from orchestrate.check.verify import check_tolerance

@@ -127,3 +127,18 @@ LIBRARY_LATENCY_US = 2.0
 # generated kernel) and not this figure, which is stated for the uncaptured
 # case (the first run, or ``cuda_graph=False``).
 LIBRARY_HOST_US = 7.0
+
+# -- runtimes the model is checked against (orchestrate calibrate) ------------------
+
+# Host time PyTorch eager spends launching one op (Python, the dispatcher,
+# the kernel launch), microseconds: while the GPU runs kernels shorter than
+# this, it waits for the host.  Estimate: commonly measured at 5-10 µs per op
+# (PyTorch's "Performance Tuning Guide"; Horace He, "Making Deep Learning Go
+# Brrrr From First Principles", 2022: an overhead-bound op ~10 µs).
+EAGER_OP_HOST_US = 7.0
+
+# Host time torch.compile's generated code spends launching one Triton
+# kernel without CUDA graphs (the "default" and "max-autotune-no-cudagraphs"
+# modes), microseconds.  Estimate: Triton's Python launcher costs a few µs
+# per kernel (the reason "reduce-overhead" captures CUDA graphs); 4 µs taken.
+COMPILE_KERNEL_HOST_US = 4.0

@@ -21,8 +21,9 @@ plus what torch adds around the call:
 
 **compute** = dot flops / (peak x the library's efficiency) x tile
 quantisation + other flops / the CUDA-core peak.  The peak is the dense
-tensor-core rate for fp16 and bf16 and the CUDA-core rate for fp32 (library
-kernels run IEEE fp32, see ``templates/library/emit.py``); efficiency is
+tensor-core rate for fp16 and bf16 (and for an fp32 conv under ``--tf32``,
+the TF32 rate) and the CUDA-core rate for fp32 (library kernels run IEEE
+fp32 otherwise, see ``templates/library/emit.py``); efficiency is
 ``LIBRARY_GEMM_EFFICIENCY`` (matmul), ``LIBRARY_CONV_EFFICIENCY`` or
 ``LIBRARY_ATTENTION_EFFICIENCY``.  Blocks are ``LIBRARY_TILE`` squares of the
 GEMM's output (per batch entry, per group) or 128 query rows per batch
@@ -180,7 +181,13 @@ def _rate(graph: Graph, spec: KernelSpec, device: Device) -> float:
     the library's efficiency."""
     r = spec.roles
     anchor = graph.producer[r.m1 if isinstance(r, LibraryAttention) else r.anchor]
-    peak = device.fp16_tflops if graph.types[anchor.inputs[0]].dtype in HALF else device.fp32_tflops
+    dtype = graph.types[anchor.inputs[0]].dtype
+    if dtype in HALF:
+        peak = device.fp16_tflops
+    elif spec.config.precision == "tf32":  # an fp32 conv under --tf32
+        peak = device.tf32_tflops
+    else:
+        peak = device.fp32_tflops
     if spec.template == LIBRARY_ATTENTION:
         return peak * LIBRARY_ATTENTION_EFFICIENCY
     if spec.template == LIBRARY_CONV:

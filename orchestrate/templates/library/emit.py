@@ -18,7 +18,8 @@ Memory traffic is the library's: operands read, the output written (an
 operand that broadcasts over the batch is expanded, a view; a bias that
 broadcasts over the batch of a batched product is materialised first).
 fp32 convolutions run in IEEE fp32 as the plan's Triton kernels do (cuDNN
-would take TF32 by default); fp32 matmuls follow torch's own default, IEEE.
+would take TF32 by default), in TF32 under ``--tf32``; fp32 matmuls follow
+torch's own default, IEEE.
 """
 
 from __future__ import annotations
@@ -163,11 +164,16 @@ def _conv(graph: Graph, spec: KernelSpec, at: dict[str, str]) -> list[str]:
         one = graph.types[call.bias].size == 1
         bias = f"{at[call.bias]}.reshape({1 if one else cv.shape[1]})"
         bias += f".expand({cv.shape[1]})" if one else ""
-    precision = graph.types[cv.inputs[0]].dtype == "float32"
     indent = "    "
-    if precision:
-        lines.append("    # IEEE fp32, as the plan's generated kernels (cuDNN defaults to TF32)")
-        lines.append("    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):")
+    if graph.types[cv.inputs[0]].dtype == "float32":
+        if spec.config.precision == "tf32":
+            lines.append("    # TF32 tensor cores, as --tf32 allows (and cuDNN's default)")
+        else:
+            lines.append(
+                "    # IEEE fp32, as the plan's generated kernels (cuDNN defaults to TF32)"
+            )
+        tf32 = spec.config.precision == "tf32"
+        lines.append(f"    with torch.backends.cudnn.flags(enabled=True, allow_tf32={tf32}):")
         indent = "        "
     lines += [
         f"{indent}y = torch.nn.functional.conv{dims}d(",

@@ -128,8 +128,11 @@ def _call(
     return LibraryCall(anchor.name, tuple(n.name for n in chain), alpha, beta, bias)
 
 
-def _spec(graph: Graph, template: str, r: Region, roles, space) -> KernelSpec:
-    """The library spec: no tiles (the library picks them), no optional outputs."""
+def _spec(
+    graph: Graph, template: str, r: Region, roles, space, precision: str = "ieee"
+) -> KernelSpec:
+    """The library spec: no tiles (the library picks them), no optional
+    outputs; ``precision``: an fp32 conv's, TF32 under ``--tf32``."""
     return with_hash(
         graph,
         KernelSpec(
@@ -140,7 +143,7 @@ def _spec(graph: Graph, template: str, r: Region, roles, space) -> KernelSpec:
             (),
             tuple(space),
             roles,
-            LaunchConfig(),
+            LaunchConfig(precision=precision),
             device_checked(graph, r.names),
         ),
     )
@@ -187,7 +190,8 @@ def library_conv(graph: Graph, r: Region, target: Target) -> KernelSpec | Reject
             return Rejection(
                 f"{call.bias} {list(shape)} is not a per-channel bias of {cv.name} {list(cv.shape)}"
             )
-    return _spec(graph, LIBRARY_CONV, r, call, cv.shape)
+    tf32 = target.tf32 and graph.types[cv.inputs[0]].dtype == "float32"
+    return _spec(graph, LIBRARY_CONV, r, call, cv.shape, "tf32" if tf32 else "ieee")
 
 
 def library_attention(graph: Graph, r: Region, target: Target) -> KernelSpec | Rejection:

@@ -1,0 +1,162 @@
+"""A measured program's time as the cost model predicts it.
+
+Each measurement row names a program, a GPU and the runtime that timed it.
+The program is rebuilt (``cost/measurements.py``), planned for that GPU and
+priced like any plan; which plan stands for the runtime:
+
+* ``eager`` (PyTorch running the program op by op): the plan's *unfused*
+  baseline with library kernels only (``--gemm-backends library``): one
+  kernel per ONNX op, cuBLAS for matmuls, cuDNN for convolutions in TF32 (as
+  PyTorch lets cuDNN by default; matmuls stay IEEE fp32, its other default);
+* ``torch.compile:*`` (Inductor: fused Triton kernels, library GEMMs
+  unless autotuned otherwise): the plan itself, generated kernels and
+  library calls competing;
+* anything else (``orchestrate``, a kernel timed alone): the plan.
+
+The model prices a plan replayed from a CUDA graph.  The measured runtimes
+launch from the host: eager pays ``EAGER_OP_HOST_US`` per op, Inductor
+without CUDA graphs ``COMPILE_KERNEL_HOST_US`` per kernel where the GPU
+would otherwise wait for it (``cost/figures.py``); the prediction takes, per
+kernel, the larger of the kernel's time and that host time.  Every figure
+here is a prediction, set against a published measurement.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import onnx
+
+from orchestrate.cost import measurements
+from orchestrate.cost.figures import COMPILE_KERNEL_HOST_US, EAGER_OP_HOST_US
+from orchestrate.cost.measurements import Measurement
+from orchestrate.cost.roofline import Prices
+from orchestrate.errors import OrchestrateError
+from orchestrate.ilp.baselines import unfused
+from orchestrate.ir import Graph
+from orchestrate.plan import pipeline
+from orchestrate.plan.planner import PlanOptions
+from orchestrate.text import shown
+
+CONVS = {"Conv", "ConvTranspose"}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One planned kernel as priced: what the learned model reads."""
+
+    template: str
+    bytes: int
+    flops: int
+    predicted_us: float
+    bound: str
+
+
+@dataclass(frozen=True)
+class Prediction:
+    measurement: Measurement
+    predicted_us: float  # as the runtime would run it (see the module doc)
+    model_us: float  # the plan's own time (CUDA-graph replay)
+    kernels: tuple[Kernel, ...]  # of the plan standing for the runtime
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A row the model could not price, and why (one line)."""
+
+    measurement: Measurement
+    reason: str
+
+
+def runtime_class(runtime: str) -> str:
+    """``eager``, ``compile`` or ``other``."""
+    if runtime == "eager":
+        return "eager"
+    if runtime.startswith("torch.compile"):
+        return "compile"
+    return "other"
+
+
+def host_us(runtime: str) -> float:
+    """The host time per kernel a runtime waits on (0: replayed from a CUDA graph)."""
+    if runtime == "eager":
+        return EAGER_OP_HOST_US
+    if runtime_class(runtime) != "compile":
+        return 0.0
+    mode = runtime.partition(":")[2]
+    graphs = "reduce-overhead" in mode or mode in ("max-autotune", "cudagraphs")
+    return 0.0 if graphs else COMPILE_KERNEL_HOST_US
+
+
+def options_for(m: Measurement) -> PlanOptions:
+    """The plan options standing for the row's runtime (see the module doc)."""
+    ops = {n["op"] for n in m.graph["nodes"]}
+    if runtime_class(m.runtime) == "eager":
+        return PlanOptions(
+            device=m.gpu,
+            gemm_backends=("library",),
+            tf32=bool(ops & CONVS),
+            time_limit=30.0,
+            reproducible=True,
+        )
+    return PlanOptions(device=m.gpu, time_limit=30.0, reproducible=True)
+
+
+class Graphs:
+    """Each program's primitive graph, made once for all its rows."""
+
+    def __init__(self):
+        self.made: dict[str, Graph] = {}
+
+    def __call__(self, m: Measurement) -> Graph:
+        key = hashlib.sha1(json.dumps(m.graph, sort_keys=True).encode()).hexdigest()
+        if key not in self.made:
+            model: onnx.ModelProto = measurements.model(m)
+            self.made[key] = pipeline.fission_model(model, None, m.program)
+        return self.made[key]
+
+
+def predict(m: Measurement, graphs: Graphs | None = None) -> Prediction | Skipped:
+    """The model's time for row ``m`` (see the module doc), or why there is none."""
+    graphs = graphs or Graphs()
+    options = options_for(m)
+    try:
+        graph = graphs(m)
+        if runtime_class(m.runtime) == "eager":  # one kernel per op, library GEMMs
+            target = options.target()
+            priced = unfused(graph, target, Prices(graph, target.device))
+            kernels = tuple(
+                Kernel(p.kernel.template, p.bytes, p.flops, p.time_us, "")
+                for p in priced
+                if p.kernel.template != "view"
+            )
+            host = EAGER_OP_HOST_US
+        else:
+            plan = pipeline.plan_graph(graph, options).plan
+            kernels = tuple(
+                Kernel(k.template, k.bytes, k.flops, k.predicted_us, k.bound)
+                for k in plan.kernels
+                if not k.is_view
+            )
+            host = host_us(m.runtime)
+    except OrchestrateError as e:
+        return Skipped(m, shown(str(e)))
+    model_us = sum(k.predicted_us for k in kernels)
+    # each kernel waits for its launch from the host where that is longer
+    predicted = sum(max(k.predicted_us, host) for k in kernels)
+    return Prediction(m, predicted, model_us, kernels)
+
+
+def predict_all(rows: Iterable[Measurement], progress=None) -> list[Prediction | Skipped]:
+    """Every row's prediction, each program made once (``progress(i, n)``)."""
+    rows = list(rows)
+    graphs = Graphs()
+    out = []
+    for i, m in enumerate(rows):
+        if progress is not None:
+            progress(i + 1, len(rows))
+        out.append(predict(m, graphs))
+    return out
