@@ -423,6 +423,15 @@ def plan_options(fn):
         "competing in the linear program.",
     )(fn)
     fn = click.option(
+        "--cost",
+        default="analytic",
+        show_default=True,
+        metavar="analytic|learned|FILE",
+        help="How kernels are priced: the analytic roofline model, or it corrected "
+        "by the learned model (packaged, or a model file from calibrate --train; "
+        "needs lightgbm).",
+    )(fn)
+    fn = click.option(
         "--dtype",
         default=None,
         metavar="fp16|bf16|fp32",
@@ -472,6 +481,7 @@ def _plan_options(
     dtype,
     gemm_backends,
     no_rewrites,
+    cost,
 ):
     from orchestrate.errors import InputError
     from orchestrate.plan.candidates import Limits
@@ -489,6 +499,7 @@ def _plan_options(
             dtype=dtype,
             gemm_backends=gemm_backends,
             rewrites=not no_rewrites,
+            cost=cost,
         )
     except PlanOptionError as e:  # name the flag, not the field
         flag = _PLAN_FLAGS.get(e.field, e.field)
@@ -502,6 +513,7 @@ _PLAN_FLAGS = {
     "limits.max_nodes": "--max-kernel-nodes",
     "dtype": "--dtype",
     "gemm_backends": "--gemm-backends",
+    "cost": "--cost",
 }
 
 
@@ -807,8 +819,53 @@ def rules() -> None:
     default=None,
     help="Write every row's prediction and its plan's kernels as JSON.",
 )
+@click.option(
+    "--cost",
+    default="analytic",
+    show_default=True,
+    metavar="analytic|learned|FILE",
+    help="Set this model against the measurements: the analytic one, or it "
+    "corrected by a learned model (needs lightgbm).",
+)
+@click.option(
+    "--train",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Train a learned model on the chosen rows and write it here (needs lightgbm).",
+)
+@click.option(
+    "--transfer",
+    is_flag=True,
+    help="Leave each GPU out: train on the others, adapt with k of its rows "
+    "(k = 0, 5, 10, 20, 50) and print the fit on the rest (needs lightgbm).",
+)
+@click.option(
+    "--curves",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="With --transfer: write its learning curves (PNG; needs matplotlib).",
+)
+@click.option(
+    "--pca",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the learned model's feature space by GPU, its two principal "
+    "components (PNG; needs matplotlib).",
+)
 @reports_errors
-def calibrate(data, gpus, runtimes, kinds, plot: Path | None, json_out: Path | None) -> None:
+def calibrate(
+    data,
+    gpus,
+    runtimes,
+    kinds,
+    plot: Path | None,
+    json_out: Path | None,
+    cost: str,
+    train: Path | None,
+    transfer: bool,
+    curves: Path | None,
+    pca: Path | None,
+) -> None:
     """Set the cost model's predictions against published GPU measurements.
 
     DATA are measurement files or folders of JSON lines (default: the
@@ -817,30 +874,86 @@ def calibrate(data, gpus, runtimes, kinds, plot: Path | None, json_out: Path | N
     op with library GEMMs; torch.compile: the plan), then the tables give,
     per GPU, runtime and kind, the geometric mean of predicted / measured,
     the typical error factor, Spearman's rank correlation and the share
-    within 2x.  Predicted times are the model's; measured ones published."""
+    within 2x.  Predicted times are the model's; measured ones published.
+
+    With --train, --transfer or --pca the learned model (gradient-boosted
+    trees over the analytic model's terms) is trained, studied across GPUs
+    or its features drawn."""
     from orchestrate import calibrate as cal
     from orchestrate.calibrate.report import scatter
     from orchestrate.calibrate.run import calibrate as run_calibrate
     from orchestrate.calibrate.run import write_json
     from orchestrate.plan import pipeline
+    from orchestrate.plan.planner import PlanOptionError, PlanOptions
 
-    for out in (plot, json_out):
+    if curves is not None and not transfer:
+        raise InputError("--curves draws the --transfer study: give --transfer too")
+    for out in (plot, json_out, train, curves, pca):
         if out is not None:
             pipeline.check_output_path(out)
+    for flag, out in (("--plot", plot), ("--curves", curves), ("--pca", pca)):
+        if out is not None:
+            _needs_matplotlib(flag)
+    try:
+        model_file = PlanOptions(cost=cost).cost_file
+    except PlanOptionError as e:
+        raise InputError(f"--cost {e.value}: {e.problem}") from None
+    if model_file is not None or train or transfer:
+        from orchestrate.cost import learned
+
+        learned.lightgbm()  # before the long part: say now if it is missing
+        model = None if model_file is None else learned.load(model_file)
     stage = StageProgress()
     found, skipped = run_calibrate(
         list(data), gpus, runtimes, kinds, progress=lambda i, n: stage("calibrate", i, n)
     )
+    analytic = found
+    if model_file is not None:
+        from orchestrate.calibrate.learn import apply
+
+        found = apply(model, found)
+        echo(f"predictions corrected by {model.name}")
     echo(cal.text(found, skipped), nl=False)
     if json_out is not None:
         write_json(found, skipped, json_out)
         echo(f"wrote {json_out}")
     if plot is not None:
-        try:
-            scatter(found, plot, "orchestrate calibrate: predicted (cost model) vs measured")
-        except ImportError:
-            raise InputError("--plot needs matplotlib (pip install matplotlib)") from None
+        scatter(found, plot, "orchestrate calibrate: predicted (cost model) vs measured")
         echo(f"wrote {plot} (predicted against published measurements)")
+    if train is not None:
+        from orchestrate.calibrate import learn
+
+        chosen = [p.measurement for p in analytic] + [s.measurement for s in skipped]
+        trained = learn.train(analytic, learn.data_hash(chosen))
+        pipeline.write_atomic(train, trained.to_json().encode())
+        echo(
+            f"wrote {train}: learned model over {len(learn.samples(analytic))} rows on "
+            f"{', '.join(trained.trained_on)} (data sha256:{trained.data[:16]})"
+        )
+    if transfer:
+        from orchestrate.calibrate import learn, transfer_report
+
+        points = learn.transfer(analytic, progress=lambda i, n: stage("transfer", i, n))
+        echo("")
+        echo(transfer_report.text(points), nl=False)
+        if curves is not None:
+            transfer_report.curves(points, curves)
+            echo(f"wrote {curves}")
+    if pca is not None:
+        from orchestrate.calibrate import learn, transfer_report
+
+        p = transfer_report.pca(learn.samples(analytic))
+        echo("")
+        echo(transfer_report.pca_text(p), nl=False)
+        transfer_report.pca_plot(p, pca)
+        echo(f"wrote {pca}")
+
+
+def _needs_matplotlib(flag: str) -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise InputError(f"{flag} needs matplotlib (pip install matplotlib)") from None
 
 
 def _tolerances(rtol, atol):

@@ -26,17 +26,18 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import onnx
 
-from orchestrate.cost import measurements
+from orchestrate.cost import learned, measurements
 from orchestrate.cost.figures import COMPILE_KERNEL_HOST_US, EAGER_OP_HOST_US
+from orchestrate.cost.learned import Terms
 from orchestrate.cost.measurements import Measurement
-from orchestrate.cost.roofline import Prices
 from orchestrate.errors import OrchestrateError
 from orchestrate.ilp.baselines import unfused
 from orchestrate.ir import Graph
+from orchestrate.kernels.spec import VIEW
 from orchestrate.plan import pipeline
 from orchestrate.plan.planner import PlanOptions
 from orchestrate.text import shown
@@ -45,22 +46,12 @@ CONVS = {"Conv", "ConvTranspose"}
 
 
 @dataclass(frozen=True)
-class Kernel:
-    """One planned kernel as priced: what the learned model reads."""
-
-    template: str
-    bytes: int
-    flops: int
-    predicted_us: float
-    bound: str
-
-
-@dataclass(frozen=True)
 class Prediction:
     measurement: Measurement
     predicted_us: float  # as the runtime would run it (see the module doc)
     model_us: float  # the plan's own time (CUDA-graph replay)
-    kernels: tuple[Kernel, ...]  # of the plan standing for the runtime
+    kernels: tuple[Terms, ...]  # of the plan standing for the runtime, as priced
+    host_us: float  # what the host takes per kernel (see the module doc)
 
 
 @dataclass(frozen=True)
@@ -82,13 +73,23 @@ def runtime_class(runtime: str) -> str:
 
 def host_us(runtime: str) -> float:
     """The host time per kernel a runtime waits on (0: replayed from a CUDA graph)."""
+    return {"eager": EAGER_OP_HOST_US, "compile": COMPILE_KERNEL_HOST_US}.get(
+        launcher(runtime), 0.0
+    )
+
+
+def launcher(runtime: str) -> str:
+    """Who launches the kernels (the learned model's ``RUNTIMES``): ``eager``
+    (the host, op by op), ``compile`` (the host, kernel by kernel) or ``graph``
+    (a CUDA graph replay: torch.compile's reduce-overhead and max-autotune
+    modes, and anything timed alone)."""
     if runtime == "eager":
-        return EAGER_OP_HOST_US
+        return "eager"
     if runtime_class(runtime) != "compile":
-        return 0.0
+        return "graph"
     mode = runtime.partition(":")[2]
     graphs = "reduce-overhead" in mode or mode in ("max-autotune", "cudagraphs")
-    return 0.0 if graphs else COMPILE_KERNEL_HOST_US
+    return "graph" if graphs else "compile"
 
 
 def options_for(m: Measurement) -> PlanOptions:
@@ -119,38 +120,39 @@ class Graphs:
         return self.made[key]
 
 
-def predict(m: Measurement, graphs: Graphs | None = None) -> Prediction | Skipped:
-    """The model's time for row ``m`` (see the module doc), or why there is none."""
+def predict(
+    m: Measurement, graphs: Graphs | None = None, cost: str = "analytic"
+) -> Prediction | Skipped:
+    """The model's time for row ``m`` (see the module doc), or why there is
+    none; ``cost`` as ``PlanOptions.cost`` (``analytic`` by default)."""
     graphs = graphs or Graphs()
-    options = options_for(m)
+    options = replace(options_for(m), cost=cost)
     try:
         graph = graphs(m)
+        target = options.target()
+        prices = options.prices(graph, target.device)
         if runtime_class(m.runtime) == "eager":  # one kernel per op, library GEMMs
-            target = options.target()
-            priced = unfused(graph, target, Prices(graph, target.device))
-            kernels = tuple(
-                Kernel(p.kernel.template, p.bytes, p.flops, p.time_us, "")
-                for p in priced
-                if p.kernel.template != "view"
-            )
-            host = EAGER_OP_HOST_US
+            chosen = [(p.kernel, p.time_us) for p in unfused(graph, target, prices)]
         else:
-            plan = pipeline.plan_graph(graph, options).plan
-            kernels = tuple(
-                Kernel(k.template, k.bytes, k.flops, k.predicted_us, k.bound)
-                for k in plan.kernels
-                if not k.is_view
-            )
-            host = host_us(m.runtime)
+            planned = pipeline.plan_graph(graph, options)
+            chosen = [(s, k.predicted_us) for s, k in zip(planned.specs, planned.plan.kernels)]
+        kernels = tuple(
+            learned.terms(graph, spec, prices.cost(spec), us)
+            for spec, us in chosen
+            if spec.template != VIEW
+        )
     except OrchestrateError as e:
         return Skipped(m, shown(str(e)))
-    model_us = sum(k.predicted_us for k in kernels)
+    host = host_us(m.runtime)
+    model_us = sum(k.time_us for k in kernels)
     # each kernel waits for its launch from the host where that is longer
-    predicted = sum(max(k.predicted_us, host) for k in kernels)
-    return Prediction(m, predicted, model_us, kernels)
+    predicted = sum(max(k.time_us, host) for k in kernels)
+    return Prediction(m, predicted, model_us, kernels, host)
 
 
-def predict_all(rows: Iterable[Measurement], progress=None) -> list[Prediction | Skipped]:
+def predict_all(
+    rows: Iterable[Measurement], progress=None, cost: str = "analytic"
+) -> list[Prediction | Skipped]:
     """Every row's prediction, each program made once (``progress(i, n)``)."""
     rows = list(rows)
     graphs = Graphs()
@@ -158,5 +160,5 @@ def predict_all(rows: Iterable[Measurement], progress=None) -> list[Prediction |
     for i, m in enumerate(rows):
         if progress is not None:
             progress(i + 1, len(rows))
-        out.append(predict(m, graphs))
+        out.append(predict(m, graphs, cost))
     return out

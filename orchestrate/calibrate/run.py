@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 from orchestrate.calibrate.predict import Prediction, Skipped, predict_all, runtime_class
@@ -67,15 +68,7 @@ def to_json(found: Sequence[Prediction], skipped: Sequence[Skipped]) -> dict:
                 "measured_us": p.measurement.time_us,
                 "predicted_us": p.predicted_us,
                 "model_us": p.model_us,
-                "kernels": [
-                    {
-                        "template": k.template,
-                        "bytes": k.bytes,
-                        "flops": k.flops,
-                        "predicted_us": k.predicted_us,
-                    }
-                    for k in p.kernels
-                ],
+                "kernels": [asdict(k) for k in p.kernels],
             }
             for p in found
         ],

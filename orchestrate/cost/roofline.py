@@ -66,6 +66,10 @@ price of optional outputs it also writes); one not timed costs the model's
 time x a scale learnt from the measured ones (per template, the geometric
 mean of measured / predicted; stated in full there).
 
+**learned** (``--cost learned``, ``cost/learned.py``): a kernel not timed
+costs the model's time x ``exp`` of what gradient-boosted trees, trained on
+published measurements, predict of ``log(measured / model)`` for it.
+
 Everything is read from the kernel spec: the template's roles (anchor,
 prologue, epilogue, row space and phases, attention roles) and its launch
 configuration.  Each template (``orchestrate/templates/``) says how many
@@ -79,7 +83,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from orchestrate.cost.devices import Device
@@ -130,16 +134,27 @@ class Price:
 class Prices:
     """The cost of each distinct spec on one device, computed once per
     structural hash (a transformer's layers share theirs); under ``--tune``
-    measured, or scaled by what the measurements taught (``measured``)."""
+    measured, or scaled by what the measurements taught (``measured``);
+    otherwise scaled by ``correct(spec, cost)`` when given (the learned model,
+    ``cost/learned.py``)."""
 
-    def __init__(self, graph: Graph, device: Device, measured: Measured | None = None):
+    def __init__(
+        self,
+        graph: Graph,
+        device: Device,
+        measured: Measured | None = None,
+        correct: Callable[[KernelSpec, Cost], float] | None = None,
+    ):
         self.graph, self.device, self.measured = graph, device, measured
+        self.correct = correct
         self._cache: dict[str, Cost] = {}
 
     def cost(self, spec: KernelSpec) -> Cost:
         if spec.hash not in self._cache:
             c = cost(self.graph, spec, self.device)
             m = self.measured
+            if m is None and self.correct is not None and spec.template != VIEW:
+                c = replace(c, scale=self.correct(spec, c))
             if m is not None and spec.template != VIEW:
                 us = m.times.get(spec.hash)
                 c = (

@@ -163,6 +163,7 @@ class Options:
     dtype: str | None  # --dtype: fp32, fp16 or bf16; None: the model's own precision
     gemm_backends: tuple[str, ...]  # --gemm-backends: triton, library or both
     rewrites: bool  # pattern rules on (--no-rewrites: off)
+    cost: str = "analytic"  # --cost: analytic, or the learned model and its data's hash
 
 
 @dataclass(frozen=True)

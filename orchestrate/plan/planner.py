@@ -17,11 +17,14 @@ import numbers
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 
 import numpy as np
 
 from orchestrate import ir
-from orchestrate.cost.devices import DEVICES, get_device
+from orchestrate.cost import learned
+from orchestrate.cost.devices import DEVICES, Device, get_device
+from orchestrate.cost.measured import Measured
 from orchestrate.cost.roofline import Prices, Ranker
 from orchestrate.errors import InputError
 from orchestrate.ilp import alternatives, budget, program
@@ -89,6 +92,9 @@ class PlanOptions:
     # library calls (cuBLAS, cuDNN, SDPA through torch), or both competing
     gemm_backends: tuple[str, ...] = GEMM_BACKENDS
     rewrites: bool = True  # pattern rules propose their sets (--no-rewrites: none)
+    # how kernels are priced: "analytic" (cost/roofline.py), "learned" (the
+    # packaged learned correction, cost/learned.py) or a learned model's file
+    cost: str = "analytic"
 
     def __post_init__(self):
         d = self.device
@@ -128,6 +134,14 @@ class PlanOptions:
                 "gemm_backends", g, f"expected one or both of {', '.join(GEMM_BACKENDS)}, each once"
             )
         object.__setattr__(self, "gemm_backends", tuple(b for b in GEMM_BACKENDS if b in names))
+        if not isinstance(self.cost, str):
+            raise PlanOptionError("cost", self.cost, "expected analytic, learned or a model file")
+        if self.cost != "analytic":
+            try:
+                learned.header(self.cost_file)
+            except InputError as e:  # (the message names the file; the flag names it too)
+                problem = str(e).removeprefix(f"{self.cost_file}: ")
+                raise PlanOptionError("cost", self.cost, problem) from None
         if not isinstance(self.limits, Limits):
             raise PlanOptionError(
                 "limits", self.limits, "expected an orchestrate.plan.candidates.Limits"
@@ -154,6 +168,25 @@ class PlanOptions:
             rewrites=self.rewrites,
         )
 
+    @property
+    def cost_file(self) -> Path | None:
+        """The learned model's file (None: the analytic model)."""
+        if self.cost == "analytic":
+            return None
+        return learned.PACKAGED if self.cost == "learned" else Path(self.cost)
+
+    def prices(self, graph: ir.Graph, device: Device, measured: Measured | None = None) -> Prices:
+        """The kernels' prices as ``cost`` says (measured ones first)."""
+        path = self.cost_file
+        correct = None if path is None else learned.load(path).corrector(graph, device)
+        return Prices(graph, device, measured, correct)
+
+    def _cost_name(self) -> str:
+        path = self.cost_file
+        if path is None:
+            return "analytic"
+        return f"learned {path.name} data sha256:{learned.header(path)['data'][:16]}"
+
     def record(self) -> Options:
         return Options(
             self.memory_budget,
@@ -164,6 +197,7 @@ class PlanOptions:
             self.dtype,
             self.gemm_backends,
             self.rewrites,
+            self._cost_name(),
         )
 
 
@@ -204,7 +238,7 @@ def plan(
     if tune is not None:  # time the candidates' best configurations (cache first)
         every = (k for f in found.values() for k in f.kernels)
         tuned = tuner.tune(graph, every, target, tune, report, options.reproducible)
-    prices = Prices(graph, target.device, tuned.measured if tuned is not None else None)
+    prices = options.prices(graph, target.device, tuned.measured if tuned is not None else None)
     problems: dict[int, Problem] = {
         rep.index: problem(graph, rep, found[rep.index], prices) for rep in groups
     }
@@ -299,7 +333,7 @@ def plan_sets(
     is read outside it (``writes_all``) or only its sinks.  For tests and for
     plans made by hand; InputError names a set that is no kernel."""
     target = options.target()
-    prices = Prices(graph, target.device)
+    prices = options.prices(graph, target.device)
     chosen = []
     for i, names in enumerate(sets):
         k = match(graph, names, target)

@@ -126,6 +126,7 @@ def test_rules_lists_the_table():
     names = [line.split()[0] for line in r.output.splitlines() if " library " not in line]
     assert names == [
         "view",
+        "scan",
         "pointwise",
         "row_reduce",
         "matmul",

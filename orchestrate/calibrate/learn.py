@@ -1,0 +1,252 @@
+"""Training the learned cost model, and how well it transfers to a GPU it has not seen.
+
+A sample is one predicted measurement row: the features of its program's
+kernels on its GPU under its runtime (``cost/learned.py``) and the target
+``log(measured / predicted)``, the analytic model's miss.  The model is
+LightGBM regression under an L1 loss (the mean absolute log ratio is the
+error factor calibrate reports), on small trees, deterministic.
+
+**Transfer** (after the cost-model transfer work: train where measurements
+are plentiful, adapt with a few from the new GPU).  For each GPU held out:
+
+1. a base model is trained on every other GPU's rows;
+2. k of the held-out GPU's rows (k = 0, 5, 10, 20, 50), drawn at random,
+   adapt it (``adapt``): the base model's median miss on those k rows is
+   added to every prediction, and from 10 rows on, ``ADAPT_ROUNDS`` rounds
+   of small trees are fitted to what is left, so what the GPU does
+   differently is learnt from its own rows while the base trees keep what
+   the GPUs share;
+3. the adapted model predicts the held-out GPU's other rows; the table gives
+   the error factor and Spearman of the corrected predictions, averaged over
+   ``DRAWS`` draws of the k rows, beside the analytic model's on the same rows.
+
+The rows of one program at several sizes or runtimes are not independent;
+the held-out GPU's rows are never in its base model, which is what the
+figures claim: a model trained on other GPUs, adapted with k measurements.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from orchestrate.calibrate.predict import Prediction, launcher
+from orchestrate.calibrate.stats import fit
+from orchestrate.cost import learned
+from orchestrate.cost.devices import get_device
+from orchestrate.cost.learned import CATEGORICAL, FEATURES, LearnedModel
+from orchestrate.cost.measurements import Measurement
+from orchestrate.errors import InputError
+
+KS = (0, 5, 10, 20, 50)
+DRAWS = 5
+ADAPT_ROUNDS = 30
+PARAMS = {
+    "objective": "l1",
+    "learning_rate": 0.05,
+    "num_leaves": 15,
+    "min_data_in_leaf": 10,
+    "min_data_per_group": 5,  # rows of one template (LightGBM's default is 100)
+    "cat_smooth": 1.0,
+    "feature_fraction": 0.9,
+    "lambda_l2": 1.0,
+    "verbose": -1,
+    "deterministic": True,
+    "force_row_wise": True,
+    "num_threads": 1,
+    "seed": 0,
+}
+ROUNDS = 300
+ADAPT = {**PARAMS, "learning_rate": 0.1, "num_leaves": 4, "min_data_in_leaf": 2}
+
+
+@dataclass(frozen=True)
+class Sample:
+    prediction: Prediction
+    x: tuple[float, ...]
+    y: float  # log(measured / predicted)
+
+    @property
+    def gpu(self) -> str:
+        return self.prediction.measurement.gpu
+
+
+def sample(p: Prediction) -> Sample:
+    m = p.measurement
+    x = learned.features(p.kernels, get_device(m.gpu), launcher(m.runtime), p.host_us)
+    return Sample(p, tuple(x), math.log(m.time_us / p.predicted_us))
+
+
+def samples(found: Sequence[Prediction]) -> list[Sample]:
+    """The predictions that have kernels, as samples."""
+    return [sample(p) for p in found if p.kernels and p.predicted_us > 0]
+
+
+def data_hash(rows: Sequence[Measurement]) -> str:
+    """The sha256 of the measurement rows a model is trained from (their ids
+    and times, in any order; the rows calibrate skipped count too)."""
+    return learned.rows_hash([json.dumps([m.id, m.time_us], separators=(",", ":")) for m in rows])
+
+
+def _dataset(lgb, rows: Sequence[Sample]):
+    return lgb.Dataset(
+        np.array([s.x for s in rows], dtype=np.float64),
+        label=np.array([s.y for s in rows], dtype=np.float64),
+        feature_name=list(FEATURES),
+        categorical_feature=list(CATEGORICAL),
+        free_raw_data=False,
+        params={"verbose": -1},
+    )
+
+
+def fit_booster(rows: Sequence[Sample], seed: int = 0, rounds: int = ROUNDS):
+    """LightGBM trained on ``rows`` (the module doc's parameters)."""
+    lgb = learned.lightgbm()
+    params = {**PARAMS, "seed": seed, "min_data_in_leaf": min(10, max(1, len(rows) // 4))}
+    return lgb.train(params, _dataset(lgb, rows), num_boost_round=rounds)
+
+
+@dataclass(frozen=True)
+class Adapted:
+    """A base model adapted to a new GPU: its median miss there (the L1
+    optimum of a constant), then trees fitted to what is left."""
+
+    base: object  # lightgbm.Booster
+    offset: float
+    trees: object | None  # lightgbm.Booster over the base's features, or None
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        out = self.base.predict(x) + self.offset
+        return out if self.trees is None else out + self.trees.predict(x)
+
+
+def adapt(booster, rows: Sequence[Sample], seed: int = 0) -> Adapted:
+    """``booster`` adapted with ``rows`` (k of a new GPU): the median of its
+    residuals on them, then ``ADAPT_ROUNDS`` rounds of small trees on the rest
+    (none where nothing is left to split)."""
+    if not rows:
+        return Adapted(booster, 0.0, None)
+    x = np.array([s.x for s in rows], dtype=np.float64)
+    residual = np.array([s.y for s in rows]) - booster.predict(x)
+    offset = float(np.median(residual))
+    if len(rows) < 10:
+        return Adapted(booster, offset, None)
+    lgb = learned.lightgbm()
+    params = {**ADAPT, "seed": seed, "min_data_in_leaf": max(2, len(rows) // 5)}
+    data = lgb.Dataset(
+        x,
+        label=residual - offset,
+        feature_name=list(FEATURES),
+        categorical_feature=list(CATEGORICAL),
+        params={"verbose": -1, "min_data_in_bin": 1},
+    )
+    trees = lgb.train(params, data, num_boost_round=ADAPT_ROUNDS)
+    return Adapted(booster, offset, trees if trees.num_trees() else None)
+
+
+def train(found: Sequence[Prediction], data: str, seed: int = 0) -> LearnedModel:
+    """The learned model over every prediction given; ``data``: the hash of
+    the rows they came from (``data_hash``)."""
+    rows = samples(found)
+    if len(rows) < 2:
+        raise InputError("training the learned model needs at least two predicted rows")
+    gpus = tuple(sorted({s.gpu for s in rows}))
+    return LearnedModel(fit_booster(rows, seed), data, gpus, "")
+
+
+def apply(model: LearnedModel, found: Sequence[Prediction]) -> list[Prediction]:
+    """The predictions corrected by ``model`` (their programs' features); one
+    without kernels is left as it is."""
+    fixable = [i for i, p in enumerate(found) if p.kernels and p.predicted_us > 0]
+    fixes = dict(zip(fixable, model.corrections([sample(found[i]).x for i in fixable])))
+    return [
+        replace(p, predicted_us=p.predicted_us * math.exp(fixes[i])) if i in fixes else p
+        for i, p in enumerate(found)
+    ]
+
+
+def corrected(booster, rows: Sequence[Sample]) -> list[tuple[float, float]]:
+    """(corrected prediction, measured) for each row."""
+    if not rows:
+        return []
+    fixes = booster.predict(np.array([s.x for s in rows], dtype=np.float64))
+    return [
+        (s.prediction.predicted_us * math.exp(float(c)), s.prediction.measurement.time_us)
+        for s, c in zip(rows, fixes)
+    ]
+
+
+@dataclass(frozen=True)
+class Point:
+    """One held-out GPU at one k: the analytic and the learned fit, averaged
+    over the draws (n: rows evaluated per draw)."""
+
+    gpu: str
+    k: int
+    n: int
+    analytic_error: float
+    analytic_spearman: float | None
+    error: float
+    spearman: float | None
+
+
+def _geo(xs: Sequence[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def _mean(xs: Sequence[float | None]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def transfer(
+    found: Sequence[Prediction], ks: Sequence[int] = KS, draws: int = DRAWS, progress=None
+) -> list[Point]:
+    """The leave-one-GPU-out study of the module doc, one Point per (GPU, k)
+    for each k below the GPU's row count."""
+    rows = samples(found)
+    gpus = sorted({s.gpu for s in rows})
+    points = []
+    for i, gpu in enumerate(gpus):
+        if progress is not None:
+            progress(i + 1, len(gpus))
+        mine = [s for s in rows if s.gpu == gpu]
+        rest = [s for s in rows if s.gpu != gpu]
+        if len(rest) < 2 or len(mine) < 3:
+            continue
+        base = fit_booster(rest)
+        for k in ks:
+            if k >= len(mine) - 2:
+                continue
+            analytic, learnt = [], []
+            for d in range(draws if k else 1):
+                picked = set(random.Random(1000 * d + k).sample(range(len(mine)), k))
+                shots = [s for j, s in enumerate(mine) if j in picked]
+                held = [s for j, s in enumerate(mine) if j not in picked]
+                model = adapt(base, shots, seed=d)
+                analytic.append(
+                    fit(
+                        [
+                            (s.prediction.predicted_us, s.prediction.measurement.time_us)
+                            for s in held
+                        ]
+                    )
+                )
+                learnt.append(fit(corrected(model, held)))
+            points.append(
+                Point(
+                    gpu,
+                    k,
+                    analytic[0].n,
+                    _geo([f.error for f in analytic]),
+                    _mean([f.spearman for f in analytic]),
+                    _geo([f.error for f in learnt]),
+                    _mean([f.spearman for f in learnt]),
+                )
+            )
+    return points
