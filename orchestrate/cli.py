@@ -820,6 +820,12 @@ def rules() -> None:
     help="Write every row's prediction and its plan's kernels as JSON.",
 )
 @click.option(
+    "--jobs",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Processes planning the rows' programs (default: the CPUs, at most 8).",
+)
+@click.option(
     "--cost",
     default="analytic",
     show_default=True,
@@ -860,6 +866,7 @@ def calibrate(
     kinds,
     plot: Path | None,
     json_out: Path | None,
+    jobs: int | None,
     cost: str,
     train: Path | None,
     transfer: bool,
@@ -905,7 +912,12 @@ def calibrate(
         model = None if model_file is None else learned.load(model_file)
     stage = StageProgress()
     found, skipped = run_calibrate(
-        list(data), gpus, runtimes, kinds, progress=lambda i, n: stage("calibrate", i, n)
+        list(data),
+        gpus,
+        runtimes,
+        kinds,
+        progress=lambda i, n: stage("calibrate", i, n),
+        jobs=jobs or min(8, os.cpu_count() or 1),
     )
     analytic = found
     if model_file is not None:

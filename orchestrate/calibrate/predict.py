@@ -106,6 +106,11 @@ def options_for(m: Measurement) -> PlanOptions:
     return PlanOptions(device=m.gpu, time_limit=30.0, reproducible=True)
 
 
+def program_key(m: Measurement) -> str:
+    """The same program at the same sizes (its rows on every GPU and runtime)."""
+    return hashlib.sha1(json.dumps(m.graph, sort_keys=True).encode()).hexdigest()
+
+
 class Graphs:
     """Each program's primitive graph, made once for all its rows."""
 
@@ -113,19 +118,16 @@ class Graphs:
         self.made: dict[str, Graph] = {}
 
     def __call__(self, m: Measurement) -> Graph:
-        key = hashlib.sha1(json.dumps(m.graph, sort_keys=True).encode()).hexdigest()
+        key = program_key(m)
         if key not in self.made:
             model: onnx.ModelProto = measurements.model(m)
             self.made[key] = pipeline.fission_model(model, None, m.program)
         return self.made[key]
 
 
-def predict(
-    m: Measurement, graphs: Graphs | None = None, cost: str = "analytic"
-) -> Prediction | Skipped:
-    """The model's time for row ``m`` (see the module doc), or why there is
-    none; ``cost`` as ``PlanOptions.cost`` (``analytic`` by default)."""
-    graphs = graphs or Graphs()
+def priced(m: Measurement, graphs: Graphs, cost: str) -> tuple[Terms, ...] | str:
+    """The kernels standing for row ``m``'s runtime on its GPU, as priced
+    (see the module doc), or why there are none (one line)."""
     options = replace(options_for(m), cost=cost)
     try:
         graph = graphs(m)
@@ -136,13 +138,24 @@ def predict(
         else:
             planned = pipeline.plan_graph(graph, options)
             chosen = [(s, k.predicted_us) for s, k in zip(planned.specs, planned.plan.kernels)]
-        kernels = tuple(
+        return tuple(
             learned.terms(graph, spec, prices.cost(spec), us)
             for spec, us in chosen
             if spec.template != VIEW
         )
     except OrchestrateError as e:
-        return Skipped(m, shown(str(e)))
+        return shown(str(e))
+
+
+def _plan_key(m: Measurement) -> tuple[str, str, bool]:
+    """Rows whose kernels are the same: one program, one GPU, eager or not."""
+    return program_key(m), m.gpu, runtime_class(m.runtime) == "eager"
+
+
+def prediction(m: Measurement, kernels: tuple[Terms, ...] | str) -> Prediction | Skipped:
+    """Row ``m`` predicted from its kernels (``priced``)."""
+    if isinstance(kernels, str):
+        return Skipped(m, kernels)
     host = host_us(m.runtime)
     model_us = sum(k.time_us for k in kernels)
     # each kernel waits for its launch from the host where that is longer
@@ -150,15 +163,52 @@ def predict(
     return Prediction(m, predicted, model_us, kernels, host)
 
 
-def predict_all(
-    rows: Iterable[Measurement], progress=None, cost: str = "analytic"
-) -> list[Prediction | Skipped]:
-    """Every row's prediction, each program made once (``progress(i, n)``)."""
-    rows = list(rows)
+def predict(
+    m: Measurement, graphs: Graphs | None = None, cost: str = "analytic"
+) -> Prediction | Skipped:
+    """The model's time for row ``m`` (see the module doc), or why there is
+    none; ``cost`` as ``PlanOptions.cost`` (``analytic`` by default)."""
+    return prediction(m, priced(m, graphs or Graphs(), cost))
+
+
+def _price_all(work: tuple[list[Measurement], str]) -> list[tuple[Terms, ...] | str]:
+    rows, cost = work
     graphs = Graphs()
-    out = []
-    for i, m in enumerate(rows):
-        if progress is not None:
-            progress(i + 1, len(rows))
-        out.append(predict(m, graphs, cost))
-    return out
+    return [priced(m, graphs, cost) for m in rows]
+
+
+def predict_all(
+    rows: Iterable[Measurement], progress=None, cost: str = "analytic", jobs: int = 1
+) -> list[Prediction | Skipped]:
+    """Every row's prediction (``progress(done, total)`` over the distinct
+    plans); each program is made and each (program, GPU, eager or not)
+    planned once, in ``jobs`` processes."""
+    rows = list(rows)
+    first: dict[tuple, Measurement] = {}
+    for m in rows:
+        first.setdefault(_plan_key(m), m)
+    # a worker takes whole programs, so that each fission is made once
+    by_program: dict[str, list[Measurement]] = {}
+    for m in first.values():
+        by_program.setdefault(program_key(m), []).append(m)
+    batches = [(ms, cost) for ms in by_program.values()]
+    found: dict[tuple, tuple[Terms, ...] | str] = {}
+    done = 0
+    if jobs > 1 and len(batches) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(jobs, mp_context=context) as pool:
+            for (ms, _), out in zip(batches, pool.map(_price_all, batches, chunksize=4)):
+                found.update(zip(map(_plan_key, ms), out))
+                done += len(ms)
+                if progress is not None:
+                    progress(done, len(first))
+    else:
+        for batch in batches:
+            found.update(zip(map(_plan_key, batch[0]), _price_all(batch)))
+            done += len(batch[0])
+            if progress is not None:
+                progress(done, len(first))
+    return [prediction(m, found[_plan_key(m)]) for m in rows]

@@ -38,6 +38,7 @@ def calibrate(
     runtimes: Sequence[str] = (),
     kinds: Sequence[str] = (),
     progress=None,
+    jobs: int = 1,
 ) -> tuple[list[Prediction], list[Skipped]]:
     """The chosen rows of the measurement files or folders ``paths``
     (default: the project's ``data/measurements``), predicted."""
@@ -49,7 +50,7 @@ def calibrate(
     chosen = choose(rows, gpus, runtimes, kinds)
     if not chosen:
         raise InputError("no measurement row matches the --gpu, --runtime and --kind given")
-    done = predict_all(chosen, progress)
+    done = predict_all(chosen, progress, jobs=jobs)
     return (
         [p for p in done if isinstance(p, Prediction)],
         [s for s in done if isinstance(s, Skipped)],
