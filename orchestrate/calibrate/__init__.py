@@ -13,7 +13,8 @@ when matplotlib is installed (``report.py``).
 
 from __future__ import annotations
 
-from orchestrate.calibrate.predict import Prediction, Skipped, predict, predict_all, runtime_class
+from orchestrate.calibrate.harness import runtime_class
+from orchestrate.calibrate.predict import Prediction, Skipped, predict, predict_all
 from orchestrate.calibrate.report import Table, table, text
 
 __all__ = [

@@ -35,7 +35,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from orchestrate.calibrate.predict import Prediction, launcher
+from orchestrate.calibrate.harness import launcher
+from orchestrate.calibrate.predict import Prediction
 from orchestrate.calibrate.stats import fit
 from orchestrate.cost import learned
 from orchestrate.cost.devices import get_device
@@ -78,7 +79,10 @@ class Sample:
 
 def sample(p: Prediction) -> Sample:
     m = p.measurement
-    x = learned.features(p.kernels, get_device(m.gpu), launcher(m.runtime), p.host_us)
+    h = p.host
+    x = learned.features(
+        p.kernels, get_device(m.gpu), launcher(m.runtime), h.call_us, h.per_kernel_us
+    )
     return Sample(p, tuple(x), math.log(m.time_us / p.predicted_us))
 
 

@@ -8,30 +8,31 @@ priced like any plan; which plan stands for the runtime:
   baseline with library kernels only (``--gemm-backends library``): one
   kernel per ONNX op, cuBLAS for matmuls, cuDNN for convolutions in TF32 (as
   PyTorch lets cuDNN by default; matmuls stay IEEE fp32, its other default);
-* ``torch.compile:*`` (Inductor: fused Triton kernels, library GEMMs
+* ``torch.compile:cudagraphs`` (eager's kernels replayed from a CUDA graph,
+  nothing fused): eager's kernels, without the host's time;
+* ``torch.compile:*`` otherwise (Inductor: fused Triton kernels, library GEMMs
   unless autotuned otherwise): the plan itself, generated kernels and
   library calls competing;
 * anything else (``orchestrate``, a kernel timed alone): the plan.
 
-The model prices a plan replayed from a CUDA graph.  The measured runtimes
-launch from the host: eager pays ``EAGER_OP_HOST_US`` per op, Inductor
-without CUDA graphs ``COMPILE_KERNEL_HOST_US`` per kernel where the GPU
-would otherwise wait for it (``cost/figures.py``); the prediction takes, per
-kernel, the larger of the kernel's time and that host time.  Every figure
-here is a prediction, set against a published measurement.
+The model prices a plan replayed from a CUDA graph.  A measured time also
+holds the host's time around the call, which ``harness.py`` adds: once per
+call, and per kernel where the GPU would otherwise wait for the host.  Every
+figure here is a prediction, set against a published measurement.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import onnx
 
+from orchestrate.calibrate.harness import Host, host, runtime_class
 from orchestrate.cost import learned, measurements
-from orchestrate.cost.figures import COMPILE_KERNEL_HOST_US, EAGER_OP_HOST_US
 from orchestrate.cost.learned import Terms
 from orchestrate.cost.measurements import Measurement
 from orchestrate.errors import OrchestrateError
@@ -51,7 +52,7 @@ class Prediction:
     predicted_us: float  # as the runtime would run it (see the module doc)
     model_us: float  # the plan's own time (CUDA-graph replay)
     kernels: tuple[Terms, ...]  # of the plan standing for the runtime, as priced
-    host_us: float  # what the host takes per kernel (see the module doc)
+    host: Host  # the harness's host time around the call (calibrate/harness.py)
 
 
 @dataclass(frozen=True)
@@ -62,40 +63,15 @@ class Skipped:
     reason: str
 
 
-def runtime_class(runtime: str) -> str:
-    """``eager``, ``compile`` or ``other``."""
-    if runtime == "eager":
-        return "eager"
-    if runtime.startswith("torch.compile"):
-        return "compile"
-    return "other"
-
-
-def host_us(runtime: str) -> float:
-    """The host time per kernel a runtime waits on (0: replayed from a CUDA graph)."""
-    return {"eager": EAGER_OP_HOST_US, "compile": COMPILE_KERNEL_HOST_US}.get(
-        launcher(runtime), 0.0
-    )
-
-
-def launcher(runtime: str) -> str:
-    """Who launches the kernels (the learned model's ``RUNTIMES``): ``eager``
-    (the host, op by op), ``compile`` (the host, kernel by kernel) or ``graph``
-    (a CUDA graph replay: torch.compile's reduce-overhead and max-autotune
-    modes, and anything timed alone)."""
-    if runtime == "eager":
-        return "eager"
-    if runtime_class(runtime) != "compile":
-        return "graph"
-    mode = runtime.partition(":")[2]
-    graphs = "reduce-overhead" in mode or mode in ("max-autotune", "cudagraphs")
-    return "graph" if graphs else "compile"
+def op_by_op(runtime: str) -> bool:
+    """Whether the runtime runs the program one kernel per op (eager's kernels)."""
+    return runtime_class(runtime) in ("eager", "cudagraphs")
 
 
 def options_for(m: Measurement) -> PlanOptions:
     """The plan options standing for the row's runtime (see the module doc)."""
     ops = {n["op"] for n in m.graph["nodes"]}
-    if runtime_class(m.runtime) == "eager":
+    if op_by_op(m.runtime):
         return PlanOptions(
             device=m.gpu,
             gemm_backends=("library",),
@@ -125,15 +101,24 @@ class Graphs:
         return self.made[key]
 
 
+# The most weight elements a program is rebuilt with (random values, held
+# three times over while it is made): 2**27 fp32 elements are 512 MB.  A
+# 32768 x 32768 layer (4 GB) is skipped, with this reason.
+MAX_WEIGHT_ELEMENTS = 2**27
+
+
 def priced(m: Measurement, graphs: Graphs, cost: str) -> tuple[Terms, ...] | str:
     """The kernels standing for row ``m``'s runtime on its GPU, as priced
     (see the module doc), or why there are none (one line)."""
+    weights = sum(math.prod(t["shape"]) for t in m.graph["initializers"])
+    if weights > MAX_WEIGHT_ELEMENTS:
+        return f"weights of {weights:,} elements: more than calibrate rebuilds (2**27)"
     options = replace(options_for(m), cost=cost)
     try:
         graph = graphs(m)
         target = options.target()
         prices = options.prices(graph, target.device)
-        if runtime_class(m.runtime) == "eager":  # one kernel per op, library GEMMs
+        if op_by_op(m.runtime):  # one kernel per op, library GEMMs
             chosen = [(p.kernel, p.time_us) for p in unfused(graph, target, prices)]
         else:
             planned = pipeline.plan_graph(graph, options)
@@ -149,26 +134,27 @@ def priced(m: Measurement, graphs: Graphs, cost: str) -> tuple[Terms, ...] | str
 
 def _plan_key(m: Measurement) -> tuple[str, str, bool]:
     """Rows whose kernels are the same: one program, one GPU, eager or not."""
-    return program_key(m), m.gpu, runtime_class(m.runtime) == "eager"
+    return program_key(m), m.gpu, op_by_op(m.runtime)
 
 
-def prediction(m: Measurement, kernels: tuple[Terms, ...] | str) -> Prediction | Skipped:
-    """Row ``m`` predicted from its kernels (``priced``)."""
+def prediction(
+    m: Measurement, kernels: tuple[Terms, ...] | str, floors: dict | None = None
+) -> Prediction | Skipped:
+    """Row ``m`` predicted from its kernels (``priced``) and the host's time
+    around them (``harness.host``, from the timing files' ``floors``)."""
     if isinstance(kernels, str):
         return Skipped(m, kernels)
-    host = host_us(m.runtime)
+    h = host(m, floors)
     model_us = sum(k.time_us for k in kernels)
-    # each kernel waits for its launch from the host where that is longer
-    predicted = sum(max(k.time_us, host) for k in kernels)
-    return Prediction(m, predicted, model_us, kernels, host)
+    return Prediction(m, h.total(k.time_us for k in kernels), model_us, kernels, h)
 
 
 def predict(
-    m: Measurement, graphs: Graphs | None = None, cost: str = "analytic"
+    m: Measurement, graphs: Graphs | None = None, cost: str = "analytic", floors=None
 ) -> Prediction | Skipped:
     """The model's time for row ``m`` (see the module doc), or why there is
     none; ``cost`` as ``PlanOptions.cost`` (``analytic`` by default)."""
-    return prediction(m, priced(m, graphs or Graphs(), cost))
+    return prediction(m, priced(m, graphs or Graphs(), cost), floors)
 
 
 def _price_all(work: tuple[list[Measurement], str]) -> list[tuple[Terms, ...] | str]:
@@ -178,7 +164,11 @@ def _price_all(work: tuple[list[Measurement], str]) -> list[tuple[Terms, ...] | 
 
 
 def predict_all(
-    rows: Iterable[Measurement], progress=None, cost: str = "analytic", jobs: int = 1
+    rows: Iterable[Measurement],
+    progress=None,
+    cost: str = "analytic",
+    jobs: int = 1,
+    floors: dict | None = None,
 ) -> list[Prediction | Skipped]:
     """Every row's prediction (``progress(done, total)`` over the distinct
     plans); each program is made and each (program, GPU, eager or not)
@@ -211,4 +201,4 @@ def predict_all(
             done += len(batch[0])
             if progress is not None:
                 progress(done, len(first))
-    return [prediction(m, found[_plan_key(m)]) for m in rows]
+    return [prediction(m, found[_plan_key(m)], floors) for m in rows]

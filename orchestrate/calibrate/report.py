@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrate.calibrate.predict import Prediction, Skipped, runtime_class
+from orchestrate.calibrate.harness import runtime_class
+from orchestrate.calibrate.predict import Prediction, Skipped
 from orchestrate.calibrate.stats import Fit, fit
 from orchestrate.text import shown
 

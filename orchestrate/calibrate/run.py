@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from orchestrate.calibrate.predict import Prediction, Skipped, predict_all, runtime_class
+from orchestrate.calibrate import harness, sanity
+from orchestrate.calibrate.harness import runtime_class
+from orchestrate.calibrate.predict import Prediction, Skipped, predict_all
 from orchestrate.cost import measurements
 from orchestrate.cost.measurements import Measurement
 from orchestrate.errors import InputError
@@ -50,11 +52,9 @@ def calibrate(
     chosen = choose(rows, gpus, runtimes, kinds)
     if not chosen:
         raise InputError("no measurement row matches the --gpu, --runtime and --kind given")
-    done = predict_all(chosen, progress, jobs=jobs)
-    return (
-        [p for p in done if isinstance(p, Prediction)],
-        [s for s in done if isinstance(s, Skipped)],
-    )
+    done = predict_all(chosen, progress, jobs=jobs, floors=harness.floors(rows))
+    found, suspect = sanity.set_aside([p for p in done if isinstance(p, Prediction)])
+    return found, [s for s in done if isinstance(s, Skipped)] + suspect
 
 
 def to_json(found: Sequence[Prediction], skipped: Sequence[Skipped]) -> dict:

@@ -74,6 +74,7 @@ FEATURES = (
     "log_compute_us",
     "log_latency_us",
     "log_model_us",
+    "log_call_us",
     "log_host_us",
     "waves",
     "log_intensity",
@@ -129,9 +130,16 @@ def _log(x: float) -> float:
     return math.log(max(float(x), 1e-6))
 
 
-def features(kernels: Sequence[Terms], device: Device, runtime: str, host_us: float) -> list[float]:
+def features(
+    kernels: Sequence[Terms],
+    device: Device,
+    runtime: str,
+    call_us: float = 0.0,
+    per_kernel_us: float = 0.0,
+) -> list[float]:
     """The feature vector of a program of ``kernels`` on ``device``, launched
-    by ``runtime`` (one of ``RUNTIMES``) whose host takes ``host_us`` per kernel."""
+    by ``runtime`` (one of ``RUNTIMES``) whose host takes ``call_us`` once and
+    ``per_kernel_us`` for each kernel (none for a plan's CUDA-graph replay)."""
     main = max(kernels, key=lambda t: t.time_us)
     total = lambda f: sum(getattr(t, f) for t in kernels)
     nbytes, flops, dots = total("bytes"), total("flops"), total("dots")
@@ -150,7 +158,8 @@ def features(kernels: Sequence[Terms], device: Device, runtime: str, host_us: fl
         _log(total("compute_us")),
         _log(total("latency_us")),
         _log(total("time_us")),
-        _log(host_us * len(kernels)),
+        _log(call_us),
+        _log(per_kernel_us * len(kernels)),
         main.blocks / device.sms,
         _log((flops + 1) / (nbytes + 1)),
         _log(device.bandwidth_gbs),
@@ -181,7 +190,7 @@ class LearnedModel:
 
     def scale(self, kernel: Terms, device: Device) -> float:
         """The factor on one kernel's analytic time in a plan (a CUDA-graph replay)."""
-        return math.exp(self.corrections([features([kernel], device, "graph", 0.0)])[0])
+        return math.exp(self.corrections([features([kernel], device, "graph")])[0])
 
     def corrector(self, graph: Graph, device: Device):
         """``Prices``'s correction: (spec, analytic cost) -> factor."""

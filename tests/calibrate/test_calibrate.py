@@ -6,17 +6,20 @@ from __future__ import annotations
 import importlib
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from orchestrate import cli
-from orchestrate.calibrate.predict import Prediction, host_us, runtime_class
+from orchestrate.calibrate import harness
+from orchestrate.calibrate.harness import launcher, runtime_class
+from orchestrate.calibrate.predict import Prediction
 from orchestrate.calibrate.run import calibrate, choose
 from orchestrate.calibrate.stats import fit, ranks, spearman
 from orchestrate.cost import measurements
-from orchestrate.cost.figures import COMPILE_KERNEL_HOST_US, EAGER_OP_HOST_US
+from orchestrate.cost.figures import HARNESS_FLOOR_US, HARNESS_PER_KERNEL
 
 FIXTURE = Path(__file__).resolve().parents[1] / "cost" / "data" / "measurements.jsonl"
 
@@ -36,30 +39,55 @@ def test_statistics_by_hand():
     assert miss.within == 0.5 and math.isclose(miss.geomean, math.sqrt(10))
 
 
-def test_runtimes_and_their_host_time():
+def test_runtimes_and_who_launches_their_kernels():
     assert runtime_class("eager") == "eager" and runtime_class("torch.compile:default") == "compile"
+    assert runtime_class("torch.compile:cudagraphs") == "cudagraphs"
     assert runtime_class("orchestrate") == "other"
-    assert host_us("eager") == EAGER_OP_HOST_US
-    assert host_us("torch.compile:default") == COMPILE_KERNEL_HOST_US
-    assert host_us("torch.compile:max-autotune-no-cudagraphs") == COMPILE_KERNEL_HOST_US
+    assert launcher("eager") == "eager"
+    assert launcher("torch.compile:default") == "compile"
+    assert launcher("torch.compile:max-autotune-no-cudagraphs") == "compile"
     for graphed in ("torch.compile:reduce-overhead", "torch.compile:max-autotune", "orchestrate"):
-        assert host_us(graphed) == 0.0
+        assert launcher(graphed) == "graph"
+
+
+def test_the_harness_floor_is_read_from_each_timing_files_fastest_small_program():
+    """The h100 eager row's file has one small program (0.25 ms): its floor;
+    a row of a file with no small program takes the launcher's default, and a
+    row timed alone (runtime orchestrate) has no host time."""
+    rows = measurements.load(FIXTURE)
+    eager = next(m for m in rows if m.runtime == "eager" and m.gpu == "h100")
+    floors = harness.floors(rows)
+    assert floors[harness.timing_file(eager)] == pytest.approx(250.0)
+    h = harness.host(eager, floors)
+    assert (h.call_us, h.per_kernel_us) == (0.0, 250.0)  # eager: every op pays it
+    assert h.total([10.0, 300.0]) == 550.0
+    compiled = replace(
+        eager, runtime="torch.compile:default", source=replace(eager.source, timing="x")
+    )
+    h = harness.host(compiled, floors)
+    share = HARNESS_PER_KERNEL["compile"]
+    assert h.per_kernel_us == pytest.approx(HARNESS_FLOOR_US["compile"] * share)
+    assert h.call_us + h.per_kernel_us == pytest.approx(HARNESS_FLOOR_US["compile"])
+    assert harness.host(replace(eager, runtime="orchestrate"), floors).total([3.0]) == 3.0
 
 
 def test_each_runtime_is_priced_as_it_runs():
     """Eager: one library or generated kernel per ONNX op, each waiting at
-    least for its launch from the host; torch.compile: the plan, each kernel
-    at least a Triton launch (default mode)."""
+    least for its dispatch from the host; torch.compile: the plan, after the
+    call's host time."""
     found, skipped = calibrate([FIXTURE])
     assert not skipped and len(found) == 3
     by_runtime = {p.measurement.runtime: p for p in found}
     eager = by_runtime["eager"]
     assert {k.template for k in eager.kernels} <= {"library_matmul", "library_conv", "pointwise"}
-    assert eager.predicted_us == pytest.approx(
-        sum(max(k.time_us, EAGER_OP_HOST_US) for k in eager.kernels)
-    )
+    floor = eager.host.per_kernel_us
+    assert eager.predicted_us == pytest.approx(sum(max(k.time_us, floor) for k in eager.kernels))
     compiled = by_runtime["torch.compile:default"]
-    assert compiled.predicted_us >= COMPILE_KERNEL_HOST_US * len(compiled.kernels)
+    assert compiled.predicted_us == pytest.approx(
+        compiled.host.call_us
+        + sum(max(k.time_us, compiled.host.per_kernel_us) for k in compiled.kernels)
+    )
+    assert compiled.host.call_us > 0
     assert all(isinstance(p, Prediction) and p.predicted_us > 0 for p in found)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from orchestrate.calibrate import learn, transfer_report
+from orchestrate.calibrate import harness, learn, transfer_report
 from orchestrate.calibrate.predict import Prediction, predict
 from orchestrate.calibrate.stats import fit
 from orchestrate.cost import learned, measurements
@@ -58,7 +58,7 @@ def _row(rng: random.Random, gpu: str, i: int, slow: dict[str, float], gpu_facto
         runtime="eager",
         time_us=us * slow.get(template, 1.0) * gpu_factor,
     )
-    return Prediction(m, us, us, (k,), 0.0)
+    return Prediction(m, us, us, (k,), harness.NONE)
 
 
 def _rows(gpus: dict[str, float], n: int = 80, slow=None, seed: int = 0) -> list[Prediction]:

@@ -1,0 +1,118 @@
+"""What the timing harness adds to a measured program: the host's time.
+
+A published time is what a harness measured around one call of the program
+(KernelBench: CUDA events around ``model(*inputs)``, mean of 100 trials).
+While the host is still in Python, the dispatcher or torch.compile's guards
+and CUDA-graph bookkeeping, the GPU waits.  How long depends on who launches
+the kernels (``launcher``) and on the machine that ran the harness: the
+fastest program timed on an H100 at together.ai took 12.5 µs eager, 39.6 µs
+under torch.compile's default mode and 69.8 µs under reduce-overhead, and
+the same programs took 2-3 times as long on Modal's hosts, so no one figure
+fits every timing file.
+
+So each timing file's **floor** is read from the file itself: the measured
+time of its fastest *small* program (every tensor of it together under
+``SMALL_BYTES``, so its GPU time is a few microseconds on any GPU here and
+what was measured is almost all host).  A file without a small program (the
+post-2025-07-02 sizes, where everything takes milliseconds) takes the
+default floor of its launcher (``figures.HARNESS_FLOOR_US``: together.ai's
+H100 figures).  Of a floor, ``figures.HARNESS_PER_KERNEL`` recurs per
+kernel (a launch, a dispatch) and the rest is paid once per call:
+
+    predicted = floor x (1 - share) + sum over kernels of max(kernel, floor x share)
+
+Eager's share is 1 (each op pays the whole dispatch), torch.compile's 0.25
+(a Triton launch per kernel after the guards), a CUDA graph's 0.02 (a graph
+node per kernel after the replay's bookkeeping); the shares come from the
+same H100 files: programs of 1 to 8 kernels with no GPU time to speak of.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from orchestrate.cost.figures import HARNESS_FLOOR_US, HARNESS_PER_KERNEL, SMALL_BYTES
+from orchestrate.cost.measurements import Measurement
+
+
+def runtime_class(runtime: str) -> str:
+    """``eager``, ``cudagraphs`` (torch.compile's backend that replays eager's
+    kernels from a CUDA graph, fusing nothing), ``compile`` (Inductor) or ``other``."""
+    if runtime == "eager":
+        return "eager"
+    if runtime == "torch.compile:cudagraphs":
+        return "cudagraphs"
+    if runtime.startswith("torch.compile"):
+        return "compile"
+    return "other"
+
+
+def launcher(runtime: str) -> str:
+    """Who launches the kernels (the learned model's ``RUNTIMES``): ``eager``
+    (the host, op by op), ``compile`` (the host, kernel by kernel) or ``graph``
+    (a CUDA-graph replay: torch.compile's cudagraphs backend, its
+    reduce-overhead and max-autotune modes, and anything timed alone)."""
+    if runtime == "eager":
+        return "eager"
+    if runtime_class(runtime) != "compile":
+        return "graph"
+    mode = runtime.partition(":")[2]
+    return "graph" if "reduce-overhead" in mode or mode == "max-autotune" else "compile"
+
+
+@dataclass(frozen=True)
+class Host:
+    """The host's time around one call: once per call, and per kernel."""
+
+    call_us: float
+    per_kernel_us: float
+
+    def total(self, kernels: Iterable[float]) -> float:
+        """A call of kernels taking these GPU times, as the harness measures it."""
+        return self.call_us + sum(max(k, self.per_kernel_us) for k in kernels)
+
+
+NONE = Host(0.0, 0.0)
+
+
+def timing_file(m: Measurement) -> tuple[str, str, str]:
+    """The file a row's figure comes from (and the machine that made it)."""
+    return (m.source.repo, m.source.commit, m.source.timing)
+
+
+def nbytes(m: Measurement) -> int:
+    """Every tensor of the program (inputs, outputs, weights) together."""
+    g = m.graph
+    return sum(
+        math.prod(int(d) for d in t["shape"] if isinstance(d, int)) * _itemsize(t["dtype"])
+        for part in ("inputs", "outputs", "initializers")
+        for t in g[part]
+    )
+
+
+def _itemsize(dtype: str) -> int:
+    import numpy as np
+
+    return np.dtype(dtype).itemsize
+
+
+def floors(rows: Iterable[Measurement]) -> dict[tuple[str, str, str], float]:
+    """Each timing file's floor: its fastest small program's time (module doc)."""
+    out: dict[tuple[str, str, str], float] = {}
+    for m in rows:
+        if m.source.timing and nbytes(m) < SMALL_BYTES:
+            key = timing_file(m)
+            out[key] = min(out.get(key, math.inf), m.time_us)
+    return out
+
+
+def host(m: Measurement, floors_us: dict[tuple[str, str, str], float] | None = None) -> Host:
+    """The host's time around row ``m``'s call (the module doc)."""
+    who = launcher(m.runtime)
+    if m.runtime == "orchestrate" or runtime_class(m.runtime) == "other":
+        return NONE
+    floor = (floors_us or {}).get(timing_file(m), HARNESS_FLOOR_US[who])
+    share = HARNESS_PER_KERNEL[who]
+    return Host(floor * (1 - share), floor * share)
