@@ -171,12 +171,17 @@ def BatchNormalization(
     consumed_inputs: list[int] | None = None,
 ) -> Value:
     """Inference form: Y = x * a + c per channel (or per activation when
-    ``spatial=0`` before opset 9).  ``momentum`` and ``consumed_inputs`` only
-    concern training and are ignored."""
+    ``spatial=0`` before opset 9).  ``consumed_inputs`` is ignored.
+
+    Training form (``training_mode=1``, opset 14): Y normalised by the
+    batch's own statistics over every axis but the channels (the variance
+    the population one, as the ONNX reference computes it), and the running
+    statistics ``mean * momentum + batch_mean * (1 - momentum)`` (likewise
+    the variance) as the optional outputs."""
     op = "BatchNormalization"
     _float_input(op, x)
     if training_mode:
-        raise UnsupportedError(f"{op}: training_mode=1 is not supported", {f"{op}.training": 1})
+        return _batch_norm_training(b, x, scale, bias, mean, var, epsilon, momentum)
     if b.opset < 7 and not is_test:
         raise UnsupportedError(
             f"{op}: is_test=0 (training mode) is not supported", {f"{op}.training": 1}
@@ -197,6 +202,32 @@ def BatchNormalization(
         a, c = (_per_channel(b, p, x.rank, u) for p in (a, c))
     # x * a and c nearly cancel where |mean| is large: float16 runs in float32
     return b.cast(b.add(b.mul(b.cast(x, u), a), c), x.dtype)
+
+
+def _batch_norm_training(
+    b: Builder,
+    x: Value,
+    scale: Value,
+    bias: Value,
+    mean: Value,
+    var: Value,
+    epsilon: float,
+    momentum: float,
+) -> tuple[Value, Value, Value]:
+    op = "BatchNormalization"
+    _channels(op, x, scale, bias, mean, var)
+    u = max(_wide(x), scale.dtype, key=lambda d: np.dtype(d).itemsize)
+    axes = (0,) + tuple(range(2, x.rank))
+    mu, d, batch_var = _moments(b, b.cast(x, u), axes)
+    gain = b.mul(_rsqrt(b, batch_var, epsilon), _per_channel(b, scale, x.rank, u))
+    y = b.cast(b.add(b.mul(d, gain), _per_channel(b, bias, x.rank, u)), x.dtype)
+
+    def running(old: Value, batch: Value) -> Value:
+        now = b.reshape(batch, (x.shape[1],))
+        mixed = b.add(b.mul(b.cast(old, u), momentum), b.mul(now, 1.0 - momentum))
+        return b.cast(mixed, old.dtype)
+
+    return y, running(mean, mu), running(var, batch_var)
 
 
 def InstanceNormalization(

@@ -212,7 +212,41 @@ def test_batch_normalization_opset6_is_test():
     check_decomposition(model, {"x": x}, expected={"y0": want}, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("opset, attrs", [(15, {"training_mode": 1}), (6, {"is_test": 0}), (6, {})])
+@pytest.mark.parametrize("outputs", [1, 3])
+@pytest.mark.parametrize("shape", [(4, 3, 5, 6), (2, 3), (1, 2, 7)])
+def test_batch_normalization_training_uses_the_batch_statistics(outputs, shape):
+    """training_mode=1 (what torch exports for a module left in train mode):
+    Y by the batch's mean and population variance over every axis but the
+    channels; the running statistics mixed by momentum, against the formula
+    of the ONNX reference."""
+    rng = np.random.default_rng(len(shape) + outputs)
+    x = rand(rng, shape)
+    c = shape[1]
+    s, b, m = (rand(rng, (c,)) for _ in range(3))
+    v = rand(rng, (c,), lo=0.1)
+    axes = (0,) + tuple(range(2, x.ndim))
+    x64 = x.astype(np.float64)
+    mu, var = x64.mean(axis=axes), x64.var(axis=axes)
+    bc = (slice(None),) + (None,) * (x.ndim - 2)
+    want = {"y0": (x64 - mu[bc]) / np.sqrt(var[bc] + 1e-3) * s[bc] + b[bc]}
+    if outputs == 3:
+        want["y1"] = m * 0.8 + mu * 0.2
+        want["y2"] = v * 0.8 + var * 0.2
+    model = node_model(
+        "BatchNormalization",
+        {"x": x},
+        constants={"s": s, "b": b, "m": m, "v": v},
+        n_outputs=outputs,
+        opset=15,
+        training_mode=1,
+        momentum=0.8,
+        epsilon=1e-3,
+    )
+    want = {k: w.astype(np.float32) for k, w in want.items()}
+    check_decomposition(model, {"x": x}, expected=want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("opset, attrs", [(6, {"is_test": 0}), (6, {})])
 def test_batch_normalization_training_is_declined(opset, attrs):
     x, p = np.ones((2, 3, 4), np.float32), np.ones(3, np.float32)
     consts = {"s": p, "b": p, "m": p, "v": p}
