@@ -7,12 +7,16 @@ priced like any plan; which plan stands for the runtime:
 * ``eager`` (PyTorch running the program op by op): the plan's *unfused*
   baseline with library kernels only (``--gemm-backends library``): one
   kernel per ONNX op, cuBLAS for matmuls, cuDNN for convolutions in TF32 (as
-  PyTorch lets cuDNN by default; matmuls stay IEEE fp32, its other default);
+  PyTorch lets cuDNN by default; matmuls stay IEEE fp32, its other default;
+  the plan stays at TF32 for convolutions under torch.compile too);
 * ``torch.compile:cudagraphs`` (eager's kernels replayed from a CUDA graph,
-  nothing fused): eager's kernels, without the host's time;
-* ``torch.compile:*`` otherwise (Inductor: fused Triton kernels, library GEMMs
-  unless autotuned otherwise): the plan itself, generated kernels and
-  library calls competing;
+  nothing fused): eager's kernels, launched by a graph replay;
+* ``torch.compile`` in its default and ``reduce-overhead`` modes (Inductor:
+  fused Triton kernels around cuBLAS and cuDNN calls, which take no
+  epilogue): the plan with library GEMMs and convolutions only;
+* ``torch.compile:max-autotune*`` (Inductor also tries Triton GEMM and
+  convolution templates with fused epilogues): the plan itself, generated
+  kernels and library calls competing;
 * anything else (``orchestrate``, a kernel timed alone): the plan.
 
 The model prices a plan replayed from a CUDA graph.  A measured time also
@@ -68,18 +72,25 @@ def op_by_op(runtime: str) -> bool:
     return runtime_class(runtime) in ("eager", "cudagraphs")
 
 
+def generated_gemms(runtime: str) -> bool:
+    """Whether the runtime may run a GEMM or convolution as a generated kernel
+    (torch.compile's max-autotune modes) rather than a library call."""
+    return runtime_class(runtime) == "compile" and "max-autotune" in runtime
+
+
 def options_for(m: Measurement) -> PlanOptions:
-    """The plan options standing for the row's runtime (see the module doc)."""
+    """The plan options standing for the row's runtime (see the module doc):
+    TF32 where the program has a convolution, as PyTorch lets cuDNN by default
+    (eager and torch.compile alike: Inductor calls cuDNN for convolutions)."""
     ops = {n["op"] for n in m.graph["nodes"]}
-    if op_by_op(m.runtime):
-        return PlanOptions(
-            device=m.gpu,
-            gemm_backends=("library",),
-            tf32=bool(ops & CONVS),
-            time_limit=30.0,
-            reproducible=True,
-        )
-    return PlanOptions(device=m.gpu, time_limit=30.0, reproducible=True)
+    backends = ("triton", "library") if generated_gemms(m.runtime) else ("library",)
+    return PlanOptions(
+        device=m.gpu,
+        gemm_backends=backends,
+        tf32=bool(ops & CONVS),
+        time_limit=30.0,
+        reproducible=True,
+    )
 
 
 def program_key(m: Measurement) -> str:
@@ -132,9 +143,10 @@ def priced(m: Measurement, graphs: Graphs, cost: str) -> tuple[Terms, ...] | str
         return shown(str(e))
 
 
-def _plan_key(m: Measurement) -> tuple[str, str, bool]:
-    """Rows whose kernels are the same: one program, one GPU, eager or not."""
-    return program_key(m), m.gpu, op_by_op(m.runtime)
+def _plan_key(m: Measurement) -> tuple[str, str, bool, bool]:
+    """Rows whose kernels are the same: one program, one GPU, op by op or
+    not, generated GEMMs or not."""
+    return program_key(m), m.gpu, op_by_op(m.runtime), generated_gemms(m.runtime)
 
 
 def prediction(
@@ -171,8 +183,7 @@ def predict_all(
     floors: dict | None = None,
 ) -> list[Prediction | Skipped]:
     """Every row's prediction (``progress(done, total)`` over the distinct
-    plans); each program is made and each (program, GPU, eager or not)
-    planned once, in ``jobs`` processes."""
+    plans); each program is made once, and planned once per standing plan (``_plan_key``), in ``jobs`` processes."""
     rows = list(rows)
     first: dict[tuple, Measurement] = {}
     for m in rows:

@@ -51,12 +51,28 @@ FIXUP_LATENCIES = 2
 
 # -- arithmetic -----------------------------------------------------------------
 
-# Fraction of the dense tensor-core peak a tiled GEMM reaches.  Estimate:
-# cuBLAS and Triton's persistent matmul tutorial reach 65-80% of dense fp16
-# peak on H100 for large square problems; smaller tiles and Triton's
-# non-warp-specialised loops sit at the low end.
-TENSOR_CORE_EFFICIENCY = 0.7
-
+# Fraction of the dense tensor-core peak a tiled GEMM reaches.  Published:
+# cuBLAS and autotuned Triton matmuls at 8192^3 reach 0.62-0.64 of the H100's
+# dense fp16 peak (tritonbench's gemm figures; the measured-cost issue's
+# survey), less than the 0.7-0.8 of NVIDIA's marketing figures; 0.62 taken
+# for generated kernels.
+TENSOR_CORE_EFFICIENCY = 0.62
+# Fraction of the fp32 CUDA-core peak an IEEE fp32 GEMM reaches (cuBLAS's
+# SGEMM, a Triton dot without TF32).  Fitted: KernelBench's eager fp32
+# matmuls (single-matmul programs, 253 rows on 13 GPUs) reach 0.85 on sm_80,
+# 0.70 on sm_90, 0.65 on sm_100, but 0.45-0.50 on sm_86 and sm_89, whose
+# datasheet peak counts a second FP32 datapath per SM partition that a
+# GEMM's FMA stream cannot keep busy beside its loads.
+FP32_DOT_EFFICIENCY = 0.75
+# (the architectures with that second datapath: Ampere's GA10x and Ada)
+DUAL_FP32_ARCHS = (86, 89)
+# (their fitted share: 0.45-0.50 measured)
+DUAL_FP32_DOT_EFFICIENCY = 0.45
+# Fraction of the peak a generated flash-attention kernel reaches.  Published:
+# Triton's fused-attention tutorial and FlashAttention-2 forward reach
+# 0.29-0.48 of the H100's dense fp16 peak (FlashAttention-3 paper, Shah et
+# al., 2024, figures 5-6); 0.4 taken, the library's figure too.
+ATTENTION_EFFICIENCY = 0.4
 # Cost of a transcendental (exp, log, tanh, erf, sqrt, reciprocal, a
 # division) in fp32 operations: the special-function units deliver 16 results
 # per clock per SM against 128 fp32 FMAs (CUDA C Programming Guide,
@@ -76,14 +92,12 @@ LAUNCH_US = 1.0
 # -- library kernels (cuBLAS, cuDNN, SDPA through torch) ------------------------------
 # All predictions: no library call has been timed on a GPU by this project.
 
-# Fraction of the dense peak (tensor cores for fp16 / bf16, CUDA cores for
-# IEEE fp32) cuBLAS reaches on a GEMM large enough to fill the GPU.  Estimate:
-# NVIDIA's published cuBLAS figures for H100 SXM reach about 700-750 of the
-# 989 dense fp16 TFLOPS on large square GEMMs (0.7-0.76), and SGEMM about 90%
-# of the fp32 peak; 0.75 taken for both.  Skinny problems get less through
-# tile quantisation (LIBRARY_TILE) and the latency floor.
-LIBRARY_GEMM_EFFICIENCY = 0.75
-
+# Fraction of the dense tensor-core peak cuBLAS reaches on a GEMM large
+# enough to fill the GPU (fp16, bf16, TF32).  Published: 0.62-0.64 at 8192^3
+# on H100 (as TENSOR_CORE_EFFICIENCY); 0.64 taken.  IEEE fp32 runs SGEMM on
+# CUDA cores at FP32_DOT_EFFICIENCY.  Skinny problems get less through tile
+# quantisation (LIBRARY_TILE) and the latency floor.
+LIBRARY_GEMM_EFFICIENCY = 0.64
 # Output tile (rows = columns) assumed for cuBLAS's and cuDNN's kernels when
 # counting how many thread blocks a call launches (and so whole waves over the
 # SMs).  Assumption: CUTLASS / cuBLAS Hopper kernels for large problems use
@@ -100,18 +114,23 @@ LIBRARY_MAX_SPLIT_K = 16
 # (the least of K each part takes: same source)
 LIBRARY_MIN_K_PER_SPLIT = 256
 
-# Fraction of the dense tensor-core peak cuDNN's implicit-GEMM convolutions
-# reach.  Estimate: published ResNet-50 layer benchmarks on A100 / H100 put
-# cuDNN's large 3x3 and 1x1 convolutions at 50-70% of peak; 0.6 taken.
-LIBRARY_CONV_EFFICIENCY = 0.6
-
+# Fraction of the peak (TF32 for an fp32 convolution under --tf32, as
+# PyTorch lets cuDNN by default; fp16 tensor cores for half precision)
+# cuDNN's convolutions reach, by kind.  Fitted: KernelBench's eager
+# single-convolution programs on 13 GPUs, the efficiency that best fits each
+# kind: 1-D and 2-D (plain, dilated, strided, transposed) 0.21 over 332 rows;
+# 3-D 0.072 over 184 rows (cuDNN's 3-D kernels reach 15-30 TFLOP/s on an
+# H100); grouped and depthwise 0.018 over 86 rows (they run off the tensor
+# cores, bound by their loads).  One figure for all of them (0.6 before) put
+# 3-D convolutions at a quarter of their measured time.
+LIBRARY_CONV_EFFICIENCY = {"2d": 0.21, "3d": 0.072, "grouped": 0.018}
 # Fraction of the peak torch's scaled_dot_product_attention reaches.  Source:
 # the FlashAttention-3 paper (Shah et al., 2024) measures FlashAttention-2,
 # the kernel behind torch's SDPA on Hopper, at about 35% of the H100's fp16
 # peak in the forward pass (up to ~50% on long sequences); 0.4 taken.  fp32
 # runs the memory-efficient kernel on CUDA cores, at the same fraction of the
 # fp32 peak (an estimate).
-LIBRARY_ATTENTION_EFFICIENCY = 0.4
+LIBRARY_ATTENTION_EFFICIENCY = ATTENTION_EFFICIENCY
 
 # The least time one library kernel takes, beyond its launch, microseconds.
 # Estimate: the smallest cuBLAS GEMMs and cuDNN convolutions on Hopper and

@@ -15,7 +15,15 @@ import math
 import weakref
 
 from orchestrate.cost.devices import Device
-from orchestrate.cost.figures import ACHIEVABLE_BANDWIDTH, SFU_FLOPS, TENSOR_CORE_EFFICIENCY
+from orchestrate.cost.figures import (
+    ACHIEVABLE_BANDWIDTH,
+    ATTENTION_EFFICIENCY,
+    DUAL_FP32_ARCHS,
+    DUAL_FP32_DOT_EFFICIENCY,
+    FP32_DOT_EFFICIENCY,
+    SFU_FLOPS,
+    TENSOR_CORE_EFFICIENCY,
+)
 from orchestrate.ir import Graph, Node, Op
 from orchestrate.kernels.region import ROW_REDUCTIONS, ancestors_within
 from orchestrate.kernels.spec import Anchored, KernelSpec, Rows, split_k, split_k_scratch
@@ -168,12 +176,28 @@ HALF = ("float16", "bfloat16")
 def dot_tflops(dtype: str, precision: str, device: Device) -> float:
     """The rate a dot of ``dtype`` operands runs at: tensor cores for half
     precision and TF32, at the efficiency a tiled GEMM reaches; CUDA cores
-    for IEEE fp32, fp64 and integers."""
+    for IEEE fp32 (at ``fp32_dot_efficiency``), fp64 and integers."""
     if dtype in HALF:
         return device.fp16_tflops * TENSOR_CORE_EFFICIENCY
     if dtype == "float32" and precision == "tf32":
         return device.tf32_tflops * TENSOR_CORE_EFFICIENCY
+    if dtype == "float32":
+        return device.fp32_tflops * fp32_dot_efficiency(device)
     return device.fp32_tflops
+
+
+def fp32_dot_efficiency(device: Device) -> float:
+    """The share of the fp32 CUDA-core peak an IEEE fp32 GEMM reaches (figures.py)."""
+    if device.arch in DUAL_FP32_ARCHS:
+        return DUAL_FP32_DOT_EFFICIENCY
+    return FP32_DOT_EFFICIENCY
+
+
+def attention_tflops(dtype: str, device: Device) -> float:
+    """The rate of a flash-attention kernel's dots: tensor cores for half
+    precision, CUDA cores for fp32, at ``ATTENTION_EFFICIENCY`` of either."""
+    peak = device.fp16_tflops if dtype in HALF else device.fp32_tflops
+    return peak * ATTENTION_EFFICIENCY
 
 
 def elementwise_flops(graph: Graph, spec: KernelSpec) -> tuple[int, int]:

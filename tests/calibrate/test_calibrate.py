@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from orchestrate import cli
 from orchestrate.calibrate import harness
 from orchestrate.calibrate.harness import launcher, runtime_class
-from orchestrate.calibrate.predict import Prediction
+from orchestrate.calibrate.predict import Prediction, options_for
 from orchestrate.calibrate.run import calibrate, choose
 from orchestrate.calibrate.stats import fit, ranks, spearman
 from orchestrate.cost import measurements
@@ -89,6 +89,19 @@ def test_each_runtime_is_priced_as_it_runs():
     )
     assert compiled.host.call_us > 0
     assert all(isinstance(p, Prediction) and p.predicted_us > 0 for p in found)
+
+
+def test_only_max_autotune_lets_generated_gemms_stand_for_inductor():
+    """Inductor calls cuBLAS and cuDNN unless a max-autotune mode tries its
+    Triton templates too: the default mode's plan has no generated GEMM or
+    convolution, max-autotune's may."""
+    conv = next(m for m in measurements.load(FIXTURE) if m.kind == "conv")
+    assert options_for(conv).gemm_backends == ("library",) and options_for(conv).tf32
+    tuned = replace(conv, runtime="torch.compile:max-autotune-no-cudagraphs")
+    assert options_for(tuned).gemm_backends == ("triton", "library")
+    assert options_for(replace(conv, runtime="eager")).gemm_backends == ("library",)
+    found, _ = calibrate([FIXTURE], kinds=["conv"])
+    assert {k.template for p in found for k in p.kernels} <= {"library_conv", "pointwise"}
 
 
 def test_rows_are_chosen_by_gpu_runtime_and_kind():

@@ -79,7 +79,7 @@ def test_wave_quantisation():
     [
         ("float16", False, H200.fp16_tflops * figures.TENSOR_CORE_EFFICIENCY),
         ("float32", True, H200.tf32_tflops * figures.TENSOR_CORE_EFFICIENCY),
-        ("float32", False, H200.fp32_tflops),
+        ("float32", False, H200.fp32_tflops * figures.FP32_DOT_EFFICIENCY),
     ],
 )
 def test_tensor_core_and_cuda_core_rates(dtype, tf32, rate):

@@ -303,7 +303,12 @@ def test_same_model_and_options_give_identical_plans():
 def test_cost_model_by_hand():
     """Two kernels priced on paper, on the H100 row (3350 GB/s, 66.9 TFLOP/s
     fp32, 494.7 TF32) with the figures of cost/figures.py."""
-    from orchestrate.cost.figures import ACHIEVABLE_BANDWIDTH, LAUNCH_US, TENSOR_CORE_EFFICIENCY
+    from orchestrate.cost.figures import (
+        ACHIEVABLE_BANDWIDTH,
+        FP32_DOT_EFFICIENCY,
+        LAUNCH_US,
+        TENSOR_CORE_EFFICIENCY,
+    )
 
     g = graphs.build(graphs.softmax, [(4096, 1024)])
     (k,) = _kernels(plan(g, PlanOptions(device="h100")))
@@ -318,8 +323,12 @@ def test_cost_model_by_hand():
     assert k.bound == "memory"
 
     g = graphs.build(lambda b, x, w: b.matmul(x, w), [(2048, 2048), (2048, 2048)])
-    for tf32, rate in ((False, 66.9e6), (True, 494.7e6 * TENSOR_CORE_EFFICIENCY)):
-        (k,) = _kernels(plan(g, PlanOptions(device="h100", tf32=tf32)))
+    for tf32, rate in (
+        (False, 66.9e6 * FP32_DOT_EFFICIENCY),  # IEEE fp32 on CUDA cores
+        (True, 494.7e6 * TENSOR_CORE_EFFICIENCY),
+    ):
+        options = PlanOptions(device="h100", tf32=tf32, gemm_backends=("triton",))
+        (k,) = _kernels(plan(g, options))
         assert k.bytes == 3 * 2048 * 2048 * 4  # read A and B, write C
         assert k.flops == 2 * 2048**3
         blocks = (2048 // k.config["BLOCK_M"]) * (2048 // k.config["BLOCK_N"])

@@ -92,10 +92,11 @@ def steps(graph: Graph, spec: KernelSpec) -> tuple[int, int]:
 
 
 def dot_us(graph: Graph, spec: KernelSpec, dots: int, device: Device) -> float:
-    """Both matmuls at their dtype's rate: fp32 attention runs its dots in IEEE."""
+    """Both matmuls at a flash kernel's rate for their dtype (fp32 attention
+    runs its dots in IEEE on CUDA cores)."""
     a = spec.roles
     return sum(
-        terms.us_for_flops(terms.anchor_flops(graph, m), terms.dot_tflops(m.dtype, "ieee", device))
+        terms.us_for_flops(terms.anchor_flops(graph, m), terms.attention_tflops(m.dtype, device))
         for m in (graph.producer[a.m1], graph.producer[a.m2])
     )
 

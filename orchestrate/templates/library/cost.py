@@ -24,8 +24,9 @@ quantisation + other flops / the CUDA-core peak.  The peak is the dense
 tensor-core rate for fp16 and bf16 (and for an fp32 conv under ``--tf32``,
 the TF32 rate) and the CUDA-core rate for fp32 (library kernels run IEEE
 fp32 otherwise, see ``templates/library/emit.py``); efficiency is
-``LIBRARY_GEMM_EFFICIENCY`` (matmul), ``LIBRARY_CONV_EFFICIENCY`` or
-``LIBRARY_ATTENTION_EFFICIENCY``.  Blocks are ``LIBRARY_TILE`` squares of the
+``LIBRARY_GEMM_EFFICIENCY`` (matmul on tensor cores; SGEMM at
+``terms.fp32_dot_efficiency``), ``LIBRARY_CONV_EFFICIENCY`` by kind of
+convolution (``conv_kind``) or ``LIBRARY_ATTENTION_EFFICIENCY``.  Blocks are ``LIBRARY_TILE`` squares of the
 GEMM's output (per batch entry, per group) or 128 query rows per batch
 entry (FlashAttention-2's), spread in whole waves over the SMs.
 
@@ -60,6 +61,7 @@ from orchestrate.cost.figures import (
     LIBRARY_TILE,
     SFU_FLOPS,
 )
+from orchestrate.cost.terms import fp32_dot_efficiency
 from orchestrate.ir import Graph
 from orchestrate.kernels.spec import (
     LIBRARY_ATTENTION,
@@ -178,18 +180,29 @@ def _blocks(graph: Graph, spec: KernelSpec) -> int:
 
 def _rate(graph: Graph, spec: KernelSpec, device: Device) -> float:
     """TFLOPS the library's dots run at: the dense peak for the dtype, times
-    the library's efficiency."""
+    the library's efficiency for the call."""
     r = spec.roles
     anchor = graph.producer[r.m1 if isinstance(r, LibraryAttention) else r.anchor]
     dtype = graph.types[anchor.inputs[0]].dtype
+    tensor_cores = dtype in HALF or spec.config.precision == "tf32"
     if dtype in HALF:
         peak = device.fp16_tflops
-    elif spec.config.precision == "tf32":  # an fp32 conv under --tf32
+    elif spec.config.precision == "tf32":  # an fp32 conv or matmul under --tf32
         peak = device.tf32_tflops
     else:
         peak = device.fp32_tflops
     if spec.template == LIBRARY_ATTENTION:
         return peak * LIBRARY_ATTENTION_EFFICIENCY
     if spec.template == LIBRARY_CONV:
-        return peak * LIBRARY_CONV_EFFICIENCY
+        return peak * LIBRARY_CONV_EFFICIENCY[conv_kind(anchor)]
+    if not tensor_cores:  # SGEMM on CUDA cores
+        return peak * fp32_dot_efficiency(device)
     return peak * LIBRARY_GEMM_EFFICIENCY
+
+
+def conv_kind(conv) -> str:
+    """``grouped`` (depthwise too), ``3d`` or ``2d`` (1-D too): the kinds whose
+    cuDNN efficiency differs (``LIBRARY_CONV_EFFICIENCY``)."""
+    if conv.attrs.get("group", 1) > 1:
+        return "grouped"
+    return "3d" if len(conv.shape) - 2 >= 3 else "2d"
