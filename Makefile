@@ -86,14 +86,14 @@ peer-check: install
 
 # KernelBench's published GPU timings as measurement rows (orchestrate/cost/
 # measurements.py loads them): every timed level 1 and 2 program exported at its
-# published size, one at a time, into data/measurements/kernelbench.jsonl; the
+# published size, one at a time, into data/measurements/kernelbench.jsonl.gz; the
 # exports are cached in out/measurements/cache, so a stopped run resumes.
 # KERNELBENCH is a git directory of ScalingIntelligence/KernelBench (a mirror will
 # do: its history is read, not its work tree); MEASURE_ARGS adds --timeout S, ...
 MEASURE_ARGS ?= --jobs 2
 measurements: install
 	@test -n "$(KERNELBENCH)" || { echo "make measurements: set KERNELBENCH=PATH, a git directory of ScalingIntelligence/KernelBench" >&2; exit 2; }
-	$(PY) -m tools.measurements.kernelbench $(KERNELBENCH) --out data/measurements/kernelbench.jsonl \
+	$(PY) -m tools.measurements.kernelbench $(KERNELBENCH) --out data/measurements/kernelbench.jsonl.gz \
 		--levels 1,2 $(MEASURE_ARGS)
 
 # the benchmark suite at full size, random weights, no network (examples/suite.py
