@@ -10,10 +10,11 @@ under torch.compile's default mode and 69.8 µs under reduce-overhead, and
 the same programs took 2-3 times as long on Modal's hosts, so no one figure
 fits every timing file.
 
-So each timing file's **floor** is read from the file itself: the measured
-time of its fastest *small* program (every tensor of it together under
+So each timing file's **floor** is read from the file itself: the time of
+its fastest *small* programs (every tensor of one together under
 ``SMALL_BYTES``, so its GPU time is a few microseconds on any GPU here and
-what was measured is almost all host).  A file without a small program (the
+what was measured is almost all host), their 10th percentile
+(``FLOOR_QUANTILE``), past a few outliers.  A file without a small program (the
 post-2025-07-02 sizes, where everything takes milliseconds) takes the
 default floor of its launcher (``figures.HARNESS_FLOOR_US``: together.ai's
 H100 figures).  Of a floor, ``figures.HARNESS_PER_KERNEL`` recurs per
@@ -33,7 +34,12 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from orchestrate.cost.figures import HARNESS_FLOOR_US, HARNESS_PER_KERNEL, SMALL_BYTES
+from orchestrate.cost.figures import (
+    FLOOR_QUANTILE,
+    HARNESS_FLOOR_US,
+    HARNESS_PER_KERNEL,
+    SMALL_BYTES,
+)
 from orchestrate.cost.measurements import Measurement
 
 
@@ -99,13 +105,19 @@ def _itemsize(dtype: str) -> int:
 
 
 def floors(rows: Iterable[Measurement]) -> dict[tuple[str, str, str], float]:
-    """Each timing file's floor: its fastest small program's time (module doc)."""
-    out: dict[tuple[str, str, str], float] = {}
+    """Each timing file's floor: the ``FLOOR_QUANTILE`` of its small programs'
+    times (module doc)."""
+    small: dict[tuple[str, str, str], list[float]] = {}
     for m in rows:
         if m.source.timing and nbytes(m) < SMALL_BYTES:
-            key = timing_file(m)
-            out[key] = min(out.get(key, math.inf), m.time_us)
-    return out
+            small.setdefault(timing_file(m), []).append(m.time_us)
+    return {key: _low(times) for key, times in small.items()}
+
+
+def _low(times: list[float]) -> float:
+    """The ``FLOOR_QUANTILE`` of ``times`` (the fastest of fewer than ten)."""
+    ordered = sorted(times)
+    return ordered[int(FLOOR_QUANTILE * len(ordered))]
 
 
 def host(m: Measurement, floors_us: dict[tuple[str, str, str], float] | None = None) -> Host:

@@ -53,7 +53,7 @@ def calibrate(
     if not chosen:
         raise InputError("no measurement row matches the --gpu, --runtime and --kind given")
     done = predict_all(chosen, progress, jobs=jobs, floors=harness.floors(rows))
-    found, suspect = sanity.set_aside([p for p in done if isinstance(p, Prediction)])
+    found, suspect = sanity.set_aside([p for p in done if isinstance(p, Prediction)], rows)
     return found, [s for s in done if isinstance(s, Skipped)] + suspect
 
 

@@ -1,27 +1,39 @@
 """Figures that cannot be true of the program they are paired with.
 
-A measured time below what the GPU's datasheet allows for the program (every
-tensor of it moved once at the datasheet bandwidth, its dot products at the
-tensor cores' dense peak) was not taken on that program: the benchmark's
-problem sizes changed between the run that made a timing file and the
-commit that holds it (KernelBench's H100_modal files, committed on
-2025-07-15 at the 2025-07-02 sizes, time some programs at the older ones).
-One such row makes a timing file's level suspect, since the sizes changed
-for a whole level at once; ``SUSPECT_SHARE`` of them (and at least two)
-set the level's rows of that file aside, with the reason.  The bound is the
-datasheet's, not the model's, so the model cannot vouch for itself here.
+KernelBench changed its problem sizes between the runs that made some timing
+files and the commits that hold them (its H100_modal files, committed on
+2025-07-15, time many programs at other sizes than that commit's problem
+files).  Since the sizes changed for a whole level at once, a few impossible
+rows make a timing file's level suspect: ``SUSPECT_SHARE`` of them (and at
+least two) set the level's rows of that file aside, with the reason.  A row
+is impossible when
+
+* it is faster than the GPU's datasheet allows for the program (every tensor
+  moved once at the datasheet bandwidth, its dot products at the dense
+  tensor-core peak), or
+* it disagrees with the same program at the same sizes in most other timing
+  files: their ratio lies outside what the two GPUs' datasheets allow, their
+  ratios of bandwidth and of peaks, widened by ``PEER_FACTOR`` either way
+  (the harnesses' host times and the libraries' efficiencies differ too).
+  An H200 row 500 times slower than an H100's of the same program was not
+  timed at those sizes.
+
+Both bounds are the datasheets' and other measurements', not the model's,
+so the model cannot vouch for itself here.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from orchestrate.calibrate.harness import nbytes, timing_file
-from orchestrate.calibrate.predict import Prediction, Skipped
+from orchestrate.calibrate.predict import Prediction, Skipped, program_key
 from orchestrate.cost.devices import get_device
+from orchestrate.cost.measurements import Measurement
 
 SUSPECT_SHARE = 0.05
+PEER_FACTOR = 10.0
 
 
 def lower_bound_us(p: Prediction) -> float:
@@ -34,22 +46,64 @@ def lower_bound_us(p: Prediction) -> float:
     return max(nbytes(p.measurement) / (device.bandwidth_gbs * 1e3), dots / (peak * 1e6))
 
 
-def set_aside(found: Sequence[Prediction]) -> tuple[list[Prediction], list[Skipped]]:
-    """The predictions whose (timing file, level) is sound, and the rest skipped."""
-    group = lambda p: (timing_file(p.measurement), p.measurement.level)
-    rows, fast = Counter(), Counter()
-    for p in found:
-        rows[group(p)] += 1
-        fast[group(p)] += p.measurement.time_us < lower_bound_us(p)
-    bad = {g for g, n in fast.items() if n >= 2 and n >= SUSPECT_SHARE * rows[g]}
-    kept = [p for p in found if group(p) not in bad]
-    skipped = [
-        Skipped(
-            p.measurement,
-            f"{fast[group(p)]} of its timing file's level-{p.measurement.level} rows are faster "
-            "than the datasheet allows: timed at other sizes",
-        )
-        for p in found
-        if group(p) in bad
+def _allowed(m: Measurement, peer: Measurement) -> tuple[float, float]:
+    """The least and most ``m.time / peer.time`` the GPUs' datasheets allow."""
+    a, b = get_device(m.gpu), get_device(peer.gpu)
+    ratios = [
+        b.bandwidth_gbs / a.bandwidth_gbs,
+        b.fp32_tflops / a.fp32_tflops,
+        b.fp16_tflops / a.fp16_tflops,
     ]
+    return min(ratios) / PEER_FACTOR, max(ratios) * PEER_FACTOR
+
+
+def disagreeing(rows: Sequence[Measurement]) -> set[str]:
+    """The ids of the rows outside the datasheets' span (``_allowed``) of more
+    than half of their peers: the same program at the same sizes in other
+    timing files."""
+    by_program: dict[str, list[Measurement]] = defaultdict(list)
+    for m in rows:
+        by_program[program_key(m)].append(m)
+    out = set()
+    for ms in by_program.values():
+        for m in ms:
+            peers = [p for p in ms if timing_file(p) != timing_file(m)]
+            off = 0
+            for p in peers:
+                low, high = _allowed(m, p)
+                off += not low <= m.time_us / p.time_us <= high
+            if off * 2 > len(peers):
+                out.add(m.id)
+    return out
+
+
+def set_aside(
+    found: Sequence[Prediction], rows: Sequence[Measurement] = ()
+) -> tuple[list[Prediction], list[Skipped]]:
+    """The predictions whose (timing file, level) is sound, and the rest
+    skipped; ``rows``: every measurement loaded, the peers of the second test."""
+    group = lambda p: (timing_file(p.measurement), p.measurement.level)
+    peerless = disagreeing(rows)
+    count, fast, odd = Counter(), Counter(), Counter()
+    for p in found:
+        count[group(p)] += 1
+        fast[group(p)] += p.measurement.time_us < lower_bound_us(p)
+        odd[group(p)] += p.measurement.id in peerless
+    suspect = lambda n, g: n >= 2 and n >= SUSPECT_SHARE * count[g]
+    reasons = {}
+    for g in count:
+        level = g[1]
+        if suspect(fast[g], g):
+            reasons[g] = (
+                f"{fast[g]} of its timing file's level-{level} rows are faster than the "
+                "datasheet allows: timed at other sizes"
+            )
+        elif suspect(odd[g], g):
+            reasons[g] = (
+                f"{odd[g]} of its timing file's level-{level} rows disagree with the same "
+                f"programs elsewhere by more than the datasheets allow (x{PEER_FACTOR:g}): "
+                "timed at other sizes"
+            )
+    kept = [p for p in found if group(p) not in reasons]
+    skipped = [Skipped(p.measurement, reasons[group(p)]) for p in found if group(p) in reasons]
     return kept, skipped

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from orchestrate import cli
-from orchestrate.calibrate import harness
+from orchestrate.calibrate import harness, sanity
 from orchestrate.calibrate.harness import launcher, runtime_class
 from orchestrate.calibrate.predict import Prediction, options_for
 from orchestrate.calibrate.run import calibrate, choose
@@ -50,7 +50,7 @@ def test_runtimes_and_who_launches_their_kernels():
         assert launcher(graphed) == "graph"
 
 
-def test_the_harness_floor_is_read_from_each_timing_files_fastest_small_program():
+def test_the_harness_floor_is_read_from_each_timing_files_small_programs():
     """The h100 eager row's file has one small program (0.25 ms): its floor;
     a row of a file with no small program takes the launcher's default, and a
     row timed alone (runtime orchestrate) has no host time."""
@@ -69,6 +69,64 @@ def test_the_harness_floor_is_read_from_each_timing_files_fastest_small_program(
     assert h.per_kernel_us == pytest.approx(HARNESS_FLOOR_US["compile"] * share)
     assert h.call_us + h.per_kernel_us == pytest.approx(HARNESS_FLOOR_US["compile"])
     assert harness.host(replace(eager, runtime="orchestrate"), floors).total([3.0]) == 3.0
+
+
+def _copies(m, times, timing="t.json", gpu=None):
+    """Row ``m`` as many times as ``times``, each its own program id, from one file."""
+    return [
+        replace(
+            m,
+            id=f"{m.id}/{timing}/{i}",
+            time_us=t,
+            gpu=gpu or m.gpu,
+            source=replace(m.source, timing=timing),
+        )
+        for i, t in enumerate(times)
+    ]
+
+
+def test_the_floor_passes_over_a_few_outliers_below_the_rest():
+    """Twenty small programs, two far below the rest: the floor is the 10th
+    percentile (the third fastest), not the fastest."""
+    eager = next(m for m in measurements.load(FIXTURE) if m.runtime == "eager")
+    rows = _copies(eager, [5.0, 6.0] + [40.0 + i for i in range(18)])
+    assert harness.floors(rows) == {harness.timing_file(rows[0]): 40.0}
+    assert harness.floors(rows[:3]) == {harness.timing_file(rows[0]): 5.0}
+
+
+def _predicted(rows):
+    return [Prediction(m, m.time_us, m.time_us, (), harness.NONE) for m in rows]
+
+
+def test_a_level_with_rows_faster_than_the_datasheet_is_set_aside():
+    """Two of twenty rows below what the datasheet allows set the file's
+    level aside, with the count in the reason; one of forty does not (a
+    level needs two, and 5% of its rows)."""
+    eager = next(m for m in measurements.load(FIXTURE) if m.runtime == "eager")
+    assert sanity.lower_bound_us(_predicted([eager])[0]) > 1e-4
+    bad = _copies(eager, [1e-6, 1e-6] + [100.0] * 18, timing="bad.json")
+    one = _copies(eager, [1e-6] + [100.0] * 39, timing="one.json")
+    kept, skipped = sanity.set_aside(_predicted(bad + one))
+    assert {p.measurement.source.timing for p in kept} == {"one.json"} and len(kept) == 40
+    assert (
+        len(skipped) == 20 and "2 of its timing file's level-1 rows are faster" in skipped[0].reason
+    )
+
+
+def test_a_level_that_disagrees_with_the_same_programs_elsewhere_is_set_aside():
+    """One program timed at 100 µs on an H100 in three files and at 50 ms on
+    an H200 in a fourth: no datasheet lets an H200 be 500x slower, so the
+    H200 row disagrees with its peers and theirs agree; a level of such rows
+    is set aside, naming the factor."""
+    eager = next(m for m in measurements.load(FIXTURE) if m.runtime == "eager")
+    peers = [_copies(eager, [100.0], timing=f"{t}.json")[0] for t in "abc"]
+    odd = _copies(eager, [50_000.0], timing="d.json", gpu="h200")[0]
+    near = _copies(eager, [60.0], timing="e.json", gpu="h200")[0]  # an H200 a bit faster
+    assert sanity.disagreeing(peers + [odd, near]) == {odd.id}
+    group = [replace(odd, id=f"{odd.id}/{i}") for i in range(3)]
+    kept, skipped = sanity.set_aside(_predicted(peers + group), peers + group)
+    assert {p.measurement.id for p in kept} == {p.id for p in peers}
+    assert len(skipped) == 3 and "disagree with the same programs elsewhere" in skipped[0].reason
 
 
 def test_each_runtime_is_priced_as_it_runs():
