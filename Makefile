@@ -15,7 +15,7 @@ DEMO   := examples/models/tiny_bert.onnx
 
 .PHONY: install demo test test-slow test-gpu fuzz lint format examples golden-update \
         conformance models bench-plan bench bench-gpu bench-gpu-dry gpu-wheels bench-launch \
-        hf-check fit-check dynamic-check peer-check measurements calibrate clean
+        hf-check fit-check dynamic-check peer-check measurements calibrate learn clean
 
 install: $(STAMP)
 
@@ -167,11 +167,21 @@ dynamic-check: install
 # the cost model against published GPU measurements (data/measurements):
 # per GPU, runtime and kind, the geometric mean of predicted / measured, the
 # error factor, Spearman and the share within 2x; a scatter plot and every
-# row's prediction into out/calibrate (ARGS: --gpu h100, --runtime eager, ...)
+# row's prediction into out/calibrate (ARGS: --gpu h100, --runtime eager, ...);
+# about 10 minutes on 2 cores for all 9,919 rows
 calibrate: install
 	$(PY) -m pip install -q 'matplotlib>=3.7'
 	mkdir -p out/calibrate
-	$(BIN)/orchestrate calibrate $(ARGS) --plot out/calibrate/scatter.png --json out/calibrate/predictions.json
+	$(BIN)/orchestrate calibrate --jobs $(JOBS) $(ARGS) --plot out/calibrate/scatter.png \
+		--json out/calibrate/predictions.json
+
+# the learned cost model retrained on every row into the package (what --cost
+# learned reads), its leave-one-GPU-out study and the figures in docs/images
+learn: install
+	$(PY) -m pip install -q 'matplotlib>=3.7'
+	$(BIN)/orchestrate calibrate --jobs $(JOBS) --plot docs/images/calibrate-scatter.png \
+		--train orchestrate/cost/learned.json --transfer --curves docs/images/learning-curves.png \
+		--pca docs/images/pca.png
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache

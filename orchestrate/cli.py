@@ -878,7 +878,8 @@ def calibrate(
     DATA are measurement files or folders of JSON lines (default: the
     project's data/measurements).  Each row's program is planned for its GPU
     and priced as the runtime that timed it runs it (eager: one kernel per
-    op with library GEMMs; torch.compile: the plan), then the tables give,
+    op with library GEMMs; torch.compile: the fused plan, its GEMMs library
+    calls unless in a max-autotune mode), then the tables give,
     per GPU, runtime and kind, the geometric mean of predicted / measured,
     the typical error factor, Spearman's rank correlation and the share
     within 2x.  Predicted times are the model's; measured ones published.

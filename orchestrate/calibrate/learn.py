@@ -50,7 +50,7 @@ ADAPT_ROUNDS = 30
 PARAMS = {
     "objective": "l1",
     "learning_rate": 0.05,
-    "num_leaves": 15,
+    "num_leaves": 31,
     "min_data_in_leaf": 10,
     "min_data_per_group": 5,  # rows of one template (LightGBM's default is 100)
     "cat_smooth": 1.0,
@@ -62,7 +62,7 @@ PARAMS = {
     "num_threads": 1,
     "seed": 0,
 }
-ROUNDS = 300
+ROUNDS = 600
 ADAPT = {**PARAMS, "learning_rate": 0.1, "num_leaves": 4, "min_data_in_leaf": 2}
 
 

@@ -53,10 +53,12 @@ def curves(points: Sequence[Point], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_e, ax_r) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for gpu in sorted({p.gpu for p in points}):
+    colours = plt.get_cmap("tab20").colors  # one per GPU, up to 20
+    for i, gpu in enumerate(sorted({p.gpu for p in points})):
         mine = sorted((p for p in points if p.gpu == gpu), key=lambda p: p.k)
         ks = [p.k for p in mine]
-        line = ax_e.plot(ks, [p.error for p in mine], marker="o", label=gpu)[0]
+        colour = colours[(2 * i) % 20 + (2 * i) // 20]  # the strong shades first
+        line = ax_e.plot(ks, [p.error for p in mine], marker="o", label=gpu, color=colour)[0]
         ax_e.axhline(mine[0].analytic_error, color=line.get_color(), linestyle=":", linewidth=0.8)
         ax_r.plot(ks, [p.spearman or math.nan for p in mine], marker="o", color=line.get_color())
     ax_e.axhline(1.3, color="k", linewidth=0.8)

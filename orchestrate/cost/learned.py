@@ -3,8 +3,9 @@
 Gradient-boosted trees (LightGBM) predict ``log(measured / analytic)`` of a
 program of kernels from features of its kernels (the dominant kernel's
 template, the dtype, bytes, flops, the length of its dot products, the
-roofline's memory, compute and latency terms, its waves over the SMs), of the
-device (bandwidth, peaks, SMs, architecture) and of the runtime that launches
+roofline's memory, compute and latency terms, its waves over the SMs; the
+share of the program's time in the dominant kernel and in each common
+template), of the device (bandwidth, peaks, SMs, architecture) and of the runtime that launches
 it (eager: the host launches each op; compile: each kernel; graph: a CUDA
 graph replays them).  A program of one kernel is a kernel: the planner asks
 for each kernel's correction as a program of one, replayed from a CUDA graph.
@@ -58,6 +59,17 @@ TEMPLATES = (
     "library_conv",
     "library_attention",
 )
+# the templates whose share of a program's analytic time is a feature each
+SHARED = (
+    "library_conv",
+    "library_matmul",
+    "pointwise",
+    "row_reduce",
+    "window",
+    "scan",
+    "conv",
+    "matmul",
+)
 RUNTIMES = ("eager", "compile", "graph")  # the host launches each op, each kernel, or none
 DTYPES = ("float32", "float16", "bfloat16", "other")
 FEATURES = (
@@ -84,6 +96,8 @@ FEATURES = (
     "log_fp16",
     "sms",
     "arch",
+    "main_share",
+    *(f"share_{t}" for t in SHARED),
 )
 CATEGORICAL = ("template", "runtime", "dtype")
 
@@ -142,6 +156,8 @@ def features(
     ``per_kernel_us`` for each kernel (none for a plan's CUDA-graph replay)."""
     main = max(kernels, key=lambda t: t.time_us)
     total = lambda f: sum(getattr(t, f) for t in kernels)
+    time_us = total("time_us") or 1.0
+    share = lambda template: sum(t.time_us for t in kernels if t.template == template) / time_us
     nbytes, flops, dots = total("bytes"), total("flops"), total("dots")
     template = TEMPLATES.index(main.template) if main.template in TEMPLATES else len(TEMPLATES)
     return [
@@ -168,6 +184,8 @@ def features(
         _log(device.fp16_tflops),
         float(device.sms),
         float(device.arch),
+        main.time_us / time_us,
+        *(share(t) for t in SHARED),
     ]
 
 

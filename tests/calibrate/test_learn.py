@@ -160,3 +160,19 @@ def test_bad_model_files_are_one_line_errors(tmp_path):
     assert not (tmp_path / "p.json").exists()
     assert_user_error(invoke("calibrate", FIXTURE, "--cost", tmp_path / "nope.json"), "--cost")
     assert_user_error(invoke("calibrate", FIXTURE, "--curves", tmp_path / "c.png"), "--transfer")
+
+
+def test_the_packaged_model_is_trained_on_the_projects_measurements():
+    """``--cost learned`` reads the model shipped in the package; its file
+    names the sha256 of data/measurements' rows (every row calibrate chose,
+    set aside or not), and it plans."""
+    from orchestrate.calibrate.run import DEFAULT_DATA
+
+    header = learned.header(learned.PACKAGED)
+    assert header["data"] == learn.data_hash(measurements.load(DEFAULT_DATA))
+    assert len(header["trained_on"]) >= 5
+    options = PlanOptions(device="h100", cost="learned", reproducible=True)
+    assert options.cost_file == learned.PACKAGED
+    planned = plan(_matmul(), options).plan
+    assert planned.options.cost.startswith("learned learned.json data sha256:")
+    assert all(k.predicted_us > 0 for k in planned.kernels)
