@@ -54,6 +54,8 @@ def fired(
             )
         except program.NoPlanInTime:
             continue  # no figure without the rule in the time (the plan stands)
+        except program.NoPlan:
+            continue  # no plan at all without it (it keeps a tensor too large off memory)
         if alt.status == program.GREEDY:
             continue  # only the greedy plan in the time: no fair figure either
         out.append(
