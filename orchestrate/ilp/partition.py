@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from orchestrate.ir import Graph
 from orchestrate.kernels.region import ANCHORS
-from orchestrate.kernels.spec import KernelSpec
+from orchestrate.kernels.spec import KernelSpec, inlined
 
 
 @dataclass(frozen=True)
@@ -152,11 +152,20 @@ def _read_beyond_an_anchor(graph: Graph, t: str, pos: dict[str, int]) -> bool:
     return False
 
 
+def _kind(graph: Graph, t: str) -> str:
+    """A partition input as its signature sees it: a value, a constant, or a
+    scalar constant's value (written into the kernels' source: layers that
+    gather the cache at index 0 and 1 are not identical)."""
+    if inlined(graph, t):
+        return "c=" + repr(graph.constants[t].reshape(()).item())
+    return "c" if t in graph.constants else "v"
+
+
 def signature(graph: Graph, p: Partition) -> str:
     """Equal for partitions of identical structure, whatever their names."""
     local = {n: i for i, n in enumerate(p.nodes)}
     ext = {t: i for i, t in enumerate(p.inputs)}
-    parts = [f"in{graph.types[t]}:{'c' if t in graph.constants else 'v'}" for t in p.inputs]
+    parts = [f"in{graph.types[t]}:{_kind(graph, t)}" for t in p.inputs]
     for n in p.nodes:
         node = graph.producer[n]
         refs = ",".join(f"n{local[i]}" if i in local else f"x{ext[i]}" for i in node.inputs)

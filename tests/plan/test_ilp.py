@@ -413,3 +413,28 @@ def test_two_kernels_never_write_one_tensor():
     costs = [Cost(0, 0, 1.0, 0, 0)] * 2 + [Cost(0, 0, 1.6, 0, 0)] * 2
     sol = program.solve([a, b, y, z], costs, {}, {}, {"i"}, ["y", "z"])
     assert sorted(c.kernel for c in sol.choices) in ([0, 3], [1, 2])  # not a and b: x twice
+
+
+def _scaled_layers(b, x, g):
+    """Layers alike but for the scalar each scales by (written into the
+    kernels' source as a literal); the last writes the graph's output."""
+    w = b.constant(np.full((64, 64), 0.01, np.float32))
+    for scale in (2.0, 3.0, 2.0):
+        h = b.matmul(graphs.layernorm(b, x, g, g), w)
+        x = b.add(x, b.mul(b.exp(h), b.constant(np.array(scale, np.float32))))
+    return x
+
+
+def test_partitions_that_differ_in_an_inlined_scalar_are_not_identical():
+    """A partition solved once serves the identical ones renamed; layers that
+    differ only in a scalar the source inlines are not identical (their
+    kernels' hashes differ, and one function must not serve both)."""
+    from orchestrate.bundle.regenerate import planned as regenerated
+    from orchestrate.ilp.partition import group_identical, partition, signature
+
+    g = graphs.build(_scaled_layers, [(64, 64), (64,)])
+    parts = partition(g)
+    assert len(parts) == 3 and len({signature(g, p) for p in parts}) == 3
+    assert all(len(same) == 1 for same in group_identical(g, parts).values())
+    made = plan(g, PlanOptions(device="h100", reproducible=True))
+    regenerated(made, g, "scaled")  # every kernel's hash as the plan recorded it
