@@ -152,17 +152,19 @@ def _forward_params(model: torch.nn.Module) -> list[str]:
 
 def _dynamic_shapes(names: Sequence[str], axes: Mapping[str, Mapping[int, str]]):
     """``{input: {axis: name}}`` -> torch.export dynamic_shapes (a tuple in
-    argument order); one ``Dim`` per distinct name."""
+    argument order); one ``Dim`` per distinct name, and ``name + c`` a
+    dimension derived from it (torch.export writes it back as ``name + c``)."""
     dims: dict[str, torch.export.Dim] = {}
-    out = []
-    for name in names:
-        spec = {}
-        for axis, dim in axes.get(name, {}).items():
-            if dim not in dims:
-                dims[dim] = torch.export.Dim(dim, min=2, max=4096)
-            spec[axis] = dims[dim]
-        out.append(spec or None)
-    return tuple(out)
+
+    def dim(text: str):
+        base, plus, offset = (part.strip() for part in text.partition("+"))
+        if base not in dims:
+            dims[base] = torch.export.Dim(base, min=2, max=4096)
+        return dims[base] + int(offset) if plus else dims[base]
+
+    return tuple(
+        {axis: dim(text) for axis, text in axes.get(name, {}).items()} or None for name in names
+    )
 
 
 @contextlib.contextmanager

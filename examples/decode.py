@@ -1,0 +1,254 @@
+"""One decoding step of a causal language model with a key/value cache, in
+plain torch (random weights): Llama-, Qwen2- and GPT-2-style.
+
+The step takes one new token and the cache of every earlier one and returns
+the next token's logits and the cache grown by one row, as onnxruntime GenAI
+and Hugging Face's ``past_key_values`` export it:
+
+    input_ids       [1, 1]                            int64
+    attention_mask  [1, past + 1]                     int64 (1: attend, 0: padding)
+    past_k, past_v  [layers, 1, kv_heads, past, head_dim]
+    -> logits [1, 1, vocab], present_k, present_v [layers, 1, kv_heads, past + 1, head_dim]
+
+The new token's position is the mask's sum minus one, so masked slots (a
+cache padded to the bundle's least past length) do not move it. Llama:
+RMSNorm, rotary embeddings, grouped-query attention, a SiLU-gated MLP; Qwen2
+adds biases to the query, key and value projections; GPT-2: LayerNorm,
+learned positions, multi-head attention, a tanh-GELU MLP.
+
+    python -m examples.decode llama out/llama_decode.onnx [--dynamo]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from examples.export import export
+
+STYLES = ("llama", "qwen2", "gpt2")
+INPUTS = ("input_ids", "attention_mask", "past_k", "past_v")
+OUTPUTS = ("logits", "present_k", "present_v")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    style: str = "llama"
+    layers: int = 2
+    hidden: int = 64
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int = 128
+    vocab: int = 128
+    max_positions: int = 4096
+    eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def rope(self) -> bool:
+        return self.style != "gpt2"
+
+
+def config(style: str) -> DecodeConfig:
+    """The tiny example of a style; GPT-2 has as many key/value heads as heads."""
+    if style not in STYLES:
+        raise ValueError(f"{style}: expected one of {', '.join(STYLES)}")
+    return DecodeConfig(style=style, kv_heads=4 if style == "gpt2" else 2)
+
+
+class RmsNorm(nn.Module):
+    def __init__(self, hidden: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(hidden))
+        self.eps = eps
+
+    def forward(self, x):
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+def _norm(c: DecodeConfig) -> nn.Module:
+    return nn.LayerNorm(c.hidden, eps=c.eps) if c.style == "gpt2" else RmsNorm(c.hidden, c.eps)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: DecodeConfig):
+        super().__init__()
+        self.c = c
+        bias = c.style != "llama"  # Qwen2's q/k/v biases; GPT-2's everywhere
+        self.q = nn.Linear(c.hidden, c.heads * c.head_dim, bias=bias)
+        self.k = nn.Linear(c.hidden, c.kv_heads * c.head_dim, bias=bias)
+        self.v = nn.Linear(c.hidden, c.kv_heads * c.head_dim, bias=bias)
+        self.o = nn.Linear(c.heads * c.head_dim, c.hidden, bias=c.style == "gpt2")
+
+    def forward(self, x, cos, sin, past_k, past_v, hide):
+        c = self.c
+        q = self.q(x).view(1, 1, c.heads, c.head_dim).transpose(1, 2)
+        k = self.k(x).view(1, 1, c.kv_heads, c.head_dim).transpose(1, 2)
+        v = self.v(x).view(1, 1, c.kv_heads, c.head_dim).transpose(1, 2)
+        if c.rope:
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+        keys = torch.cat((past_k, k), dim=2)  # [1, kv_heads, past + 1, head_dim]
+        values = torch.cat((past_v, v), dim=2)
+        rep = c.heads // c.kv_heads
+        q = q.view(1, c.kv_heads, rep, c.head_dim)  # the query heads sharing a key head
+        scores = q @ keys.transpose(2, 3) / math.sqrt(c.head_dim) + hide
+        out = F.softmax(scores, dim=-1) @ values  # [1, kv_heads, rep, head_dim]
+        return self.o(out.reshape(1, 1, c.hidden)), keys, values
+
+
+class Mlp(nn.Module):
+    def __init__(self, c: DecodeConfig):
+        super().__init__()
+        self.gpt2 = c.style == "gpt2"
+        if self.gpt2:
+            self.up = nn.Linear(c.hidden, c.intermediate)
+            self.down = nn.Linear(c.intermediate, c.hidden)
+        else:
+            self.gate = nn.Linear(c.hidden, c.intermediate, bias=False)
+            self.up = nn.Linear(c.hidden, c.intermediate, bias=False)
+            self.down = nn.Linear(c.intermediate, c.hidden, bias=False)
+
+    def forward(self, x):
+        if self.gpt2:
+            return self.down(F.gelu(self.up(x), approximate="tanh"))
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, c: DecodeConfig):
+        super().__init__()
+        self.norm1, self.attn, self.norm2, self.mlp = _norm(c), Attention(c), _norm(c), Mlp(c)
+
+    def forward(self, x, cos, sin, past_k, past_v, hide):
+        a, keys, values = self.attn(self.norm1(x), cos, sin, past_k, past_v, hide)
+        x = x + a
+        return x + self.mlp(self.norm2(x)), keys, values
+
+
+class DecodeStep(nn.Module):
+    def __init__(self, c: DecodeConfig):
+        super().__init__()
+        self.c = c
+        self.embed = nn.Embedding(c.vocab, c.hidden)
+        self.layers = nn.ModuleList(Layer(c) for _ in range(c.layers))
+        self.norm = _norm(c)
+        self.lm_head = nn.Linear(c.hidden, c.vocab, bias=False)
+        if c.rope:
+            d = c.head_dim
+            inv = 1.0 / 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+            angles = torch.outer(torch.arange(c.max_positions, dtype=torch.float32), inv)
+            angles = torch.cat((angles, angles), dim=-1)
+            self.register_buffer("cos_table", angles.cos(), persistent=False)
+            self.register_buffer("sin_table", angles.sin(), persistent=False)
+        else:
+            self.positions = nn.Embedding(c.max_positions, c.hidden)
+
+    def forward(self, input_ids, attention_mask, past_k, past_v):
+        position = attention_mask.sum(-1, keepdim=True) - 1  # [1, 1]
+        hide = (1.0 - attention_mask.to(torch.float32)) * -1e9  # [1, past + 1]
+        hide = hide[:, None, None, :]
+        x = self.embed(input_ids)
+        cos = sin = None
+        if self.c.rope:
+            cos, sin = self.cos_table[position][:, None], self.sin_table[position][:, None]
+        else:
+            x = x + self.positions(position)
+        keys, values = [], []
+        for i, layer in enumerate(self.layers):
+            x, k, v = layer(x, cos, sin, past_k[i], past_v[i], hide)
+            keys.append(k)
+            values.append(v)
+        return self.lm_head(self.norm(x)), torch.stack(keys), torch.stack(values)
+
+
+def model(style: str, seed: int = 0) -> DecodeStep:
+    torch.manual_seed(seed)
+    return DecodeStep(config(style)).eval()
+
+
+def example_inputs(c: DecodeConfig, past: int) -> tuple[torch.Tensor, ...]:
+    """A step at ``past`` earlier tokens, every slot attended."""
+    g = torch.Generator().manual_seed(past)
+    cache = (c.layers, 1, c.kv_heads, past, c.head_dim)
+    return (
+        torch.randint(0, c.vocab, (1, 1), generator=g),
+        torch.ones(1, past + 1, dtype=torch.int64),
+        torch.randn(cache, generator=g),
+        torch.randn(cache, generator=g),
+    )
+
+
+# the past length is one symbol; the mask's axis is written past + 1
+DYNAMIC_AXES = {
+    "attention_mask": {1: "past + 1"},
+    "past_k": {3: "past"},
+    "past_v": {3: "past"},
+    "present_k": {3: "past + 1"},
+    "present_v": {3: "past + 1"},
+}
+
+
+def export_decode(style: str, path: str | Path, *, dynamo: bool, opset: int = 18):
+    """The step of ``style`` exported with a dynamic past (``DYNAMIC_AXES``)."""
+    step = model(style)
+    axes = {k: v for k, v in DYNAMIC_AXES.items() if k in INPUTS or not dynamo}
+    return export(
+        step,
+        example_inputs(step.c, 4),
+        path,
+        dynamo=dynamo,
+        opset=opset,
+        input_names=INPUTS,
+        output_names=OUTPUTS,
+        dynamic_axes=axes,
+    )
+
+
+def greedy_reference(style: str, prompt: list[int], new_tokens: int) -> list[int]:
+    """Greedy tokens from the torch step itself (the cache grown by concat)."""
+    step = model(style)
+    c = step.c
+    past_k = torch.zeros(c.layers, 1, c.kv_heads, 0, c.head_dim)
+    past_v = torch.zeros_like(past_k)
+    out, token = [], None
+    with torch.no_grad():
+        for i in range(len(prompt) + new_tokens - 1):
+            token = prompt[i] if i < len(prompt) else token
+            mask = torch.ones(1, past_k.shape[3] + 1, dtype=torch.int64)
+            logits, past_k, past_v = step(torch.tensor([[token]]), mask, past_k, past_v)
+            if i >= len(prompt) - 1:
+                token = int(np.argmax(logits[0, -1].numpy()))
+                out.append(token)
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("style", choices=STYLES)
+    p.add_argument("out", type=Path)
+    p.add_argument("--dynamo", action="store_true", help="torch.export (default: TorchScript)")
+    p.add_argument("--opset", type=int, default=18)
+    args = p.parse_args(argv)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    export_decode(args.style, args.out, dynamo=args.dynamo, opset=args.opset)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
