@@ -120,6 +120,13 @@ class Bundle:
             self.check_inputs(inputs)  # before the kernels are loaded
         return self.program.run(inputs)
 
+    def generate(self, prompt_ids, max_new_tokens: int, **options):
+        """Refused: decoding needs a bundle for a range of past lengths."""
+        raise InputError(
+            f"{self.path}: generate needs a bundle made for a range of past lengths "
+            "(optimize the decode step with --dim past=MIN..MAX); this one has fixed shapes"
+        )
+
     @property
     def inputs(self) -> dict[str, tuple[tuple[int, ...], str]]:
         return {i.name: (i.shape, i.dtype) for i in self.plan.graph.inputs}

@@ -1160,6 +1160,56 @@ def run(bundle_dir: Path, inputs, output_dir: Path | None) -> None:
         echo(f"wrote {len(written)} outputs to {output_dir}/")
 
 
+def _token_ids(text: str) -> list[int]:
+    from orchestrate.errors import InputError
+
+    try:
+        ids = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise InputError(f"--prompt-ids {text!r}: expected token ids, comma-separated") from None
+    if any(t < 0 for t in ids):
+        raise InputError(f"--prompt-ids {text!r}: token ids are not negative")
+    return ids
+
+
+@main.command()
+@click.argument("bundle_dir", metavar="OUT", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--prompt-ids", required=True, metavar="IDS", help="The prompt's token ids: 1,2,3.")
+@click.option("--max-new-tokens", type=click.IntRange(1, 1_000_000), default=16, show_default=True)
+@click.option("--sample", is_flag=True, help="Sample from the softmax instead of the argmax.")
+@click.option("--seed", type=int, default=0, show_default=True, help="With --sample.")
+@click.option(
+    "--temperature",
+    type=click.FloatRange(0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="With --sample.",
+)
+@reports_errors
+def generate(
+    bundle_dir: Path, prompt_ids: str, max_new_tokens: int, sample: bool, seed: int, temperature
+) -> None:
+    """Decode tokens with the decode-step bundle OUT (made for a range of past
+    lengths, --dim past=MIN..MAX): greedy, or --sample.  The prompt is fed one
+    token per step; the cache grows by the step's own outputs."""
+    from orchestrate import api
+
+    ids = _token_ids(prompt_ids)
+    model = api.load(bundle_dir)
+    made = model.generate(ids, max_new_tokens, sample=sample, seed=seed, temperature=temperature)
+    echo(",".join(str(t) for t in made.tokens))
+    where = "Triton interpreter" if model.interpret else "GPU"
+    echo(
+        f"{len(made.tokens)} tokens in {made.steps} steps, {made.seconds:.2f} s "
+        f"({made.tokens_per_second:.1f} tokens/s, {where})"
+    )
+    b = model.token_bytes()
+    echo(
+        f"predicted bytes per token at past={b.past}: {b.predicted:,} against a floor of "
+        f"{b.floor:,} (weights {b.weights:,} + cache read {b.cache:,}): {b.predicted / b.floor:.2f}x"
+    )
+
+
 @main.command()
 @click.argument("bundle_dir", metavar="OUT", type=click.Path(file_okay=False, path_type=Path))
 @click.option(

@@ -26,6 +26,7 @@ through a few shapes replays graphs without recapturing.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -33,10 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrate import bundle
+from orchestrate import bundle, text
 from orchestrate.errors import InputError
 from orchestrate.plan import Plan
 from orchestrate.plan.ranged import instance, regenerate_ranged
+from orchestrate.run import generate
 from orchestrate.run.runtime import (
     IndexChecks,
     Program,
@@ -235,6 +237,67 @@ class DynamicBundle:
     @property
     def inputs(self) -> dict[str, tuple[tuple[int, ...], str]]:
         return {i.name: (i.shape, i.dtype) for i in self.plan.graph.inputs}
+
+    def decoding(self):
+        """The decode interface, each cache's growing axis, and the range of
+        past lengths (``run/generate.py``)."""
+        io = generate.decode_io(list(self.inputs), self.outputs, str(self.path))
+        shapes, pasts = {}, set()
+        for past, _ in io.caches:
+            polys = self.family.inputs.get(past, ())
+            grows = [i for i, p in enumerate(polys) if not p.is_const]
+            if len(grows) != 1:
+                raise InputError(
+                    f"{self.path}: cache input {text.shown(past)} has {len(grows)} dynamic axes; "
+                    "a decode step's cache grows along one"
+                )
+            axis = grows[0]
+            shapes[past] = (self.inputs[past][0], axis, self.inputs[past][1])
+            pasts.add(polys[axis])
+        if len(pasts) != 1:
+            raise InputError(f"{self.path}: the caches do not share one past length")
+        (length,) = pasts
+        least, most = length.bounds({d.name: d.range for d in self.family.dims})
+        return io, shapes, least, most
+
+    def generate(
+        self,
+        prompt_ids,
+        max_new_tokens: int,
+        *,
+        sample: bool = False,
+        seed: int = 0,
+        temperature: float = 1.0,
+    ) -> generate.Generated:
+        """Tokens after ``prompt_ids``: greedy, or sampled with ``seed`` at
+        ``temperature`` (``orchestrate/run/generate.py``)."""
+        io, shapes, least, most = self.decoding()
+        return generate.generate(
+            self.run,
+            io,
+            shapes,
+            [int(t) for t in prompt_ids],
+            max_new_tokens,
+            least_past=least,
+            most_past=most,
+            sample=sample,
+            seed=seed,
+            temperature=temperature,
+        )
+
+    def token_bytes(self) -> generate.TokenBytes:
+        """Bytes one step moves at OPT, predicted, against the floor."""
+        io, shapes, _, _ = self.decoding()
+        opt = self.family.at("opt")
+        at_opt = {past: self.family.input_shape(past, opt) for past in shapes}
+        caches = {
+            past: math.prod(at_opt[past]) * np.dtype(dtype).itemsize
+            for past, (_, _, dtype) in shapes.items()
+        }
+        first = io.caches[0][0]
+        return generate.token_bytes(
+            self.plan, self._constants, caches, at_opt[first][shapes[first][1]]
+        )
 
     @property
     def outputs(self) -> list[str]:
