@@ -44,6 +44,7 @@ import functools
 import math
 
 from orchestrate.kernels.spec import LaunchConfig, launch_config
+from orchestrate.shapes.symint import SymInt
 
 NUM_WARPS, NUM_STAGES = 4, 3
 MIN_DOT = 16
@@ -95,14 +96,30 @@ INTERPRET_SLOW_VOLUME = 1 << 20
 CONV_INTERPRET_BLOCK_M, CONV_INTERPRET_BLOCK = 1024, 256
 
 
+def _key(value):
+    """``value`` as the cache tells problems apart: a dimension of a range
+    (``SymInt``, equal to any with its formula) with its ranges and hint, so
+    that a space computed for past 1..2048 does not serve past 1..64."""
+    if isinstance(value, SymInt):
+        symbols = value.symbols
+        return ("sym", value.poly, tuple(sorted(symbols.ranges.items())), int(value))
+    if isinstance(value, tuple):
+        return tuple(_key(v) for v in value)
+    return value
+
+
 def space(fn):
     """A template's configuration space as an immutable tuple, computed once
-    per problem size (enumeration judges the same anchor many times)."""
+    per problem (enumeration judges the same anchor many times)."""
 
     @functools.lru_cache(maxsize=4096)
-    def space(*args) -> tuple[LaunchConfig, ...]:
+    def cached(key, *args) -> tuple[LaunchConfig, ...]:
         return tuple(fn(*args))
 
+    def space(*args) -> tuple[LaunchConfig, ...]:
+        return cached(_key(args), *args)
+
+    space.cache_clear = cached.cache_clear
     return functools.wraps(fn)(space)
 
 

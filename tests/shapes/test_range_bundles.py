@@ -836,3 +836,22 @@ def test_a_range_of_one_point_plans_and_runs_as_the_static_shape(model_file, tmp
     np.testing.assert_allclose(
         loaded.run(feeds)["y"], want.run(None, feeds)[0], rtol=1e-4, atol=1e-5
     )
+
+
+def test_a_configuration_space_is_cached_per_range_not_per_formula():
+    """Two ranges' dimensions with one formula (``past + 1``) are equal as
+    values, but a space computed for past 1..2048 must not serve past 1..64:
+    the tiles cover the range's own rows (a second optimize in one process
+    once took the first's and failed to print)."""
+    from orchestrate.shapes.dims import DimRange
+    from orchestrate.shapes.poly import Poly
+    from orchestrate.shapes.symint import Symbols, SymInt
+    from orchestrate.templates.row_reduce.config import row_reduce
+
+    total = Poly.of("past") + 1
+    wide = SymInt(total, Symbols(("past",), {"past": DimRange(1, 2048, 512)}, {"past": 2048}))
+    narrow = SymInt(total, Symbols(("past",), {"past": DimRange(1, 64, 16)}, {"past": 64}))
+    assert wide == narrow
+    first, second = row_reduce(1, wide, False), row_reduce(1, narrow, False)
+    assert first != second
+    assert second == row_reduce(1, 65, False)  # as for the range's widest row
