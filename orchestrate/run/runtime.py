@@ -58,6 +58,9 @@ from orchestrate.kernels.spec import (
 from orchestrate.plan import Planned
 
 _WARNED = threading.Event()
+# set once orchestrate itself has imported triton under the interpreter: its
+# standard library is then the interpreter's, whatever the environment says now
+_BUILT_FOR_INTERPRETER = threading.Event()
 _INTERPRETER = threading.RLock()  # interpreted runs take turns (Program._lock)
 
 
@@ -130,7 +133,8 @@ def load_kernels(source: str, interpret: bool):
     what runs is what orchestrate generated.  Triton reads a jitted
     function's source through ``linecache``, where it is registered."""
     if interpret:
-        if os.environ.get("TRITON_INTERPRET") != "1" and "triton.language" in sys.modules:
+        foreign = not _BUILT_FOR_INTERPRETER.is_set() and os.environ.get("TRITON_INTERPRET") != "1"
+        if foreign and "triton.language" in sys.modules:
             # triton builds its standard library (tl.sum, tl.cdiv, ...) for the
             # compiler or the interpreter once, when first imported
             raise OrchestrateError(
@@ -172,7 +176,11 @@ def interpreting(on: bool):
         before = os.environ.get("TRITON_INTERPRET")
         os.environ["TRITON_INTERPRET"] = "1"
         try:
+            first = "triton.language" not in sys.modules
             import triton.language  # noqa: F401 - built for the interpreter if first here
+
+            if first:
+                _BUILT_FOR_INTERPRETER.set()
 
             yield
         finally:

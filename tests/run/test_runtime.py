@@ -103,7 +103,8 @@ def test_threads_running_one_program_each_get_their_own_answer():
 def test_running_a_bundle_leaves_the_environment_as_it_was(tmp_path):
     """In a fresh process without TRITON_INTERPRET (the test session sets
     it): a bundle loaded and run twice without a GPU gives the right answer,
-    and neither the process's environment nor a child's has the variable."""
+    a second optimize in the same process runs its kernels too, and neither
+    the process's environment nor a child's has the variable."""
     import os
     import subprocess
     import sys
@@ -126,6 +127,9 @@ loaded = api.load(bundle.path)
 x = np.linspace(-1, 1, 128, dtype=np.float32).reshape(4, 32)
 for _ in range(2):
     assert np.array_equal(loaded.run({{"x": x}})["y"], np.maximum(x, 0))
+# a second bundle's kernels in the same process: triton, imported by orchestrate
+# under the interpreter, is still the interpreter's
+api.optimize({str(tmp_path / "m.onnx")!r}, {str(tmp_path / "m2.orch")!r}, trials=1)
 assert "TRITON_INTERPRET" not in os.environ, os.environ["TRITON_INTERPRET"]
 child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('TRITON_INTERPRET'))"],
                        capture_output=True, text=True, check=True)
