@@ -81,6 +81,8 @@ def test_what_is_not_a_decode_step_or_a_decode_is_refused():
     gen.generate(_toy_step([]), IO, shapes, [1, 2], 7, least_past=1, most_past=8)  # fits
     with pytest.raises(InputError, match="--prompt-ids"):
         gen.generate(_toy_step([]), IO, shapes, [], 3)
+    with pytest.raises(InputError, match="token -1 is negative"):
+        gen.generate(_toy_step([]), IO, shapes, [2, -1], 3)
 
 
 def _ort_step(path):
