@@ -123,6 +123,34 @@ def space(fn):
     return functools.wraps(fn)(space)
 
 
+def row_tiles(
+    rows: int,
+    length: int,
+    looped: bool,
+    *,
+    loop_block: int,
+    tile: int,
+    interpret_tile: int,
+    interpret_loop_block: int,
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The (GPU, interpreter) blocks of a kernel over rows of ``length``: a
+    looped row one per program in column blocks of ``loop_block``; a row held
+    whole with as many rows per program as ``tile`` elements allow.  The
+    interpreter's blocks are larger (``interpret_*``): fewer programs."""
+    cols = next_pow2(length)
+    if looped:
+        gpu = {"BLOCK_ROWS": 1, "BLOCK_COLS": min(loop_block, cols)}
+        fast_cols = min(interpret_loop_block, cols)
+    else:
+        gpu = {"BLOCK_ROWS": min(next_pow2(rows), max(1, tile // cols)), "BLOCK_COLS": cols}
+        fast_cols = cols
+    fast = {
+        "BLOCK_ROWS": min(next_pow2(rows), max(1, interpret_tile // fast_cols)),
+        "BLOCK_COLS": fast_cols,
+    }
+    return gpu, fast
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 

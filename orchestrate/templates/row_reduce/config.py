@@ -30,27 +30,20 @@ def row_reduce(
     split (``splittable``, see ``rule.py``) one per SPLIT_K, 1 first (the
     cost model ranks them: a few long rows fill the GPU only split).  A row
     of 2**31 elements or more is always split, its columns in int64."""
-    cols = config.next_pow2(length)
-    if looped:
-        gpu = {"BLOCK_ROWS": 1, "BLOCK_COLS": min(LOOP_BLOCK, cols)}
-        fast_cols = min(INTERPRET_LOOP_BLOCK, cols)
-        if splittable:
-            fast = {"BLOCK_ROWS": 1, "BLOCK_COLS": fast_cols}
-            steps = -(-length // gpu["BLOCK_COLS"])
-            splits = [s for s in (1 << i for i in range(9)) if s <= min(MAX_SPLIT, steps)]
-            if length >= WIDE_ROW:
-                splits = [s for s in splits if s > 1] or [2]
-            return [
-                config.launch_config({**gpu, "SPLIT_K": s}, {**fast, "SPLIT_K": s}) for s in splits
-            ]
-    else:
-        gpu = {
-            "BLOCK_ROWS": min(config.next_pow2(rows), max(1, SINGLE_PASS_TILE // cols)),
-            "BLOCK_COLS": cols,
-        }
-        fast_cols = cols
-    fast = {
-        "BLOCK_ROWS": min(config.next_pow2(rows), max(1, INTERPRET_TILE // fast_cols)),
-        "BLOCK_COLS": fast_cols,
-    }
+    gpu, fast = config.row_tiles(
+        rows,
+        length,
+        looped,
+        loop_block=LOOP_BLOCK,
+        tile=SINGLE_PASS_TILE,
+        interpret_tile=INTERPRET_TILE,
+        interpret_loop_block=INTERPRET_LOOP_BLOCK,
+    )
+    if looped and splittable:
+        fast = {**fast, "BLOCK_ROWS": 1}  # one row's share per program
+        steps = -(-length // gpu["BLOCK_COLS"])
+        splits = [s for s in (1 << i for i in range(9)) if s <= min(MAX_SPLIT, steps)]
+        if length >= WIDE_ROW:
+            splits = [s for s in splits if s > 1] or [2]
+        return [config.launch_config({**gpu, "SPLIT_K": s}, {**fast, "SPLIT_K": s}) for s in splits]
     return [config.launch_config(gpu, fast)]

@@ -15,18 +15,13 @@ INTERPRET_TILE, INTERPRET_LOOP_BLOCK = 1 << 16, 1 << 14
 
 @config.space
 def scan(rows: int, length: int, looped: bool) -> list[config.LaunchConfig]:
-    cols = config.next_pow2(length)
-    if looped:
-        gpu = {"BLOCK_ROWS": 1, "BLOCK_COLS": min(LOOP_BLOCK, cols)}
-        fast_cols = min(INTERPRET_LOOP_BLOCK, cols)
-    else:
-        gpu = {
-            "BLOCK_ROWS": min(config.next_pow2(rows), max(1, SINGLE_PASS_TILE // cols)),
-            "BLOCK_COLS": cols,
-        }
-        fast_cols = cols
-    fast = {
-        "BLOCK_ROWS": min(config.next_pow2(rows), max(1, INTERPRET_TILE // fast_cols)),
-        "BLOCK_COLS": fast_cols,
-    }
+    gpu, fast = config.row_tiles(
+        rows,
+        length,
+        looped,
+        loop_block=LOOP_BLOCK,
+        tile=SINGLE_PASS_TILE,
+        interpret_tile=INTERPRET_TILE,
+        interpret_loop_block=INTERPRET_LOOP_BLOCK,
+    )
     return [config.launch_config(gpu, fast)]
