@@ -78,21 +78,36 @@ def shrunk_source(source: str, cap: int) -> str:
     return ast.unparse(tree)
 
 
-def _export(source: str, path: Path, seed: int) -> list[str]:
-    """Run the shrunk program and export its model to ``path``; the input names."""
+def program(source: str) -> dict:
+    """A KernelBench program's names (``Model``, ``get_inputs``,
+    ``get_init_inputs``): its source run, from a checkout the user named."""
+    namespace: dict = {"__name__": "kernelbench_program"}
+    exec(compile(source, "<kernelbench>", "exec"), namespace)  # noqa: S102
+    return namespace
+
+
+def program_inputs(namespace: dict) -> list:
+    """The program's ``get_inputs()`` as tensors: a number among them (a
+    scale, say) becomes a 0-d tensor input; anything else is a ValueError."""
     import torch
 
-    namespace: dict = {"__name__": "kernelbench_program"}
-    exec(compile(source, "<kernelbench>", "exec"), namespace)  # the user's own checkout
-    torch.manual_seed(seed)
-    model = namespace["Model"](*namespace["get_init_inputs"]()).eval()
-    # a number among the inputs (a scale, say) becomes a 0-d tensor input
     inputs = [
         torch.tensor(x) if isinstance(x, int | float) and not isinstance(x, bool) else x
         for x in namespace["get_inputs"]()
     ]
     if not all(isinstance(x, torch.Tensor) for x in inputs):
         raise ValueError("an input is neither a tensor nor a number")
+    return inputs
+
+
+def _export(source: str, path: Path, seed: int) -> list[str]:
+    """Run the shrunk program and export its model to ``path``; the input names."""
+    import torch
+
+    namespace = program(source)
+    torch.manual_seed(seed)
+    model = namespace["Model"](*namespace["get_init_inputs"]()).eval()
+    inputs = program_inputs(namespace)
     names = [f"input{i}" for i in range(len(inputs))]
     with torch.no_grad():
         torch.onnx.export(

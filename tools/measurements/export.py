@@ -85,21 +85,17 @@ def _draws(torch) -> None:
 def export(source: str, out: Path) -> None:
     """Run the program in ``source`` (in the module's default, training, mode:
     KernelBench times it so) and write its shape-only ONNX to ``out``."""
-    namespace: dict = {"__name__": "kernelbench_program"}
-    exec(compile(source, "<kernelbench>", "exec"), namespace)  # a program of the mirror read
     import onnx
     import torch
 
+    from examples import kernelbench  # (torch: in the exporting process only)
+
+    namespace = kernelbench.program(source)  # a program of the mirror read
     _draws(torch)  # before get_inputs, the first to call them
     torch.manual_seed(0)
     with torch.no_grad():
         model = namespace["Model"](*namespace["get_init_inputs"]())
-        inputs = [
-            torch.tensor(x) if isinstance(x, int | float) and not isinstance(x, bool) else x
-            for x in namespace["get_inputs"]()
-        ]
-        if not all(isinstance(x, torch.Tensor) for x in inputs):
-            raise ValueError("an input is neither a tensor nor a number")
+        inputs = kernelbench.program_inputs(namespace)
         names = [f"input{i}" for i in range(len(inputs))]
         with tempfile.TemporaryDirectory(prefix="kb-export-") as tmp:
             full = Path(tmp) / "model.onnx"  # weights over 2 GB go to files beside it
