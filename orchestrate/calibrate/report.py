@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,13 +60,9 @@ def text(found: Sequence[Prediction], skipped: Sequence[Skipped]) -> str:
         lines += [_row(group, f) for group, f in t.rows]
         lines.append("")
     if skipped:
-        reasons: dict[str, int] = {}
-        for s in skipped:
-            reasons[s.reason.split(": ")[-1][:100]] = (
-                reasons.get(s.reason.split(": ")[-1][:100], 0) + 1
-            )
+        reasons = Counter(s.reason.split(": ")[-1][:100] for s in skipped)
         lines.append("skipped (count: reason):")
-        lines += [f"  {n:4d}: {shown(r)}" for r, n in sorted(reasons.items(), key=lambda x: -x[1])]
+        lines += [f"  {n:4d}: {shown(r)}" for r, n in reasons.most_common()]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -104,14 +101,28 @@ KIND_COLOURS = {
 }
 
 
-def scatter(found: Sequence[Prediction], path: Path, title: str = "") -> None:
-    """Predicted against measured, log-log, by kind, with the 1x and 2x lines
-    (matplotlib; ImportError without it)."""
+def pyplot():
+    """matplotlib's pyplot drawing to files only (ImportError without it)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def gpu_colours(gpus: Sequence[str]) -> dict[str, tuple]:
+    """One colour per GPU, up to 20 (tab20's strong shades first): the GPU
+    charts hold twelve or more, past the default cycle's ten."""
+    tab20 = pyplot().get_cmap("tab20").colors
+    order = [*range(0, 20, 2), *range(1, 20, 2)]
+    return {gpu: tab20[order[i % 20]] for i, gpu in enumerate(sorted(set(gpus)))}
+
+
+def scatter(found: Sequence[Prediction], path: Path, title: str = "") -> None:
+    """Predicted against measured, log-log, by kind, with the 1x and 2x lines
+    (matplotlib; ImportError without it)."""
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.5), sharex=True, sharey=True)
     for ax, which in zip(axes, ("eager", "compile")):
         mine = [p for p in found if runtime_class(p.measurement.runtime) == which]

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from orchestrate.calibrate.learn import Point, Sample
+from orchestrate.calibrate.report import gpu_colours, pyplot
 from orchestrate.cost.learned import CATEGORICAL, FEATURES
 from orchestrate.text import shown
 
@@ -47,17 +48,12 @@ def _cell(error: float, rho: float | None) -> str:
 
 def curves(points: Sequence[Point], path: Path) -> None:
     """Error factor and Spearman against k, one line per GPU held out (matplotlib)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax_e, ax_r) = plt.subplots(1, 2, figsize=(11, 4.5))
-    colours = plt.get_cmap("tab20").colors  # one per GPU, up to 20
-    for i, gpu in enumerate(sorted({p.gpu for p in points})):
+    colours = gpu_colours([p.gpu for p in points])
+    for gpu, colour in colours.items():
         mine = sorted((p for p in points if p.gpu == gpu), key=lambda p: p.k)
         ks = [p.k for p in mine]
-        colour = colours[(2 * i) % 20 + (2 * i) // 20]  # the strong shades first
         line = ax_e.plot(ks, [p.error for p in mine], marker="o", label=gpu, color=colour)[0]
         ax_e.axhline(mine[0].analytic_error, color=line.get_color(), linestyle=":", linewidth=0.8)
         ax_r.plot(ks, [p.spearman or math.nan for p in mine], marker="o", color=line.get_color())
@@ -115,15 +111,11 @@ def pca_text(p: Pca) -> str:
 
 
 def pca_plot(p: Pca, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 5.5))
-    for gpu in sorted(set(p.gpus)):
+    for gpu, colour in gpu_colours(p.gpus).items():
         mask = np.array([g == gpu for g in p.gpus])
-        ax.scatter(p.coords[mask, 0], p.coords[mask, 1], s=6, alpha=0.5, label=gpu)
+        ax.scatter(p.coords[mask, 0], p.coords[mask, 1], s=6, alpha=0.5, label=gpu, color=colour)
     ax.set(
         xlabel=f"PC1 ({100 * p.explained[0]:.0f}%)",
         ylabel=f"PC2 ({100 * p.explained[1]:.0f}%)",
