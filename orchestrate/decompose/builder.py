@@ -22,7 +22,7 @@ from orchestrate.errors import GraphError, InputError, UnsupportedError
 from orchestrate.ir import Attrs, Node, Op, TensorType, type_rules
 from orchestrate.ir.bounds import out_of_range
 from orchestrate.ir.reference import evaluate
-from orchestrate.shapes.symint import SymInt
+from orchestrate.shapes.symint import SymInt, Undecided, strict
 
 # A constant-only primitive is folded unless its result is both larger than
 # this many elements and larger than its inputs together (Expand of a scalar
@@ -83,6 +83,10 @@ class Builder:
         self._next: dict[str, int] = {}  # fresh(): the K each name stem reached
         self._small_consts: dict[tuple, str] = {}
         self._step_start = 0
+        # every non-constant value made or read by a node, and each node's
+        # producer (slice looks through the CONCAT or unit RESHAPE it cuts)
+        self._values: dict[str, Value] = {}
+        self._made: dict[str, Node] = {}
 
     # -- naming -------------------------------------------------------------
 
@@ -127,6 +131,11 @@ class Builder:
                 self.nodes[i] = replace(
                     n, inputs=tuple(new if x == v.name else x for x in n.inputs)
                 )
+            if n.name == v.name or v.name in n.inputs:
+                self._made[self.nodes[i].name] = self.nodes[i]
+        self._made.pop(v.name, None)
+        self._values.pop(v.name, None)
+        self._values[new] = replace(v, name=new)
         return replace(v, name=new)
 
     def made_here(self, v: Value) -> bool:
@@ -198,7 +207,10 @@ class Builder:
                 return self.constant(value, shape=t.shape, sym=_folded_sym(op, inputs))
         node = Node(op, self.fresh(op.value), tuple(v.name for v in inputs), t, a, self.origin)
         self.nodes.append(node)
-        return Value(node.name, t)
+        self._values.update((v.name, v) for v in inputs if not v.is_const)
+        self._values[node.name] = out = Value(node.name, t)
+        self._made[node.name] = node
+        return out
 
     # -- elementwise ----------------------------------------------------------
 
@@ -338,7 +350,65 @@ class Builder:
         starts, steps, shape = (dims(s) for s in (starts, steps, shape))
         if shape == x.shape and all(s == 0 for s in starts) and all(s == 1 for s in steps):
             return x
+        through = self._slice_through(x, starts, steps, shape)
+        if through is not None:
+            return through
         return self.emit(Op.SLICE, [x], starts=starts, steps=steps, shape=shape)
+
+    def _slice_through(self, x: Value, starts, steps, shape) -> Value | None:
+        """The slice of ``x`` taken from what ``x`` is made of, where it
+        cuts one part of a CONCAT, or a CONCAT across another axis, or the
+        input of a RESHAPE that only adds or drops unit axes; None where it
+        does not, or where the range of a dimension does not decide it. A
+        decoding step's ``present[..., past:past + 1, :]`` is so its new row,
+        not the whole cache it was concatenated with."""
+        node = self._made.get(x.name)
+        if node is None or any(s != 1 for s in steps):
+            return None
+        parts = [self._values.get(i) for i in node.inputs]
+        if any(p is None for p in parts):
+            return None
+        try:
+            with strict():
+                if node.op is Op.CONCAT:
+                    return self._slice_concat(parts, node.attrs["axis"], starts, shape)
+                if node.op is Op.RESHAPE:
+                    return self._slice_unit_reshape(parts[0], x, starts, shape)
+        except Undecided:
+            return None
+        return None
+
+    def _slice_concat(self, parts: Sequence[Value], axis: int, starts, shape) -> Value | None:
+        if starts[axis] == 0 and shape[axis] == sum(p.shape[axis] for p in parts):
+            cut = [list(shape) for _ in parts]
+            for c, p in zip(cut, parts):
+                c[axis] = p.shape[axis]
+            return self.concat(
+                [self.slice(p, starts, [1] * len(c), c) for p, c in zip(parts, cut)], axis
+            )
+        offset = 0
+        for p in parts:
+            n = p.shape[axis]
+            if offset <= starts[axis] and starts[axis] + shape[axis] <= offset + n:
+                inner = list(starts)
+                inner[axis] = starts[axis] - offset
+                return self.slice(p, inner, [1] * len(inner), shape)
+            offset = offset + n
+        return None
+
+    def _slice_unit_reshape(self, x: Value, y: Value, starts, shape) -> Value | None:
+        """``y = reshape(x)`` adding or dropping axes of 1 only."""
+        keep_x = [a for a, d in enumerate(x.shape) if d != 1]
+        keep_y = [a for a, d in enumerate(y.shape) if d != 1]
+        if [x.shape[a] for a in keep_x] != [y.shape[a] for a in keep_y]:
+            return None
+        if any(shape[a] != 1 for a in range(len(y.shape)) if a not in keep_y):
+            return None
+        inner_starts, inner_shape = [0] * x.rank, list(x.shape)
+        for ax, ay in zip(keep_x, keep_y):
+            inner_starts[ax], inner_shape[ax] = starts[ay], shape[ay]
+        cut = self.slice(x, inner_starts, [1] * x.rank, inner_shape)
+        return self.reshape(cut, shape)
 
     def slice_axis(self, x: Value, axis: int, start: int, stop: int, step: int = 1) -> Value:
         """``x[..., start:stop:step, ...]`` along one axis, Python slice semantics."""

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from orchestrate import ir
-from orchestrate.decompose.builder import Builder, Value, dims, onnx_dtype
+from orchestrate.decompose.builder import Builder, Value, dims, onnx_dtype, slice_span
 from orchestrate.errors import GraphError, UnsupportedError
 from orchestrate.ir import type_rules
 
@@ -233,16 +233,11 @@ def slice_range(dim: int, start: int, end: int, step: int) -> tuple[int, int]:
 
     Negative start/end count from the back; then, as the spec says, both are
     clamped to [0, dim] for a positive step and to [0, dim-1] / [-1, dim-1]
-    for a negative one (INT64_MAX / INT64_MIN mean "to the end" this way).
+    for a negative one (INT64_MAX / INT64_MIN mean "to the end" this way):
+    Python's slice semantics, so ``slice_span``'s, which keeps an end that is
+    a formula of a range's dimensions (a cache read up to ``past``) one.
     """
-    start += dim if start < 0 else 0
-    end += dim if end < 0 else 0
-    if step > 0:
-        start, end = min(max(start, 0), dim), min(max(end, 0), dim)
-    else:
-        start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
-    count = len(range(start, end, step)) if dim else 0
-    return (start if count else 0), count
+    return slice_span(start, end, step, dim)
 
 
 def Concat(b: Builder, *xs: Value, axis: int | None = None) -> Value:
