@@ -66,12 +66,28 @@ def read_bytes(graph: Graph, spec: KernelSpec) -> int:
             users = [graph.producer[n] for n in spec.nodes if t in graph.producer[n].inputs]
         else:
             users = [c for c in readers if c.name in inside]
-        if users and all(c.op in (Op.SLICE, Op.GATHER) and c.inputs[0] == t for c in users):
-            taken = sum(c.type.size for c in users)
+        if users and all(c.op in _SELECTS and c.inputs[0] == t for c in users):
+            taken = sum(_selected(graph, c, inside) for c in users)
             total += min(taken, ty.size) * ty.itemsize
         else:
             total += ty.nbytes
     return total
+
+
+_SELECTS = (Op.SLICE, Op.GATHER)
+
+
+def _selected(graph: Graph, node: Node, inside: set[str]) -> int:
+    """Elements of its input that a slice or gather ``node`` leads the kernel
+    to read: its own size, or less where the one reader of it inside is a
+    further slice or gather of it (one layer of a cache's first rows)."""
+    size = node.type.size
+    while True:
+        nxt = [c for c in graph.consumers.get(node.name, ()) if c.name in inside]
+        if len(nxt) != 1 or nxt[0].op not in _SELECTS or nxt[0].inputs[0] != node.name:
+            return size
+        node = nxt[0]
+        size = min(size, node.type.size)
 
 
 def write_bytes(graph: Graph, names) -> int:
