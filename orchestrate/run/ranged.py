@@ -36,6 +36,7 @@ import numpy as np
 
 from orchestrate import bundle, text
 from orchestrate.errors import InputError
+from orchestrate.frontend.decode import decode_io
 from orchestrate.plan import Plan
 from orchestrate.plan.ranged import instance, regenerate_ranged
 from orchestrate.run import generate
@@ -53,16 +54,26 @@ from orchestrate.shapes.poly import Poly
 DEFAULT_CACHE = 8  # bindings whose Program (buffers, CUDA graph) is kept
 
 
-def _bare(family: Family, p: Poly) -> int | None:
-    """The dimension ``p`` is exactly (its index), or None."""
-    return next((k for k, name in enumerate(family.names) if p == Poly.of(name)), None)
+def _solved(family: Family, p: Poly, v: int, where: str) -> tuple[int, int] | None:
+    """(the dimension, its value) that an axis of formula ``p`` and length
+    ``v`` gives, where ``p`` is one dimension times a whole number plus a
+    constant (``past``, ``past + 1``, ``2*s0``); None for any other formula
+    (those are checked by the Program against the binding the others give).
+    InputError (naming ``where``) for a length no value of the dimension gives."""
+    terms = p.linear
+    if terms is None or len(terms) != 1:
+        return None
+    (name, coeff), rest = terms[0], v - p.const
+    if rest % coeff:
+        raise InputError(f"{where} is {v}: no whole {name} makes {p} that")
+    return family.names.index(name), rest // coeff
 
 
 def binding_of(family: Family, shapes: Mapping[str, tuple[int, ...]]) -> Binding:
     """The binding the inputs' shapes give; InputError for inputs that
     disagree on a dimension or lie outside its range.  (Other shape errors
     are the Program's, which checks every input against the binding.)"""
-    seen: dict[int, tuple[int, str, int]] = {}  # dim -> (value, input, axis)
+    seen: dict[int, tuple[int, str]] = {}  # dim -> (value, the input and axis giving it)
     for name, polys in family.inputs.items():
         shape = shapes.get(name)
         if shape is None:
@@ -70,27 +81,26 @@ def binding_of(family: Family, shapes: Mapping[str, tuple[int, ...]]) -> Binding
         if len(shape) != len(polys):
             raise InputError(f"input {name!r}: rank {len(shape)}, expected {len(polys)}")
         for axis, p in enumerate(polys):
-            k = _bare(family, p)
-            if k is None:
+            where = f"input {name!r}: axis {axis}" + ("" if p.const == 0 else f" ({p})")
+            solved = _solved(family, p, int(shape[axis]), where)
+            if solved is None:
                 continue
-            v = int(shape[axis])
+            k, v = solved
             dim = family.dims[k]
             if k in seen and seen[k][0] != v:
-                other, o_axis = seen[k][1], seen[k][2]
                 raise InputError(
-                    f"input {name!r}: axis {axis} is {dim.shown}={v}, but axis "
-                    f"{o_axis} of input {other!r} gives {dim.shown}={seen[k][0]}"
+                    f"{where} gives {dim.shown}={v}, but {seen[k][1]} gives {dim.shown}={seen[k][0]}"
                 )
-            seen.setdefault(k, (v, name, axis))
+            seen.setdefault(k, (v, where))
     missing = [d.name for k, d in enumerate(family.dims) if k not in seen]
     if missing:  # pragma: no cover - binding.py gives every dimension an input axis
         raise InputError(f"no input gives dimension {missing[0]!r}")
-    for k, (v, name, axis) in sorted(seen.items()):
+    for k, (v, where) in sorted(seen.items()):
         r = family.dims[k].range
         if v not in r:
             raise InputError(
-                f"input {name!r}: axis {axis} is {family.dims[k].shown}={v}, outside "
-                f"the bundle's range {r.min}..{r.max}"
+                f"{where} gives {family.dims[k].shown}={v}, outside the bundle's range "
+                f"{r.min}..{r.max}"
             )
     return tuple(seen[k][0] for k in range(len(family.dims)))
 
@@ -184,6 +194,7 @@ class DynamicBundle:
         self.interpret = (not gpu_available()) if interpret is None else interpret
         self._constants, self._source = constants, source
         self._program: DynamicProgram | None = None
+        self._in_place: DynamicBundle | None = None
         self._making = threading.Lock()
 
     @property
@@ -241,7 +252,7 @@ class DynamicBundle:
     def decoding(self):
         """The decode interface, each cache's growing axis, and the range of
         past lengths (``run/generate.py``)."""
-        io = generate.decode_io(list(self.inputs), self.outputs, str(self.path))
+        io = decode_io(list(self.inputs), self.outputs, str(self.path))
         shapes, pasts = {}, set()
         for past, _ in io.caches:
             polys = self.family.inputs.get(past, ())
@@ -260,6 +271,25 @@ class DynamicBundle:
         least, most = length.bounds({d.name: d.range for d in self.family.dims})
         return io, shapes, least, most
 
+    def in_place(self) -> DynamicBundle | None:
+        """The decode step over caches kept in place (``bundle.IN_PLACE``),
+        checked against the hash this bundle's manifest holds; None for a
+        bundle without one."""
+        field = self.manifest.get("in_place")
+        if field is None:
+            return None
+        with self._making:
+            if self._in_place is None:
+                folder = self.path / bundle.IN_PLACE
+                contents = bundle.read(folder)
+                if bundle.sha256(folder / "manifest.json") != field["manifest"]:
+                    raise InputError(
+                        f"{folder}: manifest.json is not the one {self.path}/manifest.json names "
+                        "(the in-place step was replaced or changed); optimize the model again"
+                    )
+                self._in_place = load_dynamic(folder, contents, self.interpret)
+        return self._in_place
+
     def generate(
         self,
         prompt_ids,
@@ -268,14 +298,24 @@ class DynamicBundle:
         sample: bool = False,
         seed: int = 0,
         temperature: float = 1.0,
+        in_place: bool = True,
     ) -> generate.Generated:
         """Tokens after ``prompt_ids``: greedy, or sampled with ``seed`` at
-        ``temperature`` (``orchestrate/run/generate.py``)."""
+        ``temperature`` (``orchestrate/run/generate.py``); over the in-place
+        step where the bundle has one and ``in_place``, else over the
+        graph's own step, the caches fed back."""
         io, shapes, least, most = self.decoding()
+        device = "cpu" if self.interpret else "cuda"
+        step = self.in_place() if in_place else None
+        if step is not None:
+            rows = self.manifest["in_place"]["capacity"]
+            caches = generate.caches_for(io, shapes, rows, least, device)
+        else:
+            step, caches = self, generate.caches_for(io, shapes, None, least, device)
         return generate.generate(
-            self.run,
+            step.run,
             io,
-            shapes,
+            caches,
             [int(t) for t in prompt_ids],
             max_new_tokens,
             least_past=least,
