@@ -27,7 +27,7 @@ from orchestrate.check.draws import Draws, check_draws
 from orchestrate.check.verify import Report, check_tolerance, verify
 from orchestrate.emit import emit
 from orchestrate.errors import InputError, OrchestrateError
-from orchestrate.frontend import check_shapes, onnxrt
+from orchestrate.frontend import check_shapes, decode, graph_inputs, onnxrt
 from orchestrate.frontend.constants import recorded
 from orchestrate.ir import precision, reference
 from orchestrate.plan import Plan, pipeline, ranged
@@ -169,6 +169,7 @@ class Optimized:
     plan: Plan
     report: Report | None
     family: Family | None = None  # a dynamic bundle's dimensions and how shapes follow them
+    in_place: str = ""  # a decode step's: its in-place bundle planned, or why not (one line)
 
 
 def optimize(
@@ -353,9 +354,6 @@ def _optimize_range(
             progress=progress,
             draws=draws,
         )
-        staging.write(
-            plan, made.source, made.constants, _report_md(plan, result, family), info, dims
-        )
         if not result.ok:
             bad = result.first_failure()
             raise VerificationError(
@@ -364,11 +362,93 @@ def _optimize_range(
                 f"{result.bindings[bad.trial]}: {bad.detail}",
                 result,
             )
+        said, in_place = _in_place_step(
+            model, model_path, family, staging, options, trials, rtol, atol, progress
+        )
+        info = {**info, **({"in_place": in_place} if in_place else {})}
+        staging.write(
+            plan, made.source, made.constants, _report_md(plan, result, family), info, dims
+        )
         path = staging.commit()
     except BaseException:
         staging.discard()
         raise
-    return Optimized(path, plan, result, family)
+    return Optimized(path, plan, result, family, said)
+
+
+def _in_place_step(
+    model, model_path: Path, family: Family, staging, options, trials, rtol, atol, progress
+) -> tuple[str, dict | None]:
+    """For a decode step: the step over caches kept in place
+    (``frontend/decode.py``) planned for the same range, verified, and
+    written to ``bundle.IN_PLACE`` inside the staged bundle; (what to say,
+    the manifest's ``in_place`` field). Not a decode step: ("", None)."""
+    try:
+        io = decode.decode_io(
+            [i.name for i in graph_inputs(model)], [o.name for o in model.graph.output], ""
+        )
+    except InputError:
+        return "", None
+    past = {d.name: d for d in family.dims}
+    step = None
+    for past_input, _ in io.caches:
+        grows = [p for p in family.inputs.get(past_input, ()) if not p.is_const]
+        if len(grows) == 1 and grows[0].linear is not None and len(grows[0].symbols) == 1:
+            step = next(iter(grows[0].symbols))
+    if step is None or step not in past:
+        return "in-place cache: not planned (the caches' past length is not a range)", None
+    capacity = past[step].range.max + 1
+    rewritten = decode.in_place(model, io, capacity, str(model_path))
+    if isinstance(rewritten, str):
+        return f"in-place cache: not planned ({rewritten})", None
+    source = f"{model_path} (in place)"
+    dims = {d.name: f"{d.range.min}..{d.range.max}@{d.range.opt}" for d in family.dims}
+    ranges = parse_ranges(None, dims)
+    session = onnxrt.reference(rewritten.model, source)
+    made = ranged.build(rewritten.model, ranges, options, model_path.name, source, progress)
+    folder = bundle.IN_PLACE
+    info = {
+        "orchestrate": __version__,
+        "model": {"file": model_path.name, "sha256": bundle.sha256(model_path)},
+        "shapes": {
+            i.name: list(i.shape) for i in made.plan.graph.inputs if i.name in made.family.inputs
+        },
+    }
+    dims_json = made.family.to_json()
+    plan = made.plan
+    staging.write(plan, made.source, made.constants, "", info, dims_json, folder)
+    loaded = load(staging.path / folder)
+    result = range_check.verify_range(
+        rewritten.model,
+        loaded,
+        range_check.range_bindings(made.family, trials),
+        rtol=rtol,
+        atol=atol,
+        source=source,
+        session=session,
+        progress=progress,
+    )
+    if not result.ok:
+        bad = result.first_failure()
+        raise VerificationError(
+            f"{source}: the in-place step's kernels do not match it on output {bad.name!r} "
+            f"at {result.bindings[bad.trial]}: {bad.detail}",
+            result,
+        )
+    report = _report_md(plan, result, made.family)
+    staging.write(plan, made.source, made.constants, report, info, dims_json, folder)
+    written = sum(k.bytes for k in plan.kernels)
+    field = {
+        "manifest": staging.manifest_sha256(folder),
+        "past": step,
+        "capacity": capacity,
+        "axes": dict(rewritten.axis),
+    }
+    said = (
+        f"in-place cache: {folder}/ planned and verified, {len(plan.kernels)} kernels, "
+        f"{written:,} bytes a step at OPT (buffers of {capacity} rows)"
+    )
+    return said, field
 
 
 def verify_bundle(

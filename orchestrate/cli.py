@@ -1074,6 +1074,8 @@ def optimize(
         for line in result.report.lines():
             echo(line)
         echo(result.report.verdict(trials))
+    if result.in_place:
+        echo(result.in_place)
     echo(f"wrote {result.path}/")
 
 

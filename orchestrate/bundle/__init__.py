@@ -10,6 +10,11 @@
       dims.json      only in a dynamic bundle (``--shape x=1..8x2..64``): its
                      dimensions, their ranges, and the shapes and attributes
                      that are polynomials of them (``shapes/family.py``)
+      in_place/      only for a decode step over a range of past lengths: the
+                     step over caches kept in place (``frontend/decode.py``),
+                     a bundle of its own; the manifest's ``in_place`` holds
+                     the sha256 of its manifest.json, the buffers' capacity
+                     and each cache's growing axis
 
 numpy has no bfloat16 of its own (orchestrate uses ml_dtypes' in memory), and
 an .npz of ml_dtypes arrays loads as raw bytes without pickles: a bfloat16
@@ -74,7 +79,8 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-_NAMES = frozenset((*FILES, DIMS, "manifest.json"))
+IN_PLACE = "in_place"  # a decode step's in-place bundle, inside the bundle
+_NAMES = frozenset((*FILES, DIMS, "manifest.json", IN_PLACE))
 
 
 def replace_problem(folder: Path) -> str | None:
@@ -87,9 +93,16 @@ def replace_problem(folder: Path) -> str | None:
     if foreign:
         more = f", ... ({len(foreign)} in all)" if len(foreign) > 5 else ""
         return f"holds files an orchestrate bundle does not: {', '.join(foreign[:5])}{more}"
-    odd = [n for n in names if not is_plain_file(folder / n)]
+    odd = [n for n in names if not is_plain_file(folder / n) and n != IN_PLACE]
     if odd:
         return f"its {odd[0]} is not a plain file"
+    if IN_PLACE in names:
+        inner = folder / IN_PLACE
+        if inner.is_symlink() or not inner.is_dir():
+            return f"its {IN_PLACE} is not a folder"
+        problem = replace_problem(inner)
+        if problem:
+            return f"{IN_PLACE}/ {problem}"
     if "manifest.json" not in names:
         return "manifest.json is missing"
     try:
@@ -173,32 +186,40 @@ class Staging:
         report: str,
         info: dict,
         dims: dict | None = None,
+        folder: str = "",
     ) -> None:
-        """``dims``: a dynamic bundle's family (``Family.to_json``)."""
+        """``dims``: a dynamic bundle's family (``Family.to_json``);
+        ``folder``: a bundle inside this one (``IN_PLACE``), whose manifest
+        ``info`` of the outer one then names by its sha256."""
         try:
-            self._write(plan, kernels_py, constants, report, info, dims)
+            self._write(plan, kernels_py, constants, report, info, dims, folder)
         except OSError as e:
             raise InputError(f"{self.out}: cannot write the bundle ({e.strerror})") from None
 
-    def _write(self, plan, kernels_py, constants, report, info, dims) -> None:
+    def manifest_sha256(self, folder: str) -> str:
+        return sha256(self.path / folder / "manifest.json")
+
+    def _write(self, plan, kernels_py, constants, report, info, dims, folder) -> None:
+        path = self.path / folder
+        path.mkdir(mode=folder_mode(), exist_ok=True)
         keys = {name: f"c{i}" for i, name in enumerate(sorted(constants))}
-        (self.path / "plan.json").write_text(json.dumps(plan.to_json(), indent=1) + "\n")
-        (self.path / "kernels.py").write_text(kernels_py)
-        with open(self.path / "weights.npz", "wb") as f:
+        (path / "plan.json").write_text(json.dumps(plan.to_json(), indent=1) + "\n")
+        (path / "kernels.py").write_text(kernels_py)
+        with open(path / "weights.npz", "wb") as f:
             np.savez(f, **{keys[k]: stored(_c_order(v)) for k, v in constants.items()})
-        (self.path / "report.md").write_text("\n".join(map(text.shown, report.split("\n"))))
+        (path / "report.md").write_text("\n".join(map(text.shown, report.split("\n"))))
         files = FILES
         if dims is not None:
-            (self.path / DIMS).write_text(json.dumps(dims, indent=1) + "\n")
+            (path / DIMS).write_text(json.dumps(dims, indent=1) + "\n")
             files = (*FILES, DIMS)
         manifest = {
             "format": BUNDLE_FORMAT,
             **info,
             "constants": keys,
             "bfloat16": sorted(k for k, v in constants.items() if v.dtype == BFLOAT16),
-            "files": {name: sha256(self.path / name) for name in files},
+            "files": {name: sha256(path / name) for name in files},
         }
-        (self.path / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        (path / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
     def commit(self) -> Path:
         """Put the bundle at OUT, replacing the earlier one (checked again:
@@ -353,6 +374,22 @@ def _values(v) -> bool:
 
 # fields a bundle has only when it needs them
 _OPTIONAL = {
+    # a decode step's in-place bundle (IN_PLACE): its manifest's sha256, the
+    # symbol of the past length, the buffers' rows, each cache's growing axis
+    "in_place": (
+        lambda v: (
+            isinstance(v, dict)
+            and set(v) == {"manifest", "past", "capacity", "axes"}
+            and isinstance(v["manifest"], str)
+            and re.fullmatch("[0-9a-f]{64}", v["manifest"]) is not None
+            and isinstance(v["past"], str)
+            and type(v["capacity"]) is int
+            and v["capacity"] > 0
+            and isinstance(v["axes"], dict)
+            and all(type(a) is int and a >= 0 for a in v["axes"].values())
+        ),
+        'an object {"manifest": sha256, "past": name, "capacity": rows, "axes": {cache: axis}}',
+    ),
     # inputs bound to values by --const (frontend/constants.py)
     "bound_inputs": (
         lambda v: isinstance(v, dict) and all(_values(x) for x in v.values()),

@@ -1,45 +1,96 @@
 """Decoding tokens with a decode-step bundle: greedy, or sampled with a seed.
 
-A decode step takes one new token and the key/value cache of the earlier
-ones and returns the next token's logits and the cache grown by one row
-(``examples/decode.py`` exports three). Its interface, found by name
-(``decode_io``): ``input_ids`` [1, 1]; ``attention_mask`` [1, past + 1];
-one or more ``past*`` inputs, each returned grown as the ``present*`` output
-of the same suffix (``past_k`` -> ``present_k``, ``past_key_values.0.key`` ->
-``present.0.key``); and ``logits`` (or the one other output).
+A decode step's interface (``frontend/decode.py``): ``input_ids`` [1, 1],
+``attention_mask`` [1, past + 1], ``past*`` caches returned grown as
+``present*``, and the logits. The bundle must be made for a range of past
+lengths (``--dim past=1..N``), one kernels.py for every step. Below the
+range's least past length the cache is padded with masked slots (zeros the
+attention mask hides), so the prompt's first token can be fed to a bundle
+whose range starts at 1; a model that reads positions from the mask (as the
+examples and Hugging Face's ``generate`` do) is not moved by them. Without
+a prefill bundle the prompt is fed one token per step.
 
-The bundle must be made for a range of past lengths (``--dim past=1..N``),
-one kernels.py for every step. Below the range's least past length the
-cache is padded with masked slots (zeros the attention mask hides), so the
-prompt's first token can be fed to a bundle whose range starts at 1; a model
-that reads positions from the mask (as the examples and Hugging Face's
-``generate`` do) is not moved by them. Without a prefill bundle the prompt
-is fed one token per step. The cache is grown by the step's own concat (the
-graph's outputs are fed back); an in-place cache is not built yet.
+The caches between steps are one of two kinds, both run by ``generate``:
+
+* ``InPlaceCaches`` (the bundle's ``in_place/`` step): one buffer per cache
+  of the range's MAX + 1 rows, allocated once on the step's device; the step
+  reads the first ``past`` rows where they are and returns only the new row,
+  which is written at row ``past``: one row per cache per step.
+* ``GrownCaches`` (the graph's own step): the ``present*`` outputs are the
+  next step's ``past*`` inputs, the whole cache written every step.
+
+``Generated.cache_bytes`` counts the cache bytes each step stores for the
+next one (the rows written in place, or the whole ``present*`` taken).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from orchestrate.errors import InputError
-from orchestrate.text import shown
+from orchestrate.frontend.decode import DecodeIO
 
-Step = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+Step = Callable[[Mapping[str, object]], Mapping[str, object]]
 
 
-@dataclass(frozen=True)
-class DecodeIO:
-    """Which inputs and outputs of a step are which."""
+@dataclass
+class GrownCaches:
+    """Caches the step grows by its own concat: ``present*`` fed back."""
 
-    ids: str
-    mask: str
-    caches: tuple[tuple[str, str], ...]  # (past input, present output)
-    logits: str
+    io: DecodeIO
+    caches: dict[str, torch.Tensor]  # by past input, at the current past length
+
+    def feed(self, past: int) -> dict[str, torch.Tensor]:
+        return dict(self.caches)
+
+    def update(self, result: Mapping[str, torch.Tensor], past: int) -> int:
+        self.caches = {p: result[present] for p, present in self.io.caches}
+        return sum(t.nbytes for t in self.caches.values())
+
+
+@dataclass
+class InPlaceCaches:
+    """Buffers of a capacity of rows, the new row written at ``past``."""
+
+    io: DecodeIO
+    buffers: dict[str, torch.Tensor]  # by past input, ``capacity`` rows on its axis
+    axes: dict[str, int]
+
+    def feed(self, past: int) -> dict[str, torch.Tensor]:
+        return dict(self.buffers)
+
+    def update(self, result: Mapping[str, torch.Tensor], past: int) -> int:
+        written = 0
+        for p, present in self.io.caches:
+            row = result[present]
+            self.buffers[p].narrow(self.axes[p], past, 1).copy_(row)
+            written += row.nbytes
+        return written
+
+
+def caches_for(
+    io: DecodeIO,
+    shapes: Mapping[str, tuple[tuple[int, ...], int, str]],
+    rows: int | None,
+    least_past: int,
+    device: str,
+) -> GrownCaches | InPlaceCaches:
+    """Zeroed caches: per cache input, (its shape, the axis that grows, its
+    dtype) (the length on that axis is ignored); buffers of ``rows`` rows
+    kept in place, or (``rows`` None) grown caches of ``least_past`` rows."""
+    made = {}
+    for name, (shape, axis, dtype) in shapes.items():
+        shape = list(shape)
+        shape[axis] = least_past if rows is None else rows
+        made[name] = torch.zeros(shape, dtype=getattr(torch, np.dtype(dtype).name), device=device)
+    if rows is None:
+        return GrownCaches(io, made)
+    return InPlaceCaches(io, made, {name: axis for name, (_, axis, _) in shapes.items()})
 
 
 @dataclass(frozen=True)
@@ -47,45 +98,12 @@ class Generated:
     tokens: tuple[int, ...]  # the new tokens, after the prompt
     steps: int  # steps run (the prompt's included)
     seconds: float  # wall clock of the steps
+    cache_bytes: tuple[int, ...] = field(default=())  # per step, the cache stored for the next
+    in_place: bool = False  # whether the caches were kept in place
 
     @property
     def tokens_per_second(self) -> float:
         return len(self.tokens) / self.seconds if self.seconds > 0 else float("inf")
-
-
-def _suffix(name: str, prefixes: Sequence[str]) -> str | None:
-    for p in prefixes:
-        if name.startswith(p):
-            return name[len(p) :]
-    return None
-
-
-def decode_io(inputs: Sequence[str], outputs: Sequence[str], where: str) -> DecodeIO:
-    """The decode interface of a step with these inputs and outputs, or an
-    InputError naming what is missing (``where``: the bundle)."""
-    missing = [n for n in ("input_ids", "attention_mask") if n not in inputs]
-    presents = {_suffix(o, ("present",)): o for o in outputs if o.startswith("present")}
-    caches = []
-    for name in inputs:
-        suffix = _suffix(name, ("past_key_values", "past"))
-        if suffix is None:
-            continue
-        if suffix not in presents:
-            raise InputError(
-                f"{where}: cache input {shown(name)} has no present{shown(suffix)} output "
-                "to feed back"
-            )
-        caches.append((name, presents[suffix]))
-    others = [o for o in outputs if o not in presents.values()]
-    logits = "logits" if "logits" in others else (others[0] if len(others) == 1 else None)
-    if missing or not caches or logits is None:
-        lacks = missing + (["a past* cache input"] if not caches else [])
-        lacks += ["a logits output"] if logits is None else []
-        raise InputError(
-            f"{where}: not a decode step: it has no {', no '.join(lacks)} "
-            "(see examples/decode.py for the interface)"
-        )
-    return DecodeIO("input_ids", "attention_mask", tuple(caches), logits)
 
 
 def choose(logits: np.ndarray, rng: np.random.Generator | None, temperature: float) -> int:
@@ -101,7 +119,7 @@ def choose(logits: np.ndarray, rng: np.random.Generator | None, temperature: flo
 def generate(
     step: Step,
     io: DecodeIO,
-    cache_shapes: Mapping[str, tuple[tuple[int, ...], int, str]],
+    caches: GrownCaches | InPlaceCaches,
     prompt: Sequence[int],
     max_new_tokens: int,
     *,
@@ -111,11 +129,9 @@ def generate(
     seed: int = 0,
     temperature: float = 1.0,
 ) -> Generated:
-    """Decode ``max_new_tokens`` after ``prompt`` with ``step``.
-
-    ``cache_shapes``: per cache input, (its shape, the axis that grows, its
-    dtype); its length on that axis is ignored. The cache starts with
-    ``least_past`` masked slots; a step beyond ``most_past`` is refused."""
+    """Decode ``max_new_tokens`` after ``prompt`` with ``step`` over
+    ``caches`` (``caches_for``), which start with ``least_past`` masked slots;
+    a step beyond ``most_past`` is refused."""
     if not prompt:
         raise InputError("--prompt-ids: give at least one token")
     if max_new_tokens < 1:
@@ -131,28 +147,28 @@ def generate(
             f"{len(prompt)} prompt and {max_new_tokens} new tokens need a past of {last}; "
             f"the bundle's range ends at {most_past}"
         )
-    caches = {}
-    for name, (shape, axis, dtype) in cache_shapes.items():
-        shape = list(shape)
-        shape[axis] = least_past
-        caches[name] = np.zeros(shape, dtype=dtype)
-    mask = [0] * least_past
+    device = next(iter(caches.feed(least_past).values())).device
+    mask = torch.zeros((1, least_past + steps), dtype=torch.int64, device=device)
     rng = np.random.default_rng(seed) if sample else None
     out: list[int] = []
+    stored: list[int] = []
     token = prompt[0]
     start = time.perf_counter()
     for i in range(steps):
+        past = least_past + i
         token = prompt[i] if i < len(prompt) else token
-        mask.append(1)
-        feed = {io.ids: np.array([[token]], dtype=np.int64)}
-        feed[io.mask] = np.array([mask], dtype=np.int64)
-        feed.update(caches)
+        mask[0, past] = 1
+        feed = {io.ids: torch.tensor([[token]], dtype=torch.int64, device=device)}
+        feed[io.mask] = mask[:, : past + 1]
+        feed.update(caches.feed(past))
         result = step(feed)
-        caches = {past: np.asarray(result[present]) for past, present in io.caches}
+        stored.append(caches.update(result, past))
         if i >= len(prompt) - 1:
-            token = choose(np.asarray(result[io.logits]), rng, temperature)
+            logits = result[io.logits]
+            token = choose(logits.cpu().numpy(), rng, temperature)
             out.append(token)
-    return Generated(tuple(out), steps, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    return Generated(tuple(out), steps, seconds, tuple(stored), isinstance(caches, InPlaceCaches))
 
 
 @dataclass(frozen=True)

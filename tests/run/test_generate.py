@@ -1,41 +1,51 @@
 """Decoding with a decode-step bundle (``run/generate.py``): the loop on a
-step made of numpy, then the example decoders (``examples/decode.py``)
-exported by both exporters, optimized once for a range of past lengths and
-decoded in the interpreter, token for token against the same loop over
-onnxruntime."""
+toy step, then the example decoders (``examples/decode.py``) exported by both
+exporters, optimized once for a range of past lengths and decoded in the
+interpreter, token for token against the same loop over onnxruntime, over
+the caches kept in place and over the graph's own concat."""
 
 from __future__ import annotations
+
+import json
+import shutil
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
 
 import orchestrate
 from examples import decode
+from orchestrate import bundle as bundle_files
 from orchestrate.errors import InputError
+from orchestrate.frontend.decode import decode_io
 from orchestrate.run import generate as gen
 from tests.test_cli import assert_user_error, invoke
 
 VOCAB = 11
 
 
-def _toy_step(seen: list):
+def _toy_step(seen: list, in_place: bool = False):
     """The next token is (the attended slots + the token) mod VOCAB; the cache
-    keeps every token fed, one row each."""
+    keeps every token fed, one row each: returned whole, or (``in_place``)
+    only the new row, the step reading the first ``past`` rows of a buffer."""
 
     def step(feed):
-        seen.append(feed)
+        seen.append({k: v.clone() for k, v in feed.items()})
         mask, token = feed["attention_mask"], int(feed["input_ids"][0, 0])
-        logits = np.zeros((1, 1, VOCAB), np.float32)
+        logits = torch.zeros((1, 1, VOCAB))
         logits[0, 0, (int(mask.sum()) + token) % VOCAB] = 1.0
-        row = np.full((1, 1, 2), token, np.float32)
-        return {"logits": logits, "present_k": np.concatenate([feed["past_k"], row], axis=1)}
+        row = torch.full((1, 1, 2), float(token))
+        past = feed["past_k"][:, : mask.shape[1] - 1]
+        present = row if in_place else torch.cat([past, row], dim=1)
+        return {"logits": logits, "present_k": present}
 
     return step
 
 
-IO = gen.decode_io(["input_ids", "attention_mask", "past_k"], ["logits", "present_k"], "toy")
+IO = decode_io(["input_ids", "attention_mask", "past_k"], ["logits", "present_k"], "toy")
+SHAPES = {"past_k": ((1, 0, 2), 1, "float32")}
 
 
 def test_the_loop_feeds_the_prompt_then_its_own_tokens_over_masked_padding():
@@ -43,18 +53,32 @@ def test_the_loop_feeds_the_prompt_then_its_own_tokens_over_masked_padding():
     goes in one token per step, then each chosen token; the cache fed back
     grows by a row a step."""
     seen: list = []
-    made = gen.generate(
-        _toy_step(seen), IO, {"past_k": ((1, 0, 2), 1, "float32")}, [4, 7], 3, least_past=2
-    )
+    caches = gen.caches_for(IO, SHAPES, None, 2, "cpu")
+    made = gen.generate(_toy_step(seen), IO, caches, [4, 7], 3, least_past=2)
     # attended slots at the steps choosing: 2 (tokens 4, 7), 3, 4
     want, token = [], 7
     for attended in (2, 3, 4):
         token = (attended + token) % VOCAB
         want.append(token)
-    assert made.tokens == tuple(want) and made.steps == 4
+    assert made.tokens == tuple(want) and made.steps == 4 and not made.in_place
     assert [f["attention_mask"].tolist() for f in seen[:2]] == [[[0, 0, 1]], [[0, 0, 1, 1]]]
     assert [f["past_k"].shape[1] for f in seen] == [2, 3, 4, 5]
     assert seen[3]["past_k"][0, :, 0].tolist() == [0, 0, 4, 7, want[0]]
+    # the whole cache taken back each step: 3, 4, 5, 6 rows of 2 floats
+    assert made.cache_bytes == (24, 32, 40, 48)
+
+
+def test_the_loop_over_a_buffer_writes_one_row_a_step():
+    """The same decode over a buffer of 8 rows: the same tokens, each step's
+    row written at its past length, 8 bytes stored a step whatever the past."""
+    grown = gen.generate(_toy_step([]), IO, gen.caches_for(IO, SHAPES, None, 2, "cpu"), [4, 7], 3)
+    seen: list = []
+    caches = gen.caches_for(IO, SHAPES, 8, 2, "cpu")
+    made = gen.generate(_toy_step(seen, in_place=True), IO, caches, [4, 7], 3, least_past=2)
+    assert made.tokens == grown.tokens and made.in_place
+    assert made.cache_bytes == (8, 8, 8, 8)
+    assert [f["past_k"].shape[1] for f in seen] == [8, 8, 8, 8]  # the buffer, never copied
+    assert caches.buffers["past_k"][0, :, 0].tolist() == [0, 0, 4, 7, *made.tokens[:2], 0, 0]
 
 
 def test_sampling_is_seeded():
@@ -68,27 +92,35 @@ def test_sampling_is_seeded():
 
 def test_what_is_not_a_decode_step_or_a_decode_is_refused():
     with pytest.raises(InputError, match="not a decode step: it has no attention_mask"):
-        gen.decode_io(["input_ids", "past_k"], ["logits", "present_k"], "m.orch")
+        decode_io(["input_ids", "past_k"], ["logits", "present_k"], "m.orch")
     with pytest.raises(InputError, match="cache input past_k has no present_k output"):
-        gen.decode_io(["input_ids", "attention_mask", "past_k"], ["logits"], "m.orch")
-    hf = gen.decode_io(
+        decode_io(["input_ids", "attention_mask", "past_k"], ["logits"], "m.orch")
+    hf = decode_io(
         ["input_ids", "attention_mask", "past_key_values.0.key"], ["logits", "present.0.key"], "x"
     )
     assert hf.caches == (("past_key_values.0.key", "present.0.key"),)
-    shapes = {"past_k": ((1, 0, 2), 1, "float32")}
+
+    def caches():
+        return gen.caches_for(IO, SHAPES, None, 1, "cpu")
+
     with pytest.raises(InputError, match="need a past of 9; the bundle's range ends at 8"):
-        gen.generate(_toy_step([]), IO, shapes, [1, 2], 8, least_past=1, most_past=8)
-    gen.generate(_toy_step([]), IO, shapes, [1, 2], 7, least_past=1, most_past=8)  # fits
+        gen.generate(_toy_step([]), IO, caches(), [1, 2], 8, least_past=1, most_past=8)
+    gen.generate(_toy_step([]), IO, caches(), [1, 2], 7, least_past=1, most_past=8)  # fits
     with pytest.raises(InputError, match="--prompt-ids"):
-        gen.generate(_toy_step([]), IO, shapes, [], 3)
+        gen.generate(_toy_step([]), IO, caches(), [], 3)
     with pytest.raises(InputError, match="token -1 is negative"):
-        gen.generate(_toy_step([]), IO, shapes, [2, -1], 3)
+        gen.generate(_toy_step([]), IO, caches(), [2, -1], 3)
 
 
 def _ort_step(path):
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    return lambda feed: dict(zip(names, session.run(None, dict(feed))))
+
+    def step(feed):
+        got = session.run(None, {k: np.asarray(v) for k, v in feed.items()})
+        return {k: torch.from_numpy(v) for k, v in zip(names, got)}
+
+    return step
 
 
 @pytest.fixture(scope="module")
@@ -121,10 +153,14 @@ def test_one_bundle_matches_onnxruntime_at_every_past_length(llama):
 
 
 def _greedy_both(src, out, prompt, new):
+    """The bundle's greedy tokens over its in-place step, and onnxruntime's
+    over the graph's own step."""
     bundle = orchestrate.load(out)
     made = bundle.generate(prompt, new)
+    assert made.in_place
     io, shapes, least, most = bundle.decoding()
-    ort_made = gen.generate(_ort_step(src), io, shapes, prompt, new, least_past=least)
+    caches = gen.caches_for(io, shapes, None, least, "cpu")
+    ort_made = gen.generate(_ort_step(src), io, caches, prompt, new, least_past=least)
     return made, ort_made
 
 
@@ -133,6 +169,52 @@ def test_llama_decodes_onnxruntimes_greedy_tokens(llama):
     made, ort_made = _greedy_both(src, out, [1, 2, 3], 16)
     assert made.tokens == ort_made.tokens
     assert list(made.tokens) == decode.greedy_reference("llama", [1, 2, 3], 16)
+
+
+def test_the_cache_in_place_equals_the_concat_and_stores_one_row_a_step(llama):
+    """The bundle's two steps over 6 tokens: the same logits' tokens, the
+    buffer's first rows equal to the grown cache, one row per cache stored a
+    step (2 layers x 2 heads x 16 floats, K and V) against the whole cache."""
+    _, out = llama
+    bundle = orchestrate.load(out)
+    io, shapes, least, _ = bundle.decoding()
+    grown = gen.caches_for(io, shapes, None, least, "cpu")
+    concat = gen.generate(bundle.run, io, grown, [1, 2], 5, least_past=least)
+    rows = bundle.manifest["in_place"]["capacity"]
+    kept = gen.caches_for(io, shapes, rows, least, "cpu")
+    in_place = gen.generate(bundle.in_place().run, io, kept, [1, 2], 5, least_past=least)
+    assert in_place.tokens == concat.tokens
+    row = 2 * 1 * 2 * 1 * 16 * 4
+    assert in_place.cache_bytes == (2 * row,) * 6
+    assert concat.cache_bytes == tuple(2 * row * (least + k + 1) for k in range(6))
+    for past, _ in io.caches:
+        n = grown.caches[past].shape[3]
+        torch.testing.assert_close(kept.buffers[past][:, :, :, :n], grown.caches[past])
+        assert not kept.buffers[past][:, :, :, n:].any()  # nothing written past the rows
+
+
+def _written(bundle, past: int) -> int:
+    """Bytes the plan's kernels write at ``past`` (views write nothing)."""
+    graph = bundle.graph_at((past,))
+    return sum(
+        graph.types[o].nbytes
+        for k in bundle.plan.kernels
+        if k.template != "view"
+        for o in k.outputs
+    )
+
+
+def test_the_in_place_step_writes_the_same_bytes_at_every_past_length(llama):
+    """From past 1 to past 2048 the in-place step's kernels write one float
+    more per past position (the mask's additive bias over the keys), none of
+    the cache; the graph's own step writes the whole cache, twice (each
+    layer's concat, then the stack into present)."""
+    _, out = llama
+    bundle = orchestrate.load(out)
+    in_place = bundle.in_place()
+    assert _written(in_place, 2048) - _written(in_place, 1) == 2047 * 4
+    cache = 2 * 2 * 1 * 2 * 16 * 4  # K and V, a row of both layers
+    assert _written(bundle, 2048) - _written(bundle, 1) >= 2 * 2047 * cache
 
 
 @pytest.mark.parametrize("style", ["qwen2", "gpt2"])
@@ -171,3 +253,22 @@ def test_a_fixed_shape_bundle_is_refused(tmp_path):
     out = tmp_path / "fixed.orch"
     orchestrate.optimize(src, out, dims={"past": "4"}, trials=1)
     assert_user_error(invoke("generate", out, "--prompt-ids", "1"), "range of past lengths")
+
+
+def test_the_in_place_step_is_checked_as_part_of_the_bundle(llama, tmp_path):
+    """The bundle may be replaced as a whole; a changed file of its in_place/
+    step, or a step not the one its manifest names, is refused."""
+    _, out = llama
+    copy = tmp_path / "copy.orch"
+    shutil.copytree(out, copy)
+    assert bundle_files.replace_problem(copy) is None
+    inner = copy / bundle_files.IN_PLACE
+    (inner / "report.md").write_text("edited\n")
+    assert "in_place/ report.md was changed" in bundle_files.replace_problem(copy)
+    with pytest.raises(InputError, match="report.md was modified"):
+        orchestrate.load(copy).in_place()
+    manifest = json.loads((inner / "manifest.json").read_text())
+    manifest["files"]["report.md"] = bundle_files.sha256(inner / "report.md")
+    (inner / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match="is not the one .* names"):
+        orchestrate.load(copy).in_place()

@@ -1,0 +1,91 @@
+"""The decode step over caches kept in place (``frontend/decode.py``),
+checked by onnxruntime on both graphs: the rewritten step over a buffer
+whose rows past ``past`` hold noise gives the original step's logits and
+the last row of its ``present*``."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from examples import decode
+from orchestrate.frontend.decode import decode_io, growing_axis, in_place
+
+
+def _io(model):
+    return decode_io([i.name for i in model.graph.input], [o.name for o in model.graph.output], "m")
+
+
+def _run(model, feed):
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(None, feed)))
+
+
+@pytest.mark.parametrize("style, dynamo", [("gpt2", False), ("llama", True)])
+def test_the_rewritten_step_reads_the_buffer_and_returns_the_new_row(tmp_path, style, dynamo):
+    src = tmp_path / "step.onnx"
+    decode.export_decode(style, src, dynamo=dynamo)
+    model = onnx.load(str(src))
+    made = in_place(model, _io(model), 40, str(src))
+    assert not isinstance(made, str), made
+    assert dict(made.axis) == {"past_k": 3, "past_v": 3} and made.capacity == 40
+    rng = np.random.default_rng(0)
+    for past in (1, 9, 39):
+        feed = {
+            k: v.numpy()
+            for k, v in zip(decode.INPUTS, decode.example_inputs(decode.config(style), past))
+        }
+        want = _run(model, feed)
+        buffers = dict(feed)
+        for name in ("past_k", "past_v"):
+            shape = list(feed[name].shape)
+            shape[3] = 40
+            noise = rng.standard_normal(shape).astype(np.float32) * 100
+            noise[:, :, :, :past] = feed[name]
+            buffers[name] = noise
+        got = _run(made.model, buffers)
+        np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-5, atol=1e-6)
+        for present in ("present_k", "present_v"):
+            assert got[present].shape[3] == 1
+            np.testing.assert_allclose(
+                got[present], want[present][:, :, :, past:], rtol=1e-5, atol=1e-6
+            )
+
+
+def _value(name, dims):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
+
+
+def test_what_cannot_be_kept_in_place_says_why():
+    assert growing_axis(_value("past", [2, "p", 4]), _value("present", [2, "p + 1", 4])) == (
+        1,
+        "p",
+    )
+    assert "on 2 axes" in growing_axis(
+        _value("past", [2, "p", 4]), _value("present", [3, "p + 1", 4])
+    )
+    assert "plus one row" in growing_axis(_value("past", [2, "p"]), _value("present", [2, "p + 2"]))
+    assert "one rank" in growing_axis(_value("past", [2, "p"]), _value("present", [2, "p + 1", 1]))
+    # no input but the cache holds the past length: nowhere to read it from
+    nodes = [
+        helper.make_node("Concat", ["past_k", "new"], ["present_k"], axis=1),
+        helper.make_node("ReduceSum", ["present_k"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, 1]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "n"]),
+            _value("past_k", [1, "past", 2]),
+            _value("new", [1, 1, 2]),
+        ],
+        [_value("logits", [1, 1, 1]), _value("present_k", [1, "past + 1", 2])],
+    )
+    model = helper.make_model(graph)
+    why = in_place(model, _io(model), 8, "m")
+    assert isinstance(why, str) and "no input other than the caches" in why
