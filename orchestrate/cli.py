@@ -1187,25 +1187,43 @@ def _token_ids(text: str) -> list[int]:
     show_default=True,
     help="With --sample.",
 )
+@click.option(
+    "--concat",
+    is_flag=True,
+    help="Decode over the graph's own step (present fed back) even where the "
+    "bundle keeps the caches in place.",
+)
 @reports_errors
 def generate(
-    bundle_dir: Path, prompt_ids: str, max_new_tokens: int, sample: bool, seed: int, temperature
+    bundle_dir: Path,
+    prompt_ids: str,
+    max_new_tokens: int,
+    sample: bool,
+    seed: int,
+    temperature,
+    concat: bool,
 ) -> None:
     """Decode tokens with the decode-step bundle OUT (made for a range of past
     lengths, --dim past=MIN..MAX): greedy, or --sample.  The prompt is fed one
-    token per step; the cache grows by the step's own outputs."""
+    token per step; the caches are kept in place (the bundle's in_place/
+    step, one row written a step), or with --concat grown by the graph's own
+    step."""
     from orchestrate import api
 
     ids = _token_ids(prompt_ids)
     model = api.load(bundle_dir)
-    made = model.generate(ids, max_new_tokens, sample=sample, seed=seed, temperature=temperature)
+    made = model.generate(
+        ids, max_new_tokens, sample=sample, seed=seed, temperature=temperature, in_place=not concat
+    )
     echo(",".join(str(t) for t in made.tokens))
     where = "Triton interpreter" if model.interpret else "GPU"
+    kept = "kept in place" if made.in_place else "grown by the step's concat"
     echo(
         f"{len(made.tokens)} tokens in {made.steps} steps, {made.seconds:.2f} s "
-        f"({made.tokens_per_second:.1f} tokens/s, {where})"
+        f"({made.tokens_per_second:.1f} tokens/s, {where}); caches {kept}, "
+        f"{made.cache_bytes[0]:,} to {made.cache_bytes[-1]:,} bytes stored a step"
     )
-    b = model.token_bytes()
+    b = model.token_bytes(in_place=made.in_place)
     echo(
         f"predicted bytes per token at past={b.past}: {b.predicted:,} against a floor of "
         f"{b.floor:,} (weights {b.weights:,} + cache read {b.cache:,}): {b.predicted / b.floor:.2f}x"

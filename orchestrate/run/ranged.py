@@ -81,15 +81,17 @@ def binding_of(family: Family, shapes: Mapping[str, tuple[int, ...]]) -> Binding
         if len(shape) != len(polys):
             raise InputError(f"input {name!r}: rank {len(shape)}, expected {len(polys)}")
         for axis, p in enumerate(polys):
-            where = f"input {name!r}: axis {axis}" + ("" if p.const == 0 else f" ({p})")
-            solved = _solved(family, p, int(shape[axis]), where)
+            bare = p.linear is not None and len(p.linear) == 1 and p == Poly.of(p.linear[0][0])
+            axis_of = f"input {name!r}: axis {axis}" + ("" if bare else f" ({p})")
+            solved = _solved(family, p, int(shape[axis]), axis_of)
+            where = axis_of + (" is" if bare else " gives")
             if solved is None:
                 continue
             k, v = solved
             dim = family.dims[k]
             if k in seen and seen[k][0] != v:
                 raise InputError(
-                    f"{where} gives {dim.shown}={v}, but {seen[k][1]} gives {dim.shown}={seen[k][0]}"
+                    f"{where} {dim.shown}={v}, but {seen[k][1]} {dim.shown}={seen[k][0]}"
                 )
             seen.setdefault(k, (v, where))
     missing = [d.name for k, d in enumerate(family.dims) if k not in seen]
@@ -99,8 +101,7 @@ def binding_of(family: Family, shapes: Mapping[str, tuple[int, ...]]) -> Binding
         r = family.dims[k].range
         if v not in r:
             raise InputError(
-                f"{where} gives {family.dims[k].shown}={v}, outside the bundle's range "
-                f"{r.min}..{r.max}"
+                f"{where} {family.dims[k].shown}={v}, outside the bundle's range {r.min}..{r.max}"
             )
     return tuple(seen[k][0] for k in range(len(family.dims)))
 
@@ -325,8 +326,13 @@ class DynamicBundle:
             temperature=temperature,
         )
 
-    def token_bytes(self) -> generate.TokenBytes:
-        """Bytes one step moves at OPT, predicted, against the floor."""
+    def token_bytes(self, in_place: bool = True) -> generate.TokenBytes:
+        """Bytes one step moves at OPT, predicted (by the in-place step's plan
+        where the bundle has one and ``in_place``), against the floor."""
+        step = self.in_place() if in_place else None
+        plan, constants = (
+            (self.plan, self._constants) if step is None else (step.plan, step._constants)
+        )
         io, shapes, _, _ = self.decoding()
         opt = self.family.at("opt")
         at_opt = {past: self.family.input_shape(past, opt) for past in shapes}
@@ -335,9 +341,7 @@ class DynamicBundle:
             for past, (_, _, dtype) in shapes.items()
         }
         first = io.caches[0][0]
-        return generate.token_bytes(
-            self.plan, self._constants, caches, at_opt[first][shapes[first][1]]
-        )
+        return generate.token_bytes(plan, constants, caches, at_opt[first][shapes[first][1]])
 
     @property
     def outputs(self) -> list[str]:

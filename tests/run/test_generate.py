@@ -150,6 +150,9 @@ def test_one_bundle_matches_onnxruntime_at_every_past_length(llama):
             np.testing.assert_allclose(
                 got[name], want[name], rtol=1e-4, atol=1e-5, err_msg=f"{name} {past}"
             )
+    feed["attention_mask"] = np.ones((1, 9), np.int64)  # past + 1 = 9: past 8, not 2048
+    with pytest.raises(InputError, match=r"axis 1 \(past \+ 1\) gives past=8"):
+        bundle.run(feed)
 
 
 def _greedy_both(src, out, prompt, new):
