@@ -376,6 +376,10 @@ def _optimize_range(
     return Optimized(path, plan, result, family, said)
 
 
+BUCKET = 64  # past lengths a decode step rounds up to, one Program (CUDA graph) each
+PAD_CHECK = 5  # masked slots the in-place step is checked not to be moved by
+
+
 def _in_place_step(
     model, model_path: Path, family: Family, staging, options, trials, rtol, atol, progress
 ) -> tuple[str, dict | None]:
@@ -405,6 +409,19 @@ def _in_place_step(
     dims = {d.name: f"{d.range.min}..{d.range.max}@{d.range.opt}" for d in family.dims}
     ranges = parse_ranges(None, dims)
     session = onnxrt.reference(rewritten.model, source)
+    names = [o.name for o in rewritten.model.graph.output]
+
+    def run_step(feeds):
+        return dict(zip(names, onnxrt.run_reference(session, names, feeds, source)))
+
+    r = past[step].range
+    at = min(r.opt, max(r.min, r.max - PAD_CHECK))
+    moved = (
+        decode.padding_changes(rewritten, run_step, at, min(r.max, at + PAD_CHECK))
+        if r.max > at
+        else "the range holds one past length"
+    )
+    bucket = BUCKET if moved is None else 1
     made = ranged.build(rewritten.model, ranges, options, model_path.name, source, progress)
     folder = bundle.IN_PLACE
     info = {
@@ -443,10 +460,16 @@ def _in_place_step(
         "past": step,
         "capacity": capacity,
         "axes": dict(rewritten.axis),
+        "bucket": bucket,
     }
     said = (
         f"in-place cache: {folder}/ planned and verified, {len(plan.kernels)} kernels, "
-        f"{written:,} bytes a step at OPT (buffers of {capacity} rows)"
+        f"{written:,} bytes a step at OPT (buffers of {capacity} rows); "
+        + (
+            f"past lengths rounded up to buckets of {bucket} (masked slots checked to change nothing)"
+            if moved is None
+            else f"no buckets: {moved}"
+        )
     )
     return said, field
 

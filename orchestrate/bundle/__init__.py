@@ -13,8 +13,9 @@
       in_place/      only for a decode step over a range of past lengths: the
                      step over caches kept in place (``frontend/decode.py``),
                      a bundle of its own; the manifest's ``in_place`` holds
-                     the sha256 of its manifest.json, the buffers' capacity
-                     and each cache's growing axis
+                     the sha256 of its manifest.json, the buffers' capacity,
+                     each cache's growing axis, and the bucket past lengths
+                     are rounded up to (1: none)
 
 numpy has no bfloat16 of its own (orchestrate uses ml_dtypes' in memory), and
 an .npz of ml_dtypes arrays loads as raw bytes without pickles: a bfloat16
@@ -379,7 +380,9 @@ _OPTIONAL = {
     "in_place": (
         lambda v: (
             isinstance(v, dict)
-            and set(v) == {"manifest", "past", "capacity", "axes"}
+            and set(v) == {"manifest", "past", "capacity", "axes", "bucket"}
+            and type(v["bucket"]) is int
+            and v["bucket"] >= 1
             and isinstance(v["manifest"], str)
             and re.fullmatch("[0-9a-f]{64}", v["manifest"]) is not None
             and isinstance(v["past"], str)
@@ -388,7 +391,8 @@ _OPTIONAL = {
             and isinstance(v["axes"], dict)
             and all(type(a) is int and a >= 0 for a in v["axes"].values())
         ),
-        'an object {"manifest": sha256, "past": name, "capacity": rows, "axes": {cache: axis}}',
+        'an object {"manifest": sha256, "past": name, "capacity": rows, "axes": {cache: axis}, '
+        '"bucket": rows}',
     ),
     # inputs bound to values by --const (frontend/constants.py)
     "bound_inputs": (

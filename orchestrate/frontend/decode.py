@@ -91,6 +91,7 @@ class InPlace:
     axis: tuple[tuple[str, int], ...]
     past: str
     capacity: int
+    length: tuple[str, int, int]  # (the input, its axis, c) whose axis is past + c
 
 
 def _dims(vi: onnx.ValueInfoProto) -> list[Poly | None]:
@@ -230,4 +231,57 @@ def in_place(model: onnx.ModelProto, io: DecodeIO, capacity: int, source: str) -
         onnx.checker.check_model(m)
     except onnx.checker.ValidationError as e:  # pragma: no cover - a rewrite bug, not the user's
         raise AssertionError(f"{source}: the in-place step is not valid ONNX: {e}") from None
-    return InPlace(m, io, tuple(axes.items()), symbol, capacity)
+    return InPlace(m, io, tuple(axes.items()), symbol, capacity, length)
+
+
+def padding_changes(made: InPlace, run, at: int, padded: int) -> str | None:
+    """Why the step's outputs at past ``at`` change when it runs at past
+    ``padded`` instead, the slots from ``at`` on masked (None when they do
+    not): a step that reads positions from the mask, as the examples and
+    Hugging Face's decoders do, is not moved by masked slots, so a decoding
+    loop may round each past length up to a bucket and replay one CUDA graph
+    for all of it. ``run``: the step on inputs by name (onnxruntime)."""
+    inputs = {vi.name: vi for vi in graph_inputs(made.model)}
+    caches = dict(made.axis)
+    holder, axis, c = made.length
+    others = set(inputs) - {made.io.ids, holder, *caches}
+    if others:
+        return (
+            f"the step has inputs besides the token, the mask and the caches ({sorted(others)[0]})"
+        )
+    rng = np.random.default_rng(0)
+
+    def array(name: str, shape) -> np.ndarray:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(inputs[name].type.tensor_type.elem_type)
+        return rng.standard_normal(shape).astype(dtype)
+
+    feed = {}
+    for name, vi in inputs.items():
+        if name in caches:
+            feed[name] = array(name, [d.dim_value for d in vi.type.tensor_type.shape.dim])
+    ids = inputs[made.io.ids].type.tensor_type.elem_type
+    feed[made.io.ids] = np.ones((1, 1), onnx.helper.tensor_dtype_to_np_dtype(ids))
+    kind = onnx.helper.tensor_dtype_to_np_dtype(inputs[holder].type.tensor_type.elem_type)
+
+    def mask(past: int) -> np.ndarray:
+        shape = [d.dim_value or 1 for d in inputs[holder].type.tensor_type.shape.dim]
+        shape[axis] = past + c
+        out = np.zeros(shape, kind)
+        index = [slice(None)] * len(shape)
+        index[axis] = slice(0, at)
+        out[tuple(index)] = 1
+        index[axis] = slice(past + c - 1, past + c)
+        out[tuple(index)] = 1
+        return out
+
+    exact = run({**feed, holder: mask(at)})
+    moved = run({**feed, holder: mask(padded)})
+    for name, want in exact.items():
+        got = moved[name]
+        scale = float(np.max(np.abs(want))) or 1.0
+        if got.shape != want.shape or not np.allclose(got, want, rtol=1e-4, atol=1e-5 * scale):
+            return (
+                f"its output {shown(name)} at past {at} changes with {padded - at} masked "
+                "slots (the step reads positions from the past length, not the mask)"
+            )
+    return None

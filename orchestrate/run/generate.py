@@ -48,6 +48,10 @@ class GrownCaches:
     def feed(self, past: int) -> dict[str, torch.Tensor]:
         return dict(self.caches)
 
+    def slots(self, past: int) -> int:
+        """The past length the step runs at: the cache's own."""
+        return past
+
     def update(self, result: Mapping[str, torch.Tensor], past: int) -> int:
         self.caches = {p: result[present] for p, present in self.io.caches}
         return sum(t.nbytes for t in self.caches.values())
@@ -60,9 +64,18 @@ class InPlaceCaches:
     io: DecodeIO
     buffers: dict[str, torch.Tensor]  # by past input, ``capacity`` rows on its axis
     axes: dict[str, int]
+    bucket: int = 1  # past lengths are rounded up to a multiple of it
+    most: int | None = None  # the range's greatest past length
 
     def feed(self, past: int) -> dict[str, torch.Tensor]:
         return dict(self.buffers)
+
+    def slots(self, past: int) -> int:
+        """The past length the step runs at: ``past`` rounded up to the
+        bucket (the slots between masked), so the steps of a bucket share one
+        binding, one Program and, on a GPU, one CUDA graph."""
+        rounded = -(-past // self.bucket) * self.bucket
+        return rounded if self.most is None else min(rounded, max(self.most, past))
 
     def update(self, result: Mapping[str, torch.Tensor], past: int) -> int:
         written = 0
@@ -79,10 +92,13 @@ def caches_for(
     rows: int | None,
     least_past: int,
     device: str,
+    bucket: int = 1,
+    most: int | None = None,
 ) -> GrownCaches | InPlaceCaches:
     """Zeroed caches: per cache input, (its shape, the axis that grows, its
     dtype) (the length on that axis is ignored); buffers of ``rows`` rows
-    kept in place, or (``rows`` None) grown caches of ``least_past`` rows."""
+    kept in place (past lengths rounded up to ``bucket``, at most ``most``),
+    or (``rows`` None) grown caches of ``least_past`` rows."""
     made = {}
     for name, (shape, axis, dtype) in shapes.items():
         shape = list(shape)
@@ -90,7 +106,8 @@ def caches_for(
         made[name] = torch.zeros(shape, dtype=getattr(torch, np.dtype(dtype).name), device=device)
     if rows is None:
         return GrownCaches(io, made)
-    return InPlaceCaches(io, made, {name: axis for name, (_, axis, _) in shapes.items()})
+    axes = {name: axis for name, (_, axis, _) in shapes.items()}
+    return InPlaceCaches(io, made, axes, bucket, most)
 
 
 @dataclass(frozen=True)
@@ -148,7 +165,7 @@ def generate(
             f"the bundle's range ends at {most_past}"
         )
     device = next(iter(caches.feed(least_past).values())).device
-    mask = torch.zeros((1, least_past + steps), dtype=torch.int64, device=device)
+    cached = torch.zeros((1, least_past + steps), dtype=torch.int64, device=device)
     rng = np.random.default_rng(seed) if sample else None
     out: list[int] = []
     stored: list[int] = []
@@ -157,12 +174,16 @@ def generate(
     for i in range(steps):
         past = least_past + i
         token = prompt[i] if i < len(prompt) else token
-        mask[0, past] = 1
+        slots = caches.slots(past)  # the new token's slot; masked ones between
+        mask = torch.zeros((1, slots + 1), dtype=torch.int64, device=device)
+        mask[0, :past] = cached[0, :past]
+        mask[0, slots] = 1
         feed = {io.ids: torch.tensor([[token]], dtype=torch.int64, device=device)}
-        feed[io.mask] = mask[:, : past + 1]
+        feed[io.mask] = mask
         feed.update(caches.feed(past))
         result = step(feed)
         stored.append(caches.update(result, past))
+        cached[0, past] = 1
         if i >= len(prompt) - 1:
             logits = result[io.logits]
             token = choose(logits.cpu().numpy(), rng, temperature)

@@ -168,8 +168,10 @@ class DynamicProgram:
         other, or any error the binding's Program finds."""
         self.program(binding_of_inputs(self.family, inputs)).check_inputs(inputs)
 
-    def run(self, inputs: Mapping[str, object]) -> dict[str, object]:
-        return self.program(binding_of_inputs(self.family, inputs)).run(inputs)
+    def run(
+        self, inputs: Mapping[str, object], resident: frozenset[str] = frozenset()
+    ) -> dict[str, object]:
+        return self.program(binding_of_inputs(self.family, inputs)).run(inputs, resident)
 
     @property
     def cached(self) -> tuple[Binding, ...]:
@@ -241,10 +243,13 @@ class DynamicBundle:
         self.binding(inputs)
         self.program.check_inputs(inputs)
 
-    def run(self, inputs: Mapping[str, object]) -> dict[str, object]:
-        """As ``Bundle.run``, at the binding the inputs' shapes give."""
+    def run(
+        self, inputs: Mapping[str, object], resident: frozenset[str] = frozenset()
+    ) -> dict[str, object]:
+        """As ``Bundle.run``, at the binding the inputs' shapes give
+        (``resident``: see ``Program.run``)."""
         self.binding(inputs)  # before anything is loaded: outside the range is refused
-        return self.program.run(inputs)
+        return self.program.run(inputs, resident)
 
     @property
     def inputs(self) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -309,12 +314,15 @@ class DynamicBundle:
         device = "cpu" if self.interpret else "cuda"
         step = self.in_place() if in_place else None
         if step is not None:
-            rows = self.manifest["in_place"]["capacity"]
-            caches = generate.caches_for(io, shapes, rows, least, device)
+            field = self.manifest["in_place"]
+            rows, bucket = field["capacity"], field["bucket"]
+            caches = generate.caches_for(io, shapes, rows, least, device, bucket, most)
+            buffers = frozenset(caches.buffers)
+            run = lambda feed: step.run(feed, resident=buffers)  # noqa: E731
         else:
-            step, caches = self, generate.caches_for(io, shapes, None, least, device)
+            run, caches = self.run, generate.caches_for(io, shapes, None, least, device)
         return generate.generate(
-            step.run,
+            run,
             io,
             caches,
             [int(t) for t in prompt_ids],

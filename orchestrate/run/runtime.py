@@ -469,7 +469,9 @@ class Program:
             feeds[name] = (t.detach() if t.requires_grad else t).contiguous()
         return feeds
 
-    def run(self, inputs: Mapping[str, object]) -> dict[str, object]:
+    def run(
+        self, inputs: Mapping[str, object], resident: frozenset[str] = frozenset()
+    ) -> dict[str, object]:
         """Outputs of the plan on ``inputs``, by name: numpy arrays for numpy
         arrays, or torch tensors for torch tensors (on the program's device:
         CUDA on a GPU, CPU in the interpreter), read in place and returned
@@ -477,7 +479,12 @@ class Program:
         or misshapen input, and when an index is out of range: an input's
         before anything runs (for tensors, a min and a max on the device),
         one computed in the model after the run.  Safe to call from many
-        threads: runs share the program's buffers, so they take turns."""
+        threads: runs share the program's buffers, so they take turns.
+
+        ``resident``: inputs given as tensors that stay where they are from
+        run to run (a decode step's cache buffers): the CUDA graph reads them
+        where they lie instead of copying them in, and is captured again if
+        one is given at another address."""
         feeds = self.check_inputs(inputs)
         tensors = any(isinstance(v, self.torch.Tensor) for v in feeds.values())
         self.indices.check_inputs(feeds)
@@ -486,7 +493,7 @@ class Program:
             if self._flag_of:
                 self._flags.zero_()
             if self.use_cuda_graph and self._runs >= 2:
-                out = self._replay(feeds)
+                out = self._replay(feeds, resident & feeds.keys() if tensors else frozenset())
             else:
                 out = self._execute(
                     feeds if tensors else {k: self._tensor(v) for k, v in feeds.items()}
@@ -544,13 +551,20 @@ class Program:
             calls.append((name, lambda f=launch, a=bound: f(*a, interpret=interpret, **dims)))
         return calls
 
-    def _replay(self, feeds: Mapping[str, object]) -> dict[str, object]:
+    def _replay(self, feeds: Mapping[str, object], resident=frozenset()) -> dict[str, object]:
         """The outputs, by a replay of the CUDA graph of ``_execute`` (captured
-        at the first call, on its own copy of the inputs)."""
+        at the first call, on its own copy of the inputs but the ``resident``
+        ones, read where they lie; captured again when one of those moved)."""
         torch = self.torch
+        if self._graph is not None and any(
+            self._static["in"][k].data_ptr() != feeds[k].data_ptr() for k in resident
+        ):
+            self._graph = None  # a resident input moved: its address is in the graph
         if self._graph is None:
             static_in = {
-                k: self._tensor(v) if isinstance(v, np.ndarray) else v.clone()
+                k: self._tensor(v)
+                if isinstance(v, np.ndarray)
+                else (v if k in resident else v.clone())
                 for k, v in feeds.items()
             }
             self._execute(static_in)  # warm: every kernel compiled
@@ -560,6 +574,8 @@ class Program:
                 out = self._execute(static_in)
             self._graph, self._static = graph, {"in": static_in, "out": out}
         for k, v in feeds.items():
+            if k in resident:
+                continue
             static = self._static["in"][k]
             static.copy_(to_torch(v, copy=False) if isinstance(v, np.ndarray) else v)
         self._graph.replay()

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from examples import decode
-from orchestrate.frontend.decode import decode_io, growing_axis, in_place
+from orchestrate.frontend.decode import decode_io, growing_axis, in_place, padding_changes
 
 
 def _io(model):
@@ -89,3 +89,52 @@ def test_what_cannot_be_kept_in_place_says_why():
     model = helper.make_model(graph)
     why = in_place(model, _io(model), 8, "m")
     assert isinstance(why, str) and "no input other than the caches" in why
+
+
+def _toy(logits_from_length: bool):
+    """A step whose logits count the mask's ones (not moved by masked
+    slots) or its length (moved): the new row is the token, repeated."""
+    nodes = [
+        helper.make_node("Cast", ["input_ids"], ["idf"], to=TensorProto.FLOAT),
+        helper.make_node("Expand", ["idf", "row_shape"], ["row"]),
+        helper.make_node("Concat", ["past_k", "row"], ["present_k"], axis=1),
+        helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
+    ]
+    if logits_from_length:
+        nodes += [
+            helper.make_node("Shape", ["attention_mask"], ["n"], start=1),
+            helper.make_node("Cast", ["n"], ["nf"], to=TensorProto.FLOAT),
+            helper.make_node("Reshape", ["nf", "logit_shape"], ["logits"]),
+        ]
+    else:
+        nodes += [helper.make_node("ReduceSum", ["maskf"], ["logits"], keepdims=1)]
+    graph = helper.make_graph(
+        nodes,
+        "toy",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, 1]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "past + 1"]),
+            _value("past_k", [1, "past", 2]),
+        ],
+        [_value("logits", [1, 1]), _value("present_k", [1, "past + 1", 2])],
+        [
+            helper.make_tensor("row_shape", TensorProto.INT64, [3], [1, 1, 2]),
+            helper.make_tensor("logit_shape", TensorProto.INT64, [2], [1, 1]),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+
+
+def test_masked_slots_are_checked_not_to_move_the_step():
+    """A step that reads the past length from the mask's ones may be rounded
+    up to a bucket; one that reads it from the mask's length may not."""
+    for from_length in (False, True):
+        model = _toy(from_length)
+        made = in_place(model, _io(model), 16, "toy")
+        assert not isinstance(made, str), made
+        run = lambda feed, m=made.model: _run(m, feed)  # noqa: E731
+        moved = padding_changes(made, run, 4, 9)
+        if from_length:
+            assert "logits at past 4 changes with 5 masked slots" in moved
+        else:
+            assert moved is None

@@ -196,6 +196,24 @@ def test_the_cache_in_place_equals_the_concat_and_stores_one_row_a_step(llama):
         assert not kept.buffers[past][:, :, :, n:].any()  # nothing written past the rows
 
 
+def test_past_lengths_round_up_to_a_bucket_of_one_program(llama):
+    """The Llama step reads positions from the mask, so optimize found masked
+    slots change nothing and recorded buckets of 64: its 6 steps (past 1..6)
+    all run at past 64, one Program, and decode the exact steps' tokens."""
+    _, out = llama
+    bundle = orchestrate.load(out)
+    assert bundle.manifest["in_place"]["bucket"] == 64
+    made = bundle.generate([1, 2], 5)
+    exact = orchestrate.load(out)
+    io, shapes, least, most = exact.decoding()
+    rows = exact.manifest["in_place"]["capacity"]
+    caches = gen.caches_for(io, shapes, rows, least, "cpu", 1, most)
+    one_each = gen.generate(exact.in_place().run, io, caches, [1, 2], 5, least_past=least)
+    assert made.tokens == one_each.tokens
+    assert bundle.in_place().program.cached == ((64,),)
+    assert exact.in_place().program.made == 6
+
+
 def _written(bundle, past: int) -> int:
     """Bytes the plan's kernels write at ``past`` (views write nothing)."""
     graph = bundle.graph_at((past,))

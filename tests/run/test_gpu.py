@@ -282,6 +282,30 @@ def test_a_replayed_graph_takes_and_gives_cuda_tensors_without_the_host(monkeypa
 
 
 @gpu
+def test_a_resident_input_is_read_where_it_lies_by_the_replayed_graph():
+    """A resident input (a decode step's cache buffer) is not copied into the
+    captured graph: changed in place between replays, the replay reads it as
+    it is now; given at another address, the graph is captured again."""
+    g, program = _pair_program("cuda", cuda_graph=True)
+    x = {k: torch.from_numpy(v).cuda() for k, v in graphs.random_inputs(g).items()}
+    resident = frozenset({"x0"})
+    program.run(x, resident)
+    program.run(x, resident)
+    captured = program._graph
+    assert captured is not None and program._static["in"]["x0"] is x["x0"]
+    for _ in range(2):
+        x["x0"].mul_(-2)
+        got = program.run(x, resident)
+        want = reference.run(g, {k: t.cpu().numpy() for k, t in x.items()})
+        for name, t in got.items():
+            np.testing.assert_allclose(t.cpu().numpy(), want[name], rtol=1e-5, atol=1e-6)
+    assert program._graph is captured
+    moved = {**x, "x0": x["x0"].clone()}
+    program.run(moved, resident)
+    assert program._graph is not captured and program._static["in"]["x0"] is moved["x0"]
+
+
+@gpu
 @pytest.mark.parametrize("name", ["resnet", "bert"])
 def test_bundle_run_takes_and_gives_cuda_tensors(bundle_of, name):
     """Bundle.run on CUDA tensors (float images; integer ids whose gathers are
