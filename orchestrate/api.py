@@ -463,7 +463,8 @@ def _in_place_step(
         "bucket": bucket,
     }
     said = (
-        f"in-place cache: {folder}/ planned and verified, {len(plan.kernels)} kernels, "
+        f"in-place cache: {folder}/ planned and verified, "
+        f"{sum(not k.is_view for k in plan.kernels)} kernels, "
         f"{written:,} bytes a step at OPT (buffers of {capacity} rows); "
         + (
             f"past lengths rounded up to buckets of {bucket} (masked slots checked to change nothing)"
