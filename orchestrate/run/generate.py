@@ -103,7 +103,7 @@ def caches_for(
     for name, (shape, axis, dtype) in shapes.items():
         shape = list(shape)
         shape[axis] = least_past if rows is None else rows
-        made[name] = torch.zeros(shape, dtype=getattr(torch, np.dtype(dtype).name), device=device)
+        made[name] = torch.zeros(shape, dtype=getattr(torch, dtype), device=device)
     if rows is None:
         return GrownCaches(io, made)
     axes = {name: axis for name, (_, axis, _) in shapes.items()}
