@@ -18,6 +18,14 @@ is impossible when
   An H200 row 500 times slower than an H100's of the same program was not
   timed at those sizes.
 
+A timing file's level is also set aside when its trials were unsteady: its
+median row's published mean is more than ``UNSTEADY`` times its fastest
+trial.  Such a mean holds outlier trials (the RTX 3090 Ti's torch.compile
+files: trials 5-18x apart in the median row, a standard deviation as large
+as the mean), not the time of the program; in every other file the median
+row's mean is within 1.19x of its fastest trial (1.13x with more than three
+rows).
+
 Both bounds are the datasheets' and other measurements', not the model's,
 so the model cannot vouch for itself here.
 """
@@ -34,6 +42,7 @@ from orchestrate.cost.measurements import Measurement
 
 SUSPECT_SHARE = 0.05
 PEER_FACTOR = 10.0
+UNSTEADY = 1.25
 
 
 def lower_bound_us(p: Prediction) -> float:
@@ -77,6 +86,13 @@ def disagreeing(rows: Sequence[Measurement]) -> set[str]:
     return out
 
 
+def unsteady(rows: Sequence[Measurement]) -> bool:
+    """Whether the median of ``rows``' mean / fastest trial exceeds
+    ``UNSTEADY`` (rows without a fastest trial count as steady)."""
+    spreads = sorted(m.time_us / m.min_us if m.min_us else 1.0 for m in rows)
+    return bool(spreads) and spreads[len(spreads) // 2] > UNSTEADY
+
+
 def set_aside(
     found: Sequence[Prediction], rows: Sequence[Measurement] = ()
 ) -> tuple[list[Prediction], list[Skipped]]:
@@ -85,8 +101,10 @@ def set_aside(
     group = lambda p: (timing_file(p.measurement), p.measurement.level)
     peerless = disagreeing(rows)
     count, fast, odd = Counter(), Counter(), Counter()
+    members: dict[tuple, list[Measurement]] = defaultdict(list)
     for p in found:
         count[group(p)] += 1
+        members[group(p)].append(p.measurement)
         fast[group(p)] += p.measurement.time_us < lower_bound_us(p)
         odd[group(p)] += p.measurement.id in peerless
     suspect = lambda n, g: n >= 2 and n >= SUSPECT_SHARE * count[g]
@@ -103,6 +121,11 @@ def set_aside(
                 f"{odd[g]} of its timing file's level-{level} rows disagree with the same "
                 f"programs elsewhere by more than the datasheets allow (x{PEER_FACTOR:g}): "
                 "timed at other sizes"
+            )
+        elif unsteady(members[g]):
+            reasons[g] = (
+                f"its timing file's level-{level} rows' means are more than {UNSTEADY:g}x "
+                "their fastest trials (the median row): the trials were unsteady"
             )
     kept = [p for p in found if group(p) not in reasons]
     skipped = [Skipped(p.measurement, reasons[group(p)]) for p in found if group(p) in reasons]

@@ -129,6 +129,18 @@ def test_a_level_that_disagrees_with_the_same_programs_elsewhere_is_set_aside():
     assert len(skipped) == 3 and "disagree with the same programs elsewhere" in skipped[0].reason
 
 
+def test_a_level_whose_trials_were_unsteady_is_set_aside():
+    """A file whose median row's mean is twice its fastest trial is set
+    aside, naming why; one whose rows are steady but for a few is not."""
+    eager = next(m for m in measurements.load(FIXTURE) if m.runtime == "eager")
+    spread = lambda rows, means: [replace(m, min_us=100.0 / f) for m, f in zip(rows, means)]
+    noisy = spread(_copies(eager, [100.0] * 5, timing="noisy.json"), [2, 2, 2, 1, 1])
+    steady = spread(_copies(eager, [100.0] * 5, timing="steady.json"), [9, 9, 1.1, 1, 1])
+    kept, skipped = sanity.set_aside(_predicted(noisy + steady))
+    assert {p.measurement.source.timing for p in kept} == {"steady.json"}
+    assert len(skipped) == 5 and "the trials were unsteady" in skipped[0].reason
+
+
 def test_each_runtime_is_priced_as_it_runs():
     """Eager: one library or generated kernel per ONNX op, each waiting at
     least for its dispatch from the host; torch.compile: the plan, after the
