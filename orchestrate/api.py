@@ -402,7 +402,7 @@ def _in_place_step(
     if step is None or step not in past:
         return "in-place cache: not planned (the caches' past length is not a range)", None
     capacity = past[step].range.max + 1
-    rewritten = decode.in_place(model, io, capacity, str(model_path))
+    rewritten = decode.in_place(model, io, capacity)
     if isinstance(rewritten, str):
         return f"in-place cache: not planned ({rewritten})", None
     source = f"{model_path} (in place)"

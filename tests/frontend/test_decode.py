@@ -30,7 +30,7 @@ def test_the_rewritten_step_reads_the_buffer_and_returns_the_new_row(tmp_path, s
     src = tmp_path / "step.onnx"
     decode.export_decode(style, src, dynamo=dynamo)
     model = onnx.load(str(src))
-    made = in_place(model, _io(model), 40, str(src))
+    made = in_place(model, _io(model), 40)
     assert not isinstance(made, str), made
     assert dict(made.axis) == {"past_k": 3, "past_v": 3} and made.capacity == 40
     rng = np.random.default_rng(0)
@@ -87,7 +87,7 @@ def test_what_cannot_be_kept_in_place_says_why():
         [_value("logits", [1, 1, 1]), _value("present_k", [1, "past + 1", 2])],
     )
     model = helper.make_model(graph)
-    why = in_place(model, _io(model), 8, "m")
+    why = in_place(model, _io(model), 8)
     assert isinstance(why, str) and "no input other than the caches" in why
 
 
@@ -130,7 +130,7 @@ def test_masked_slots_are_checked_not_to_move_the_step():
     up to a bucket; one that reads it from the mask's length may not."""
     for from_length in (False, True):
         model = _toy(from_length)
-        made = in_place(model, _io(model), 16, "toy")
+        made = in_place(model, _io(model), 16)
         assert not isinstance(made, str), made
         run = lambda feed, m=made.model: _run(m, feed)  # noqa: E731
         moved = padding_changes(made, run, 4, 9)
