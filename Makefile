@@ -14,7 +14,7 @@ JOBS   ?= 2
 DEMO   := examples/models/tiny_bert.onnx
 
 .PHONY: install demo test test-slow test-gpu fuzz lint format examples golden-update \
-        conformance models bench-plan bench bench-gpu bench-gpu-dry gpu-wheels bench-launch \
+        conformance models bench-plan bench bench-gpu bench-gpu-dry bench-decode gpu-wheels bench-launch \
         hf-check fit-check dynamic-check peer-check measurements calibrate learn clean
 
 install: $(STAMP)
@@ -130,6 +130,15 @@ gpu-wheels: install
 bench-gpu:
 	@if [ -x $(PY) ]; then $(MAKE) install && $(PY) -m tools.bench_gpu $(ARGS); \
 	else $(PYTHON) -m tools.bench_gpu $(ARGS); fi
+
+# decoding speed, after bench-gpu where time is left: the decode step's tokens
+# a second in place, over its concat and in torch eager (tools/bench_decode.py),
+# into $$OUT (else out/bench-decode)/decode.json.  On the GPU machine:
+#   device run(command="make bench-decode", carry=["wheels"], timeout_s=600)
+bench-decode:
+	@if [ -x $(PY) ]; then $(MAKE) install && $(PY) -m tools.bench_decode $(ARGS); \
+	else site=$$($(PYTHON) -m tools.bench_gpu.install) && \
+		PYTHONPATH=$$site $(PYTHON) -m tools.bench_decode $(ARGS); fi
 
 # the same steps on this CPU: the offline install proven, the full-size models
 # exported and planned here to project the real run (printed; exit 2 when it

@@ -5,7 +5,8 @@ configs by size (``tiny`` for tests, ``base`` for benchmarks: the real
 model's sizes, except the Llama-style ones, whose ``base`` is the 24-layer
 decoder the planner benchmark uses; ``llama`` also has ``wide``, four layers
 at width 2048 with head dim 128, the benchmark suite's decoder:
-``examples.suite``).  :func:`build_model` makes the model with seeded
+``examples.suite``; ``decode`` is one step of that decoder with a key/value
+cache, ``wide`` at 512 cached tokens).  :func:`build_model` makes the model with seeded
 random weights; :func:`export_example` writes it as ONNX.
 
     >>> from examples import export_example
@@ -25,6 +26,8 @@ from torch import nn
 
 from examples.cnns import CnnConfig, Inception, MobileNet, ResNet, UNet
 from examples.convnext import ConvNext, ConvNextConfig
+from examples.decode import WIDE as _WIDE_DECODE
+from examples.decode import DecodeConfig, DecodeStep
 from examples.export import ExportError, Input, dynamic_axes_of, export, random_inputs
 from examples.llama import Llama, LlamaConfig
 from examples.resnet50 import ResNet50, ResNet50Config
@@ -111,6 +114,9 @@ EXAMPLES: dict[str, Example] = {
             },
         ),
         Example("llama", Llama, {"tiny": _TINY_LLAMA, "base": _PLANNER_LLAMA, "wide": _WIDE_LLAMA}),
+        # one step of decoding with a key/value cache, at a fixed past length
+        # (examples/decode.py exports it with the past dynamic)
+        Example("decode", DecodeStep, {"tiny": DecodeConfig(), "wide": _WIDE_DECODE}),
         Example(
             "mistral",
             Llama,

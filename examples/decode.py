@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from examples.export import export
+from examples.export import Input, export
 
 STYLES = ("llama", "qwen2", "gpt2")
 INPUTS = ("input_ids", "attention_mask", "past_k", "past_v")
@@ -49,10 +49,22 @@ class DecodeConfig:
     vocab: int = 128
     max_positions: int = 4096
     eps: float = 1e-5
+    past: int = 8  # the cached tokens of the example inputs (``examples.EXAMPLES``)
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    def inputs(self) -> tuple[Input, ...]:
+        """The step at ``past`` cached tokens, with fixed shapes (the
+        ``decode`` example; ``export_decode`` makes the past dynamic)."""
+        cache = (self.layers, 1, self.kv_heads, self.past, self.head_dim)
+        return (
+            Input("input_ids", (1, 1), "int64", high=self.vocab),
+            Input("attention_mask", (1, self.past + 1), "int64", high=2),
+            Input("past_k", cache),
+            Input("past_v", cache),
+        )
 
     @property
     def rope(self) -> bool:
@@ -64,6 +76,14 @@ def config(style: str) -> DecodeConfig:
     if style not in STYLES:
         raise ValueError(f"{style}: expected one of {', '.join(STYLES)}")
     return DecodeConfig(style=style, kv_heads=4 if style == "gpt2" else 2)
+
+
+# the benchmark's decode step: the suite's wide Llama-style decoder (four
+# layers at width 2048, head dim 128, four query heads per key/value head)
+# at 512 cached tokens
+WIDE = DecodeConfig(
+    layers=4, hidden=2048, heads=16, kv_heads=4, intermediate=5632, vocab=32000, past=512
+)
 
 
 class RmsNorm(nn.Module):
@@ -142,6 +162,8 @@ class Layer(nn.Module):
 
 
 class DecodeStep(nn.Module):
+    OUTPUTS = OUTPUTS
+
     def __init__(self, c: DecodeConfig):
         super().__init__()
         self.c = c
@@ -206,7 +228,11 @@ DYNAMIC_AXES = {
 
 def export_decode(style: str, path: str | Path, *, dynamo: bool, opset: int = 18):
     """The step of ``style`` exported with a dynamic past (``DYNAMIC_AXES``)."""
-    step = model(style)
+    return export_step(model(style), path, dynamo=dynamo, opset=opset)
+
+
+def export_step(step: DecodeStep, path: str | Path, *, dynamo: bool, opset: int = 18):
+    """``step`` exported with a dynamic past (``DYNAMIC_AXES``)."""
     axes = {k: v for k, v in DYNAMIC_AXES.items() if k in INPUTS or not dynamo}
     return export(
         step,
