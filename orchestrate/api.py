@@ -187,6 +187,7 @@ def optimize(
     constants: Mapping[str, object] | None = None,
     input_ranges: Mapping[str, tuple[float, float]] | None = None,
     inputs: Mapping[str, np.ndarray] | None = None,
+    in_place_cache: bool = True,
     _shape_option: str = "shapes",
     _const_option: str = "constants",
     **plan_options,
@@ -209,7 +210,9 @@ def optimize(
     1)}``), or feeds it ``inputs`` (``{"x": array}``, every trial; static
     shapes only).  A bad argument is an
     InputError that names it (``_shape_option`` and ``_const_option`` are
-    the names errors give ``shapes`` and ``constants``).
+    the names errors give ``shapes`` and ``constants``).  A decode step over
+    a range of past lengths also gets its step over caches kept in place,
+    unless ``in_place_cache`` is False (``frontend/decode.py``).
 
     A range in ``shapes`` (``{"x": "1..8x2..64@32"}``, or per dimension
     ``("1..8", (2, 64, 32))``) or in ``dims`` (``{"seq": "2..64"}``) makes a
@@ -251,7 +254,18 @@ def optimize(
                 "at several shapes; bound its values with input_ranges (--input-range) instead"
             )
         return _optimize_range(
-            model_path, model, out, ranges, options, trials, rtol, atol, progress, bound, draws
+            model_path,
+            model,
+            out,
+            ranges,
+            options,
+            trials,
+            rtol,
+            atol,
+            progress,
+            bound,
+            draws,
+            in_place_cache,
         )
     report_step = progress or (lambda stage, i, n: None)
     # made before the work, so a model onnxruntime refuses is refused up front
@@ -322,6 +336,7 @@ def _optimize_range(
     progress,
     bound: dict,
     draws,
+    in_place_cache: bool,
 ) -> Optimized:
     """``optimize`` for a range of shapes (``model``, loaded from
     ``model_path``): one dynamic bundle, verified at MIN, OPT, MAX and
@@ -362,8 +377,12 @@ def _optimize_range(
                 f"{result.bindings[bad.trial]}: {bad.detail}",
                 result,
             )
-        said, in_place = _in_place_step(
-            model, model_path, family, staging, options, trials, rtol, atol, progress
+        said, in_place = (
+            _in_place_step(
+                model, model_path, family, staging, options, trials, rtol, atol, progress
+            )
+            if in_place_cache
+            else ("", None)
         )
         info = {**info, **({"in_place": in_place} if in_place else {})}
         staging.write(
@@ -422,7 +441,8 @@ def _in_place_step(
         else "the range holds one past length"
     )
     bucket = BUCKET if moved is None else 1
-    made = ranged.build(rewritten.model, ranges, options, model_path.name, source, progress)
+    steps = None if progress is None else (lambda stage, i, n: progress(f"in place: {stage}", i, n))
+    made = ranged.build(rewritten.model, ranges, options, model_path.name, source, steps)
     folder = bundle.IN_PLACE
     info = {
         "orchestrate": __version__,
@@ -443,7 +463,7 @@ def _in_place_step(
         atol=atol,
         source=source,
         session=session,
-        progress=progress,
+        progress=steps,
     )
     if not result.ok:
         bad = result.first_failure()

@@ -1018,6 +1018,13 @@ def tolerance_options(fn):
 @tolerance_options
 @draw_options
 @tune_options
+@click.option(
+    "--in-place-cache/--no-in-place-cache",
+    default=True,
+    show_default=True,
+    help="For a decode step over a range of past lengths, also plan the step over "
+    "caches kept in place (in_place/ in the bundle), which generate decodes with.",
+)
 @reports_errors
 def optimize(
     model: Path,
@@ -1032,6 +1039,7 @@ def optimize(
     input_files,
     tune,
     tune_configs,
+    in_place_cache,
     **opts,
 ) -> None:
     """Optimize MODEL into a bundle of Triton kernels, verified against its float64 reference.
@@ -1061,6 +1069,7 @@ def optimize(
             tune=tuning,
             constants=_consts(consts),
             **_draw_args(input_ranges, input_files),
+            in_place_cache=in_place_cache,
             _shape_option="--shape",
             _const_option="--const",
         )
