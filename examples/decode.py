@@ -183,9 +183,11 @@ class DecodeStep(nn.Module):
 
     def forward(self, input_ids, attention_mask, past_k, past_v):
         position = attention_mask.sum(-1, keepdim=True) - 1  # [1, 1]
-        hide = (1.0 - attention_mask.to(torch.float32)) * -1e9  # [1, past + 1]
-        hide = hide[:, None, None, :]
         x = self.embed(input_ids)
+        # [1, 1, 1, past + 1]: 0 where attended, the dtype's least value where
+        # masked (a where, not a product: 0 x -inf would be NaN in half precision)
+        attended = attention_mask[:, None, None, :] > 0
+        hide = torch.where(attended, 0.0, torch.finfo(x.dtype).min).to(x.dtype)
         cos = sin = None
         if self.c.rope:
             cos, sin = self.cos_table[position][:, None], self.sin_table[position][:, None]
