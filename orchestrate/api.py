@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import shutil
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from orchestrate import bundle, explain
+from orchestrate import bundle, explain, text
 from orchestrate.bundle import regenerate
 from orchestrate.check import ranged as range_check
 from orchestrate.check.draws import Draws, check_draws
@@ -377,13 +378,16 @@ def _optimize_range(
                 f"{result.bindings[bad.trial]}: {bad.detail}",
                 result,
             )
-        said, in_place = (
-            _in_place_step(
-                model, model_path, family, staging, options, trials, rtol, atol, progress
-            )
-            if in_place_cache
-            else ("", None)
-        )
+        said, in_place = "", None
+        if in_place_cache:
+            try:
+                said, in_place = _in_place_step(
+                    model, model_path, family, staging, options, trials, rtol, atol, progress
+                )
+            except OrchestrateError as e:  # the bundle stands without it: said, not fatal
+                shutil.rmtree(staging.path / bundle.IN_PLACE, ignore_errors=True)
+                why = (str(e).splitlines() or [type(e).__name__])[0]
+                said = f"in-place cache: not planned ({text.shown(why)})"
         info = {**info, **({"in_place": in_place} if in_place else {})}
         staging.write(
             plan, made.source, made.constants, _report_md(plan, result, family), info, dims

@@ -295,3 +295,24 @@ def test_the_in_place_step_is_checked_as_part_of_the_bundle(llama, tmp_path):
     (inner / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(InputError, match="is not the one .* names"):
         orchestrate.load(copy).in_place()
+
+
+def test_a_failed_in_place_step_leaves_the_bundle_without_it(tmp_path, monkeypatch):
+    """Where the in-place step cannot be made, the bundle is written without
+    it and optimize says why in one line; generate decodes over the concat."""
+    from orchestrate.frontend import decode as rewrite
+
+    def refuse(*args, **kwargs):
+        raise InputError("step.onnx (in place): onnxruntime cannot run the model (boom)")
+
+    monkeypatch.setattr(rewrite, "padding_changes", refuse)
+    src = tmp_path / "gpt2.onnx"
+    decode.export_decode("gpt2", src, dynamo=False)
+    made = orchestrate.optimize(src, tmp_path / "g.orch", dims={"past": "1..16@8"}, trials=1)
+    assert made.in_place == (
+        "in-place cache: not planned (step.onnx (in place): onnxruntime cannot run the "
+        "model (boom))"
+    )
+    bundle = orchestrate.load(tmp_path / "g.orch")
+    assert "in_place" not in bundle.manifest and not (tmp_path / "g.orch" / "in_place").exists()
+    assert not bundle.generate([1], 2).in_place
