@@ -26,8 +26,8 @@ from torch import nn
 
 from examples.cnns import CnnConfig, Inception, MobileNet, ResNet, UNet
 from examples.convnext import ConvNext, ConvNextConfig
-from examples.decode import WIDE as _WIDE_DECODE
-from examples.decode import DecodeConfig, DecodeStep
+from examples.decoder import WIDE as _WIDE_DECODE
+from examples.decoder import DecodeConfig, DecodeStep
 from examples.export import ExportError, Input, dynamic_axes_of, export, random_inputs
 from examples.llama import Llama, LlamaConfig
 from examples.resnet50 import ResNet50, ResNet50Config
