@@ -357,27 +357,18 @@ def _optimize_range(
         dims = family.to_json()
         staging.write(plan, made.source, made.constants, _report_md(plan, None, family), info, dims)
         report_step("emit", 1, 1)
-        loaded = load(staging.path)
-        bindings = range_check.range_bindings(family, trials)
-        result = range_check.verify_range(
+        result = _verify_staged(
             model,
-            loaded,
-            bindings,
-            rtol=rtol,
-            atol=atol,
-            source=str(model_path),
-            session=session,
-            progress=progress,
-            draws=draws,
+            staging.path,
+            family,
+            trials,
+            rtol,
+            atol,
+            str(model_path),
+            session,
+            progress,
+            draws,
         )
-        if not result.ok:
-            bad = result.first_failure()
-            raise VerificationError(
-                f"{model_path}: the generated kernels do not match the model (its float64 "
-                f"reference, onnxruntime beside it) on output {bad.name!r} at "
-                f"{result.bindings[bad.trial]}: {bad.detail}",
-                result,
-            )
         said, in_place = "", None
         if in_place_cache:
             try:
@@ -397,6 +388,43 @@ def _optimize_range(
         staging.discard()
         raise
     return Optimized(path, plan, result, family, said)
+
+
+def _verify_staged(
+    model,
+    folder: Path,
+    family: Family,
+    trials,
+    rtol,
+    atol,
+    source: str,
+    session,
+    progress,
+    draws=None,
+) -> Report:
+    """The range bundle staged at ``folder`` checked against ``model`` at MIN,
+    OPT, MAX and ``trials`` random bindings; VerificationError naming the
+    first output that does not match."""
+    result = range_check.verify_range(
+        model,
+        load(folder),
+        range_check.range_bindings(family, trials),
+        rtol=rtol,
+        atol=atol,
+        source=source,
+        session=session,
+        progress=progress,
+        draws=draws,
+    )
+    if not result.ok:
+        bad = result.first_failure()
+        raise VerificationError(
+            f"{source}: the generated kernels do not match the model (its float64 "
+            f"reference, onnxruntime beside it) on output {bad.name!r} at "
+            f"{result.bindings[bad.trial]}: {bad.detail}",
+            result,
+        )
+    return result
 
 
 BUCKET = 64  # past lengths a decode step rounds up to, one Program (CUDA graph) each
@@ -458,24 +486,17 @@ def _in_place_step(
     dims_json = made.family.to_json()
     plan = made.plan
     staging.write(plan, made.source, made.constants, "", info, dims_json, folder)
-    loaded = load(staging.path / folder)
-    result = range_check.verify_range(
+    result = _verify_staged(
         rewritten.model,
-        loaded,
-        range_check.range_bindings(made.family, trials),
-        rtol=rtol,
-        atol=atol,
-        source=source,
-        session=session,
-        progress=steps,
+        staging.path / folder,
+        made.family,
+        trials,
+        rtol,
+        atol,
+        source,
+        session,
+        steps,
     )
-    if not result.ok:
-        bad = result.first_failure()
-        raise VerificationError(
-            f"{source}: the in-place step's kernels do not match it on output {bad.name!r} "
-            f"at {result.bindings[bad.trial]}: {bad.detail}",
-            result,
-        )
     report = _report_md(plan, result, made.family)
     staging.write(plan, made.source, made.constants, report, info, dims_json, folder)
     written = sum(k.bytes for k in plan.kernels)

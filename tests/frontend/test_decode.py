@@ -60,6 +60,16 @@ def _value(name, dims):
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
 
 
+def _inputs(mask: str, *more) -> list:
+    """A toy step's inputs: the token, a mask of ``mask`` slots, a cache."""
+    return [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, 1]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, mask]),
+        _value("past_k", [1, "past", 2]),
+        *more,
+    ]
+
+
 def test_what_cannot_be_kept_in_place_says_why():
     assert growing_axis(_value("past", [2, "p", 4]), _value("present", [2, "p + 1", 4])) == (
         1,
@@ -78,12 +88,7 @@ def test_what_cannot_be_kept_in_place_says_why():
     graph = helper.make_graph(
         nodes,
         "g",
-        [
-            helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, 1]),
-            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "n"]),
-            _value("past_k", [1, "past", 2]),
-            _value("new", [1, 1, 2]),
-        ],
+        _inputs("n", _value("new", [1, 1, 2])),
         [_value("logits", [1, 1, 1]), _value("present_k", [1, "past + 1", 2])],
     )
     model = helper.make_model(graph)
@@ -111,11 +116,7 @@ def _toy(logits_from_length: bool):
     graph = helper.make_graph(
         nodes,
         "toy",
-        [
-            helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, 1]),
-            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "past + 1"]),
-            _value("past_k", [1, "past", 2]),
-        ],
+        _inputs("past + 1"),
         [_value("logits", [1, 1]), _value("present_k", [1, "past + 1", 2])],
         [
             helper.make_tensor("row_shape", TensorProto.INT64, [3], [1, 1, 2]),
