@@ -198,7 +198,8 @@ def optimize(
     Keyword options not listed are PlanOptions fields (``device``,
     ``memory_budget``, ``time_limit``, ...), or give ``options``, not both.
     Nothing is left at ``out_dir`` unless the bundle verified (``trials=0``
-    skips verification).  Where the kernels cannot run (bf16 matmuls without
+    skips verification of one shape; a range is always checked at MIN, OPT
+    and MAX).  Where the kernels cannot run (bf16 matmuls without
     a GPU: ``runtime.interpreter_refusal``) the plan is simulated in numpy
     instead, and the report says so (``Report.simulated``): the bundle is
     written if the simulation is within tolerance, not called verified.
