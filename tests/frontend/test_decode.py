@@ -139,3 +139,41 @@ def test_masked_slots_are_checked_not_to_move_the_step():
             assert "logits at past 4 changes with 5 masked slots" in moved
         else:
             assert moved is None
+
+
+def test_per_layer_caches_named_as_hugging_face_names_them():
+    """Caches ``past_key_values.0.key`` / ``.value`` returned as ``present.0.key``
+    / ``.value``, growing along axis 2: each rewritten, each new row returned."""
+    caches = [
+        ("past_key_values.0.key", "present.0.key"),
+        ("past_key_values.0.value", "present.0.value"),
+    ]
+    nodes = [
+        helper.make_node("Cast", ["input_ids"], ["idf"], to=TensorProto.FLOAT),
+        helper.make_node("Expand", ["idf", "row_shape"], ["row"]),
+        helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceSum", ["maskf"], ["logits"], keepdims=1),
+    ]
+    nodes += [helper.make_node("Concat", [p, "row"], [q], axis=2) for p, q in caches]
+    graph = helper.make_graph(
+        nodes,
+        "hf",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, 1]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "past + 1"]),
+            *[_value(p, [1, 2, "past", 4]) for p, _ in caches],
+        ],
+        [_value("logits", [1, 1]), *[_value(q, [1, 2, "past + 1", 4]) for _, q in caches]],
+        [helper.make_tensor("row_shape", TensorProto.INT64, [4], [1, 2, 1, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    made = in_place(model, _io(model), 12)
+    assert not isinstance(made, str), made
+    assert dict(made.axis) == {p: 2 for p, _ in caches}
+    buffers = {p: np.full((1, 2, 12, 4), 7.0, np.float32) for p, _ in caches}
+    got = _run(
+        made.model,
+        {"input_ids": np.array([[3]]), "attention_mask": np.ones((1, 6), np.int64), **buffers},
+    )
+    for _, q in caches:
+        assert got[q].shape == (1, 2, 1, 4) and (got[q] == 3.0).all()
