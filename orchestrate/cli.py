@@ -858,6 +858,14 @@ def rules() -> None:
     help="Write the learned model's feature space by GPU, its two principal "
     "components (PNG; needs matplotlib).",
 )
+@click.option(
+    "--records",
+    "records_files",
+    multiple=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Instead: set our own kernels' records (orchestrate records export, make "
+    "bench-gpu's records.jsonl) against the model, per GPU and template.",
+)
 @reports_errors
 def calibrate(
     data,
@@ -872,6 +880,7 @@ def calibrate(
     transfer: bool,
     curves: Path | None,
     pca: Path | None,
+    records_files: tuple[Path, ...],
 ) -> None:
     """Set the cost model's predictions against published GPU measurements.
 
@@ -886,7 +895,9 @@ def calibrate(
 
     With --train, --transfer or --pca the learned model (gradient-boosted
     trees over the analytic model's terms) is trained, studied across GPUs
-    or its features drawn."""
+    or its features drawn.  With --records, our own kernels' measured times
+    (the records --tune and make bench-gpu write) are set against the model
+    instead."""
     from orchestrate import calibrate as cal
     from orchestrate.calibrate.report import scatter
     from orchestrate.calibrate.run import calibrate as run_calibrate
@@ -894,6 +905,25 @@ def calibrate(
     from orchestrate.plan import pipeline
     from orchestrate.plan.planner import PlanOptionError, PlanOptions
 
+    if records_files:
+        others = [
+            f
+            for f, v in (
+                ("DATA", data),
+                ("--plot", plot),
+                ("--json", json_out),
+                ("--train", train),
+                ("--transfer", transfer),
+                ("--pca", pca),
+            )
+            if v
+        ]
+        if others:
+            raise InputError(f"--records reports kernel records alone: not with {others[0]}")
+        from orchestrate.calibrate import records
+
+        echo(records.text(records.read(records_files)), nl=False)
+        return
     if curves is not None and not transfer:
         raise InputError("--curves draws the --transfer study: give --transfer too")
     for out in (plot, json_out, train, curves, pca):

@@ -56,14 +56,17 @@ def text(found: Sequence[Prediction], skipped: Sequence[Skipped]) -> str:
         "",
     ]
     for t in tables(found):
-        lines += [t.heading, _header()]
-        lines += [_row(group, f) for group, f in t.rows]
-        lines.append("")
+        lines += [*table_lines(t), ""]
     if skipped:
         reasons = Counter(s.reason.split(": ")[-1][:100] for s in skipped)
         lines.append("skipped (count: reason):")
         lines += [f"  {n:4d}: {shown(r)}" for r, n in reasons.most_common()]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def table_lines(t: Table) -> list[str]:
+    """``t`` as calibrate prints it: its heading, the columns, a row a group."""
+    return [t.heading, _header(), *(_row(group, f) for group, f in t.rows)]
 
 
 def _header() -> str:
