@@ -17,6 +17,7 @@ adds biases to the query, key and value projections; GPT-2: LayerNorm,
 learned positions, multi-head attention, a tanh-GELU MLP.
 
     python -m examples.decode llama out/llama_decode.onnx [--dynamo]
+    python -m examples.decode llama out/llama_prefill.onnx --prefill
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from examples.decoder import (
     OUTPUTS,
     STYLES,
     DecodeStep,
+    PrefillStep,
     config,
     example_inputs,
     model,
@@ -47,6 +49,7 @@ __all__ = [
     "config",
     "example_inputs",
     "export_decode",
+    "export_prefill",
     "export_step",
     "greedy_reference",
     "model",
@@ -60,6 +63,46 @@ DYNAMIC_AXES = {
     "present_k": {3: "past + 1"},
     "present_v": {3: "past + 1"},
 }
+
+
+# the prefill step: ``seq`` new tokens after ``past`` cached ones
+PREFILL_AXES = {
+    "input_ids": {1: "seq"},
+    "attention_mask": {1: "past + seq"},
+    "past_k": {3: "past"},
+    "past_v": {3: "past"},
+    "logits": {1: "seq"},
+    "present_k": {3: "past + seq"},
+    "present_v": {3: "past + seq"},
+}
+
+
+def export_prefill(style: str, path: str | Path, *, opset: int = 18):
+    """The prompt step of ``style`` (``PrefillStep``, the decode step's
+    weights) exported by the TorchScript exporter with ``seq`` and ``past``
+    dynamic (``PREFILL_AXES``)."""
+    step = model(style)
+    prefill = PrefillStep(step.c).eval()
+    prefill.load_state_dict(step.state_dict())
+    c = step.c
+    g = torch.Generator().manual_seed(0)
+    cache = (c.layers, 1, c.kv_heads, 2, c.head_dim)
+    args = (
+        torch.randint(0, c.vocab, (1, 3), generator=g),
+        torch.ones(1, 5, dtype=torch.int64),
+        torch.randn(cache, generator=g),
+        torch.randn(cache, generator=g),
+    )
+    return export(
+        prefill,
+        args,
+        path,
+        dynamo=False,
+        opset=opset,
+        input_names=INPUTS,
+        output_names=OUTPUTS,
+        dynamic_axes=PREFILL_AXES,
+    )
 
 
 def export_decode(style: str, path: str | Path, *, dynamo: bool, opset: int = 18):
@@ -106,9 +149,19 @@ def main(argv=None) -> None:
     p.add_argument("out", type=Path)
     p.add_argument("--dynamo", action="store_true", help="torch.export (default: TorchScript)")
     p.add_argument("--opset", type=int, default=18)
+    p.add_argument(
+        "--prefill",
+        action="store_true",
+        help="the prompt step instead: seq new tokens at once (TorchScript)",
+    )
     args = p.parse_args(argv)
+    if args.prefill and args.dynamo:
+        p.error("--prefill is exported by TorchScript only")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    export_decode(args.style, args.out, dynamo=args.dynamo, opset=args.opset)
+    if args.prefill:
+        export_prefill(args.style, args.out, opset=args.opset)
+    else:
+        export_decode(args.style, args.out, dynamo=args.dynamo, opset=args.opset)
     print(f"wrote {args.out}")
 
 

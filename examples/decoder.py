@@ -114,6 +114,26 @@ class Attention(nn.Module):
         out = F.softmax(scores, dim=-1) @ values  # [1, kv_heads, rep, head_dim]
         return self.o(out.reshape(1, 1, c.hidden)), keys, values
 
+    def prefill(self, x, cos, sin, past_k, past_v, hide):
+        """``forward`` for ``seq`` new tokens at once: x [1, seq, hidden],
+        ``hide`` [1, 1, seq, past + seq] (the mask and causality)."""
+        c = self.c
+        seq = x.shape[1]
+        q = self.q(x).view(1, seq, c.heads, c.head_dim).transpose(1, 2)
+        k = self.k(x).view(1, seq, c.kv_heads, c.head_dim).transpose(1, 2)
+        v = self.v(x).view(1, seq, c.kv_heads, c.head_dim).transpose(1, 2)
+        if c.rope:
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+        keys = torch.cat((past_k, k), dim=2)  # [1, kv_heads, past + seq, head_dim]
+        values = torch.cat((past_v, v), dim=2)
+        rep = c.heads // c.kv_heads
+        shared_k = torch.repeat_interleave(keys, rep, dim=1)  # a key head per query head
+        shared_v = torch.repeat_interleave(values, rep, dim=1)
+        scores = q @ shared_k.transpose(2, 3) / math.sqrt(c.head_dim) + hide
+        out = F.softmax(scores, dim=-1) @ shared_v  # [1, heads, seq, head_dim]
+        return self.o(out.transpose(1, 2).reshape(1, seq, c.hidden)), keys, values
+
 
 class Mlp(nn.Module):
     def __init__(self, c: DecodeConfig):
@@ -138,8 +158,9 @@ class Layer(nn.Module):
         super().__init__()
         self.norm1, self.attn, self.norm2, self.mlp = _norm(c), Attention(c), _norm(c), Mlp(c)
 
-    def forward(self, x, cos, sin, past_k, past_v, hide):
-        a, keys, values = self.attn(self.norm1(x), cos, sin, past_k, past_v, hide)
+    def forward(self, x, cos, sin, past_k, past_v, hide, prefill: bool = False):
+        attend = self.attn.prefill if prefill else self.attn
+        a, keys, values = attend(self.norm1(x), cos, sin, past_k, past_v, hide)
         x = x + a
         return x + self.mlp(self.norm2(x)), keys, values
 
@@ -179,6 +200,35 @@ class DecodeStep(nn.Module):
         keys, values = [], []
         for i, layer in enumerate(self.layers):
             x, k, v = layer(x, cos, sin, past_k[i], past_v[i], hide)
+            keys.append(k)
+            values.append(v)
+        return self.lm_head(self.norm(x)), torch.stack(keys), torch.stack(values)
+
+
+class PrefillStep(DecodeStep):
+    """The decode step's model run over ``seq`` new tokens at once (a
+    prompt): input_ids [1, seq], attention_mask [1, past + seq], the caches
+    as the decode step's; logits [1, seq, vocab] and the caches grown by
+    ``seq`` rows. Token ``i`` attends to the unmasked slots of the cache and
+    to the new tokens up to itself; positions count the mask's ones."""
+
+    def forward(self, input_ids, attention_mask, past_k, past_v):
+        seq = input_ids.shape[1]
+        slots = attention_mask.shape[1]
+        position = (attention_mask.cumsum(-1) - 1)[:, slots - seq :]  # [1, seq]
+        x = self.embed(input_ids)
+        key = torch.arange(slots)[None, :]
+        query = torch.arange(slots - seq, slots)[:, None]
+        attended = (attention_mask[:, None, None, :] > 0) & (key <= query)[None, None]
+        hide = torch.where(attended, 0.0, torch.finfo(x.dtype).min).to(x.dtype)
+        cos = sin = None
+        if self.c.rope:
+            cos, sin = self.cos_table[position][:, None], self.sin_table[position][:, None]
+        else:
+            x = x + self.positions(position)
+        keys, values = [], []
+        for i, layer in enumerate(self.layers):
+            x, k, v = layer(x, cos, sin, past_k[i], past_v[i], hide, prefill=True)
             keys.append(k)
             values.append(v)
         return self.lm_head(self.norm(x)), torch.stack(keys), torch.stack(values)

@@ -1232,6 +1232,14 @@ def _token_ids(text: str) -> list[int]:
     help="Decode over the graph's own step (present fed back) even where the "
     "bundle keeps the caches in place.",
 )
+@click.option(
+    "--prefill",
+    "prefill_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="A bundle of the prompt step (examples/decode.py --prefill) that runs the "
+    "whole prompt at once; without it the prompt is fed a token a step.",
+)
 @reports_errors
 def generate(
     bundle_dir: Path,
@@ -1241,22 +1249,31 @@ def generate(
     seed: int,
     temperature,
     concat: bool,
+    prefill_dir: Path | None,
 ) -> None:
     """Decode tokens with the decode-step bundle OUT (made for a range of past
-    lengths, --dim past=MIN..MAX): greedy, or --sample.  The prompt is fed one
-    token per step; the caches are kept in place (the bundle's in_place/
+    lengths, --dim past=MIN..MAX): greedy, or --sample.  The prompt runs in
+    one step with --prefill, else a token per step; the caches are kept in place (the bundle's in_place/
     step, one row written a step), or with --concat grown by the graph's own
     step."""
     from orchestrate import api
 
     ids = _token_ids(prompt_ids)
     model = api.load(bundle_dir)
+    prefill = None if prefill_dir is None else api.load(prefill_dir)
     made = model.generate(
-        ids, max_new_tokens, sample=sample, seed=seed, temperature=temperature, in_place=not concat
+        ids,
+        max_new_tokens,
+        sample=sample,
+        seed=seed,
+        temperature=temperature,
+        in_place=not concat,
+        prefill=prefill,
     )
     echo(",".join(str(t) for t in made.tokens))
     where = "Triton interpreter" if model.interpret else "GPU"
     kept = "kept in place" if made.in_place else "grown by the step's concat"
+    kept += "; the prompt in one step" if prefill is not None else ""
     echo(
         f"{len(made.tokens)} tokens in {made.steps} steps, {made.seconds:.2f} s "
         f"({made.tokens_per_second:.1f} tokens/s, {where}); caches {kept}, "

@@ -7,8 +7,10 @@ lengths (``--dim past=1..N``), one kernels.py for every step. Below the
 range's least past length the cache is padded with masked slots (zeros the
 attention mask hides), so the prompt's first token can be fed to a bundle
 whose range starts at 1; a model that reads positions from the mask (as the
-examples and Hugging Face's ``generate`` do) is not moved by them. Without
-a prefill bundle the prompt is fed one token per step.
+examples and Hugging Face's ``generate`` do) is not moved by them. With a
+prefill bundle (``examples/decode.py``'s prefill step, the past length the
+decode range's least) the prompt runs in one step; without one it is fed a
+token per step.
 
 The caches between steps are one of two kinds, both run by ``generate``:
 
@@ -56,6 +58,14 @@ class GrownCaches:
         self.caches = {p: result[present] for p, present in self.io.caches}
         return sum(t.nbytes for t in self.caches.values())
 
+    def first(self, rows: int) -> dict[str, torch.Tensor]:
+        """The caches' first ``rows`` rows (all of them, before a prefill)."""
+        return dict(self.caches)
+
+    def load(self, result: Mapping[str, torch.Tensor]) -> int:
+        """Take a prefill's ``present*`` as the caches; the bytes stored."""
+        return self.update(result, 0)
+
 
 @dataclass
 class InPlaceCaches:
@@ -83,6 +93,20 @@ class InPlaceCaches:
             row = result[present]
             self.buffers[p].narrow(self.axes[p], past, 1).copy_(row)
             written += row.nbytes
+        return written
+
+    def first(self, rows: int) -> dict[str, torch.Tensor]:
+        """Each buffer's first ``rows`` rows (what a prefill reads)."""
+        return {p: b.narrow(self.axes[p], 0, rows) for p, b in self.buffers.items()}
+
+    def load(self, result: Mapping[str, torch.Tensor]) -> int:
+        """A prefill's ``present*`` written into the buffers' first rows; the
+        bytes stored."""
+        written = 0
+        for p, present in self.io.caches:
+            grown = result[present]
+            self.buffers[p].narrow(self.axes[p], 0, grown.shape[self.axes[p]]).copy_(grown)
+            written += grown.nbytes
         return written
 
 
@@ -145,10 +169,14 @@ def generate(
     sample: bool = False,
     seed: int = 0,
     temperature: float = 1.0,
+    prefill: Step | None = None,
 ) -> Generated:
     """Decode ``max_new_tokens`` after ``prompt`` with ``step`` over
     ``caches`` (``caches_for``), which start with ``least_past`` masked slots;
-    a step beyond ``most_past`` is refused."""
+    a step beyond ``most_past`` is refused. ``prefill``: a step over the whole
+    prompt at once after those slots (``examples/decode.py``'s prefill step),
+    whose ``present*`` the decode steps continue from; else the prompt is fed
+    a token a step."""
     if not prompt:
         raise InputError("--prompt-ids: give at least one token")
     if max_new_tokens < 1:
@@ -157,7 +185,7 @@ def generate(
         raise InputError(f"--prompt-ids: token {min(prompt)} is negative")
     if sample and not temperature > 0:
         raise InputError(f"--temperature {temperature}: expected more than 0")
-    steps = len(prompt) + max_new_tokens - 1
+    steps = len(prompt) + max_new_tokens - 1  # token by token
     last = least_past + steps - 1  # the past length of the last step
     if most_past is not None and last > most_past:
         raise InputError(
@@ -169,9 +197,22 @@ def generate(
     rng = np.random.default_rng(seed) if sample else None
     out: list[int] = []
     stored: list[int] = []
-    token = prompt[0]
+    token, begin, calls = prompt[0], 0, 0
     start = time.perf_counter()
-    for i in range(steps):
+    if prefill is not None:
+        n = len(prompt)
+        mask = torch.zeros((1, least_past + n), dtype=torch.int64, device=device)
+        mask[0, least_past:] = 1
+        feed = {io.ids: torch.tensor([list(prompt)], dtype=torch.int64, device=device)}
+        feed[io.mask] = mask
+        feed.update(caches.first(least_past))
+        result = prefill(feed)
+        stored.append(caches.load(result))
+        cached[0, least_past : least_past + n] = 1
+        token = choose(result[io.logits].cpu().numpy(), rng, temperature)
+        out.append(token)
+        begin, calls = n, 1
+    for i in range(begin, steps):
         past = least_past + i
         token = prompt[i] if i < len(prompt) else token
         slots = caches.slots(past)  # the new token's slot; masked ones between
@@ -182,6 +223,7 @@ def generate(
         feed[io.mask] = mask
         feed.update(caches.feed(past))
         result = step(feed)
+        calls += 1
         stored.append(caches.update(result, past))
         cached[0, past] = 1
         if i >= len(prompt) - 1:
@@ -189,7 +231,7 @@ def generate(
             token = choose(logits.cpu().numpy(), rng, temperature)
             out.append(token)
     seconds = time.perf_counter() - start
-    return Generated(tuple(out), steps, seconds, tuple(stored), isinstance(caches, InPlaceCaches))
+    return Generated(tuple(out), calls, seconds, tuple(stored), isinstance(caches, InPlaceCaches))
 
 
 @dataclass(frozen=True)

@@ -305,12 +305,16 @@ class DynamicBundle:
         seed: int = 0,
         temperature: float = 1.0,
         in_place: bool = True,
+        prefill: DynamicBundle | None = None,
     ) -> generate.Generated:
         """Tokens after ``prompt_ids``: greedy, or sampled with ``seed`` at
         ``temperature`` (``orchestrate/run/generate.py``); over the in-place
         step where the bundle has one and ``in_place``, else over the
-        graph's own step, the caches fed back."""
+        graph's own step, the caches fed back. ``prefill``: a loaded bundle
+        of the prompt step (``check_prefill``), which runs the prompt at once."""
         io, shapes, least, most = self.decoding()
+        if prefill is not None:
+            self.check_prefill(prefill, io, least)
         device = "cpu" if self.interpret else "cuda"
         step = self.in_place() if in_place else None
         if step is not None:
@@ -332,7 +336,28 @@ class DynamicBundle:
             sample=sample,
             seed=seed,
             temperature=temperature,
+            prefill=None if prefill is None else prefill.run,
         )
+
+    def check_prefill(self, prefill, io, least: int) -> None:
+        """InputError unless ``prefill`` is a bundle of the prompt step for
+        this decode step: the same inputs and outputs, its caches at the
+        decode range's least past length (where the decode steps go on)."""
+        where = f"--prefill {getattr(prefill, 'path', prefill)}"
+        if not isinstance(prefill, DynamicBundle):
+            raise InputError(f"{where}: not a bundle made for a range of prompt lengths")
+        if (list(prefill.inputs), prefill.outputs) != (list(self.inputs), self.outputs):
+            raise InputError(f"{where}: its inputs and outputs are not the decode step's")
+        for past, _ in io.caches:
+            polys = prefill.family.inputs.get(past, ())
+            dynamic = [str(p) for p in polys if not p.is_const]
+            rows = prefill.inputs[past][0][self.decoding()[1][past][1]]
+            if dynamic or rows != least:
+                raise InputError(
+                    f"{where}: its cache {text.shown(past)} holds "
+                    f"{' '.join(dynamic) or rows} rows; the decode steps start at {least} "
+                    f"(optimize the prompt step with --dim past={least})"
+                )
 
     def token_bytes(self, in_place: bool = True) -> generate.TokenBytes:
         """Bytes one step moves at OPT, predicted (by the in-place step's plan

@@ -316,3 +316,34 @@ def test_a_failed_in_place_step_leaves_the_bundle_without_it(tmp_path, monkeypat
     bundle = orchestrate.load(tmp_path / "g.orch")
     assert "in_place" not in bundle.manifest and not (tmp_path / "g.orch" / "in_place").exists()
     assert not bundle.generate([1], 2).in_place
+
+
+def test_a_prefill_bundle_runs_the_prompt_in_one_step(llama, tmp_path):
+    """The prompt step (``examples/decode.py --prefill``, the decode step's
+    weights) optimized for prompts of 1..8 tokens after the one masked slot
+    the decode range starts at: the same tokens as feeding the prompt a token
+    a step, and the torch model's, in 1 + 7 steps instead of 4 + 7; a bundle
+    whose caches do not start where the decode steps do is refused."""
+    _, out = llama
+    src = tmp_path / "prefill.onnx"
+    decode.export_prefill("llama", src)
+    orchestrate.optimize(src, tmp_path / "p.orch", dims={"past": "1", "seq": "1..8@4"}, trials=1)
+    bundle, prefill = orchestrate.load(out), orchestrate.load(tmp_path / "p.orch")
+    prompt = [5, 9, 3, 7]
+    made = bundle.generate(prompt, 8, prefill=prefill)
+    each = bundle.generate(prompt, 8)
+    assert made.tokens == each.tokens == tuple(decode.greedy_reference("llama", prompt, 8))
+    assert (made.steps, each.steps) == (8, 11)
+    with pytest.raises(InputError, match="holds past rows; the decode steps start at 1"):
+        bundle.generate(prompt, 2, prefill=bundle)
+    r = invoke(
+        "generate",
+        out,
+        "--prompt-ids",
+        "5,9,3,7",
+        "--max-new-tokens",
+        "2",
+        "--prefill",
+        tmp_path / "p.orch",
+    )
+    assert r.exit_code == 0 and "the prompt in one step" in r.output, r.output
