@@ -192,6 +192,11 @@ class DecodeStep(nn.Module):
         # masked (a where, not a product: 0 x -inf would be NaN in half precision)
         attended = attention_mask[:, None, None, :] > 0
         hide = torch.where(attended, 0.0, torch.finfo(x.dtype).min).to(x.dtype)
+        return self.through(x, position, hide, past_k, past_v, prefill=False)
+
+    def through(self, x, position, hide, past_k, past_v, prefill: bool):
+        """The embedded tokens ``x`` at ``position`` through the layers and
+        the head: the logits and the grown caches."""
         cos = sin = None
         if self.c.rope:
             cos, sin = self.cos_table[position][:, None], self.sin_table[position][:, None]
@@ -199,7 +204,7 @@ class DecodeStep(nn.Module):
             x = x + self.positions(position)
         keys, values = [], []
         for i, layer in enumerate(self.layers):
-            x, k, v = layer(x, cos, sin, past_k[i], past_v[i], hide)
+            x, k, v = layer(x, cos, sin, past_k[i], past_v[i], hide, prefill)
             keys.append(k)
             values.append(v)
         return self.lm_head(self.norm(x)), torch.stack(keys), torch.stack(values)
@@ -221,17 +226,7 @@ class PrefillStep(DecodeStep):
         query = torch.arange(slots - seq, slots)[:, None]
         attended = (attention_mask[:, None, None, :] > 0) & (key <= query)[None, None]
         hide = torch.where(attended, 0.0, torch.finfo(x.dtype).min).to(x.dtype)
-        cos = sin = None
-        if self.c.rope:
-            cos, sin = self.cos_table[position][:, None], self.sin_table[position][:, None]
-        else:
-            x = x + self.positions(position)
-        keys, values = [], []
-        for i, layer in enumerate(self.layers):
-            x, k, v = layer(x, cos, sin, past_k[i], past_v[i], hide, prefill=True)
-            keys.append(k)
-            values.append(v)
-        return self.lm_head(self.norm(x)), torch.stack(keys), torch.stack(values)
+        return self.through(x, position, hide, past_k, past_v, prefill=True)
 
 
 def model(style: str, seed: int = 0) -> DecodeStep:
