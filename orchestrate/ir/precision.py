@@ -27,7 +27,8 @@ values: an fp32 reader such as a LayerNorm epsilon loses nothing).  A
 constant beyond the half's range (|x| > 65504 for fp16; bf16 has fp32's
 exponent range) stays fp32 and its readers compute in fp32; one that a matmul
 or conv reads is an error naming it.  Graph inputs and outputs keep their
-dtypes: inputs are cast where read, outputs cast back, under their own names.
+dtypes: inputs are cast where read (a slice or gather of an input after it
+selects), outputs cast back, under their own names.
 The casts are primitives, so they fuse into the kernels next to them (the
 kernels compute half values in fp32 registers and round where they store, so
 a cast inside a kernel is free).  A model that already holds the other half
@@ -65,6 +66,7 @@ _ALWAYS_HALF = frozenset({Op.MATMUL, Op.CONV})
 _ALWAYS_FULL = frozenset({Op.SUM, Op.PROD, Op.CUMSUM})
 # what an fp32 reader pulls to fp32 with it (upcasting the chain at its start)
 _UPCAST_WITH_READERS = ir.ELEMENTWISE | {Op.RMAX, Op.RMIN}
+_SELECTIONS = frozenset({Op.SLICE, Op.GATHER})
 
 
 class PrecisionError(InputError):
@@ -136,6 +138,7 @@ class _Lowering:
         self.g, self.dtype, self.half, self.source = graph, dtype, DTYPES[dtype], source
         self.overflow = {k for k, v in graph.constants.items() if _overflows(v, self.half)}
         self.full = self._full_precision()
+        self.inputs = {i.name for i in graph.inputs}
 
     # -- which primitives compute in fp32 -------------------------------------------
 
@@ -202,6 +205,11 @@ class _Lowering:
         if self.g.types[t].dtype != "float32" or n.op is Op.CAST:
             return None
         if (n.op is Op.WHERE and i == 0) or (n.op is Op.GATHER and i == 1):
+            return None
+        if n.op in _SELECTIONS and i == 0 and t in self.inputs:
+            # a selection of a graph input reads it as it is and the cast
+            # follows what it selected: a decode step's first rows of a cache
+            # buffer, not the whole buffer cast every step
             return None
         return self._precision(n)
 

@@ -206,3 +206,29 @@ def test_examples_verify_at_fp16(tmp_path, name):
     assert sums and all(p.dtype == "float32" for p in sums)
     if name == "bert":  # the softmax stays one pattern: attention kernels are planned
         assert any(k.template == "attention" for k in result.plan.kernels)
+
+
+def test_a_slice_of_an_input_is_cast_after_it_selects():
+    """The rows a slice of a graph input selects are cast, not the whole
+    input (a decode step reads the first rows of a cache buffer): the slice
+    reads the fp32 input, one cast to fp16 follows it, and the values are
+    the fp32 graph's within fp16's rounding."""
+    from tests import graphs
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 8)).astype(np.float32)
+
+    def fn(b, x):
+        rows = b.slice_axis(x, 0, 0, 2)
+        return b.matmul(rows, b.constant(w))
+
+    graph = graphs.build(fn, [(64, 8)])
+    low = precision.lower_precision(graph, "fp16")
+    [cut] = [n for n in low.nodes if n.op is Op.SLICE]
+    assert cut.inputs == ("x0",) and cut.dtype == "float32" and cut.shape == (2, 8)
+    [cast] = [n for n in low.nodes if n.op is Op.CAST and n.attrs["to"] == "float16"]
+    assert cast.inputs == (cut.name,)
+    feeds = {"x0": rng.standard_normal((64, 8)).astype(np.float32)}
+    want = reference.run(graph, feeds)[graph.outputs[0]]
+    got = reference.run(low, feeds)[graph.outputs[0]]
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
