@@ -439,19 +439,19 @@ def _in_place_step(
     (``frontend/decode.py``) planned for the same range, verified, and
     written to ``bundle.IN_PLACE`` inside the staged bundle; (what to say,
     the manifest's ``in_place`` field). Not a decode step: ("", None)."""
+    inputs = {i.name: i for i in graph_inputs(model)}
+    outputs = {o.name: o for o in model.graph.output}
     try:
-        io = decode.decode_io(
-            [i.name for i in graph_inputs(model)], [o.name for o in model.graph.output], ""
-        )
+        io = decode.decode_io(list(inputs), list(outputs), "")
     except InputError:
         return "", None
+    first, grown = io.caches[0]
+    found = decode.growing_axis(inputs[first], outputs[grown])
+    if isinstance(found, str):
+        return f"in-place cache: not planned ({found})", None
+    step = found[1]
     past = {d.name: d for d in family.dims}
-    step = None
-    for past_input, _ in io.caches:
-        grows = [p for p in family.inputs.get(past_input, ()) if not p.is_const]
-        if len(grows) == 1 and grows[0].linear is not None and len(grows[0].symbols) == 1:
-            step = next(iter(grows[0].symbols))
-    if step is None or step not in past:
+    if step not in past:
         return "in-place cache: not planned (the caches' past length is not a range)", None
     capacity = past[step].range.max + 1
     rewritten = decode.in_place(model, io, capacity)

@@ -314,7 +314,7 @@ class DynamicBundle:
         of the prompt step (``check_prefill``), which runs the prompt at once."""
         io, shapes, least, most = self.decoding()
         if prefill is not None:
-            self.check_prefill(prefill, io, least)
+            self.check_prefill(prefill, io, shapes, least)
         device = "cpu" if self.interpret else "cuda"
         step = self.in_place() if in_place else None
         if step is not None:
@@ -339,7 +339,7 @@ class DynamicBundle:
             prefill=None if prefill is None else prefill.run,
         )
 
-    def check_prefill(self, prefill, io, least: int) -> None:
+    def check_prefill(self, prefill, io, shapes, least: int) -> None:
         """InputError unless ``prefill`` is a bundle of the prompt step for
         this decode step: the same inputs and outputs, its caches at the
         decode range's least past length (where the decode steps go on)."""
@@ -351,7 +351,7 @@ class DynamicBundle:
         for past, _ in io.caches:
             polys = prefill.family.inputs.get(past, ())
             dynamic = [str(p) for p in polys if not p.is_const]
-            rows = prefill.inputs[past][0][self.decoding()[1][past][1]]
+            rows = prefill.inputs[past][0][shapes[past][1]]
             if dynamic or rows != least:
                 raise InputError(
                     f"{where}: its cache {text.shown(past)} holds "
