@@ -185,12 +185,14 @@ calibrate: install
 		--json out/calibrate/predictions.json
 
 # the learned cost model retrained on every row into the package (what --cost
-# learned reads), its leave-one-GPU-out study and the figures in docs/images
+# learned reads), its leave-one-GPU-out study and the figures in docs/images;
+# RECORDS=FILE (make bench-gpu's records.jsonl, orchestrate records export)
+# joins our own kernels' records to the rows
 learn: install
 	$(PY) -m pip install -q 'matplotlib>=3.7'
 	$(BIN)/orchestrate calibrate --jobs $(JOBS) --plot docs/images/calibrate-scatter.png \
 		--train orchestrate/cost/learned.json --transfer --curves docs/images/learning-curves.png \
-		--pca docs/images/pca.png
+		--pca docs/images/pca.png $(foreach r,$(RECORDS),--records $(r))
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache

@@ -863,8 +863,9 @@ def rules() -> None:
     "records_files",
     multiple=True,
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Instead: set our own kernels' records (orchestrate records export, make "
-    "bench-gpu's records.jsonl) against the model, per GPU and template.",
+    help="Our own kernels' records (orchestrate records export, make bench-gpu's "
+    "records.jsonl): alone, set against the model per GPU and template; with --train, "
+    "--transfer or --pca, learnt from beside the published rows.",
 )
 @reports_errors
 def calibrate(
@@ -895,9 +896,10 @@ def calibrate(
 
     With --train, --transfer or --pca the learned model (gradient-boosted
     trees over the analytic model's terms) is trained, studied across GPUs
-    or its features drawn.  With --records, our own kernels' measured times
-    (the records --tune and make bench-gpu write) are set against the model
-    instead."""
+    or its features drawn.  With --records alone, our own kernels' measured
+    times (the records --tune and make bench-gpu write) are set against the
+    model instead; with --train, --transfer or --pca as well, the model
+    learns from them beside the published rows."""
     from orchestrate import calibrate as cal
     from orchestrate.calibrate.report import scatter
     from orchestrate.calibrate.run import calibrate as run_calibrate
@@ -905,25 +907,23 @@ def calibrate(
     from orchestrate.plan import pipeline
     from orchestrate.plan.planner import PlanOptionError, PlanOptions
 
+    kernel_records = None
     if records_files:
-        others = [
-            f
-            for f, v in (
-                ("DATA", data),
-                ("--plot", plot),
-                ("--json", json_out),
-                ("--train", train),
-                ("--transfer", transfer),
-                ("--pca", pca),
-            )
-            if v
-        ]
-        if others:
-            raise InputError(f"--records reports kernel records alone: not with {others[0]}")
         from orchestrate.calibrate import records
 
-        echo(records.text(records.read(records_files)), nl=False)
-        return
+        learning = [
+            f for f, v in (("--train", train), ("--transfer", transfer), ("--pca", pca)) if v
+        ]
+        others = [f for f, v in (("DATA", data), ("--plot", plot), ("--json", json_out)) if v]
+        if others and not learning:
+            raise InputError(
+                f"--records alone reports kernel records: not with {others[0]} "
+                "(give --train, --transfer or --pca to learn from them beside the rows)"
+            )
+        kernel_records = records.read(records_files)
+        if not learning:
+            echo(records.text(kernel_records), nl=False)
+            return
     if curves is not None and not transfer:
         raise InputError("--curves draws the --transfer study: give --transfer too")
     for out in (plot, json_out, train, curves, pca):
@@ -963,29 +963,36 @@ def calibrate(
     if plot is not None:
         scatter(found, plot, "orchestrate calibrate: predicted (cost model) vs measured")
         echo(f"wrote {plot} (predicted against published measurements)")
-    if train is not None:
+    kept = () if kernel_records is None else kernel_records.kept
+    if kernel_records is not None:
+        echo("")
+        echo(records.text(kernel_records), nl=False)
+    if train or transfer or pca:
         from orchestrate.calibrate import learn
 
+        rows = learn.samples(analytic, kept)
+    if train is not None:
         chosen = [p.measurement for p in analytic] + [s.measurement for s in skipped]
-        trained = learn.train(analytic, learn.data_hash(chosen))
+        trained = learn.train(rows, learn.data_hash(chosen, kept))
         pipeline.write_atomic(train, trained.to_json().encode())
+        joined = f" and {len(kept)} kernel records" if kept else ""
         echo(
-            f"wrote {train}: learned model over {len(learn.samples(analytic))} rows on "
+            f"wrote {train}: learned model over {len(rows) - len(kept)} rows{joined} on "
             f"{', '.join(trained.trained_on)} (data sha256:{trained.data[:16]})"
         )
     if transfer:
-        from orchestrate.calibrate import learn, transfer_report
+        from orchestrate.calibrate import transfer_report
 
-        points = learn.transfer(analytic, progress=lambda i, n: stage("transfer", i, n))
+        points = learn.transfer(rows, progress=lambda i, n: stage("transfer", i, n))
         echo("")
         echo(transfer_report.text(points), nl=False)
         if curves is not None:
             transfer_report.curves(points, curves)
             echo(f"wrote {curves}")
     if pca is not None:
-        from orchestrate.calibrate import learn, transfer_report
+        from orchestrate.calibrate import transfer_report
 
-        p = transfer_report.pca(learn.samples(analytic))
+        p = transfer_report.pca(rows)
         echo("")
         echo(transfer_report.pca_text(p), nl=False)
         transfer_report.pca_plot(p, pca)

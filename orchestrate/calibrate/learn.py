@@ -2,7 +2,8 @@
 
 A sample is one predicted measurement row: the features of its program's
 kernels on its GPU under its runtime (``cost/learned.py``) and the target
-``log(measured / predicted)``, the analytic model's miss.  The model is
+``log(measured / predicted)``, the analytic model's miss; or one record of
+our own kernels (``records.py``), a program of one kernel timed alone.  The model is
 LightGBM regression under an L1 loss (the mean absolute log ratio is the
 error factor calibrate reports), on small trees, deterministic.
 
@@ -37,6 +38,7 @@ import numpy as np
 
 from orchestrate.calibrate.harness import launcher
 from orchestrate.calibrate.predict import Prediction
+from orchestrate.calibrate.records import KernelRecord
 from orchestrate.calibrate.stats import fit
 from orchestrate.cost import learned
 from orchestrate.cost.devices import get_device
@@ -68,13 +70,18 @@ ADAPT = {**PARAMS, "learning_rate": 0.1, "num_leaves": 4, "min_data_in_leaf": 2}
 
 @dataclass(frozen=True)
 class Sample:
-    prediction: Prediction
+    """One measured time the model learns from: a published row's program or
+    one of our kernels' records."""
+
+    gpu: str  # the device row
+    predicted_us: float  # the analytic model's
+    measured_us: float
     x: tuple[float, ...]
-    y: float  # log(measured / predicted)
 
     @property
-    def gpu(self) -> str:
-        return self.prediction.measurement.gpu
+    def y(self) -> float:
+        """The target: log(measured / predicted)."""
+        return math.log(self.measured_us / self.predicted_us)
 
 
 def sample(p: Prediction) -> Sample:
@@ -83,18 +90,31 @@ def sample(p: Prediction) -> Sample:
     x = learned.features(
         p.kernels, get_device(m.gpu), launcher(m.runtime), h.call_us, h.per_kernel_us
     )
-    return Sample(p, tuple(x), math.log(m.time_us / p.predicted_us))
+    return Sample(m.gpu, p.predicted_us, m.time_us, tuple(x))
 
 
-def samples(found: Sequence[Prediction]) -> list[Sample]:
-    """The predictions that have kernels, as samples."""
-    return [sample(p) for p in found if p.kernels and p.predicted_us > 0]
+def record_sample(r: KernelRecord) -> Sample:
+    """A kernel record as a sample: a program of one kernel timed alone, read
+    as the planner asks about a kernel (``LearnedModel.scale``)."""
+    x = learned.features([r.terms], r.device, launcher("orchestrate"))
+    return Sample(r.device.name, r.predicted_us, r.measured_us, tuple(x))
 
 
-def data_hash(rows: Sequence[Measurement]) -> str:
-    """The sha256 of the measurement rows a model is trained from (their ids
-    and times, in any order; the rows calibrate skipped count too)."""
-    return learned.rows_hash([json.dumps([m.id, m.time_us], separators=(",", ":")) for m in rows])
+def samples(found: Sequence[Prediction], records: Sequence[KernelRecord] = ()) -> list[Sample]:
+    """The predictions that have kernels, then the kernel records, as samples."""
+    return [sample(p) for p in found if p.kernels and p.predicted_us > 0] + [
+        record_sample(r) for r in records
+    ]
+
+
+def data_hash(rows: Sequence[Measurement], records: Sequence[KernelRecord] = ()) -> str:
+    """The sha256 of the measurement rows and kernel records a model is
+    trained from (their ids and times, in any order; the rows calibrate
+    skipped count too)."""
+    return learned.rows_hash(
+        [json.dumps([m.id, m.time_us], separators=(",", ":")) for m in rows]
+        + [json.dumps([r.id, r.measured_us], separators=(",", ":")) for r in records]
+    )
 
 
 def _dataset(lgb, rows: Sequence[Sample]):
@@ -153,10 +173,9 @@ def adapt(booster, rows: Sequence[Sample], seed: int = 0) -> Adapted:
     return Adapted(booster, offset, trees if trees.num_trees() else None)
 
 
-def train(found: Sequence[Prediction], data: str, seed: int = 0) -> LearnedModel:
-    """The learned model over every prediction given; ``data``: the hash of
-    the rows they came from (``data_hash``)."""
-    rows = samples(found)
+def train(rows: Sequence[Sample], data: str, seed: int = 0) -> LearnedModel:
+    """The learned model over every sample given (``samples``); ``data``:
+    the hash of the rows and records they came from (``data_hash``)."""
     if len(rows) < 2:
         raise InputError("training the learned model needs at least two predicted rows")
     gpus = tuple(sorted({s.gpu for s in rows}))
@@ -179,10 +198,7 @@ def corrected(booster, rows: Sequence[Sample]) -> list[tuple[float, float]]:
     if not rows:
         return []
     fixes = booster.predict(np.array([s.x for s in rows], dtype=np.float64))
-    return [
-        (s.prediction.predicted_us * math.exp(float(c)), s.prediction.measurement.time_us)
-        for s, c in zip(rows, fixes)
-    ]
+    return [(s.predicted_us * math.exp(float(c)), s.measured_us) for s, c in zip(rows, fixes)]
 
 
 @dataclass(frozen=True)
@@ -209,11 +225,10 @@ def _mean(xs: Sequence[float | None]) -> float | None:
 
 
 def transfer(
-    found: Sequence[Prediction], ks: Sequence[int] = KS, draws: int = DRAWS, progress=None
+    rows: Sequence[Sample], ks: Sequence[int] = KS, draws: int = DRAWS, progress=None
 ) -> list[Point]:
-    """The leave-one-GPU-out study of the module doc, one Point per (GPU, k)
-    for each k below the GPU's row count."""
-    rows = samples(found)
+    """The leave-one-GPU-out study of the module doc over ``rows``
+    (``samples``), one Point per (GPU, k) for each k below the GPU's row count."""
     gpus = sorted({s.gpu for s in rows})
     points = []
     for i, gpu in enumerate(gpus):
@@ -233,14 +248,7 @@ def transfer(
                 shots = [s for j, s in enumerate(mine) if j in picked]
                 held = [s for j, s in enumerate(mine) if j not in picked]
                 model = adapt(base, shots, seed=d)
-                analytic.append(
-                    fit(
-                        [
-                            (s.prediction.predicted_us, s.prediction.measurement.time_us)
-                            for s in held
-                        ]
-                    )
-                )
+                analytic.append(fit([(s.predicted_us, s.measured_us) for s in held]))
                 learnt.append(fit(corrected(model, held)))
             points.append(
                 Point(

@@ -7,17 +7,28 @@ a kernel of a plan, its predicted and its measured time, on a named GPU.
 figures calibrate gives the published measurements (``stats.py``). A record
 marked ``fake`` (the fake timer, the interpreter's host clock) is not a
 measurement: it is counted and left out, never fitted.
+
+A record holds what the learned model reads of a kernel (``Terms``: the
+template, bytes, flops, the roofline's terms, the grid) and the figures of
+the device row that priced it, so the records join the published rows in
+training (``calibrate --records FILE --train OUT``, ``learn.record_sample``):
+each is a program of one kernel timed alone, as the planner asks the learned
+model about a kernel.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
+
+import numpy as np
 
 from orchestrate.calibrate.report import Table, table_lines
 from orchestrate.calibrate.stats import fit
+from orchestrate.cost.devices import Device
+from orchestrate.cost.learned import Terms
 from orchestrate.errors import InputError
 from orchestrate.text import shown
 from orchestrate.tune.records import RECORDS_SCHEMA
@@ -25,10 +36,19 @@ from orchestrate.tune.records import RECORDS_SCHEMA
 
 @dataclass(frozen=True)
 class KernelRecord:
-    gpu: str
-    template: str
-    predicted_us: float
+    id: str  # the GPU measured, the spec's hash, when (for the training data's hash)
+    gpu: str  # the name the GPU measured gave itself
+    device: Device  # the figures that priced it
+    terms: Terms  # what the learned model reads of the kernel
     measured_us: float
+
+    @property
+    def template(self) -> str:
+        return self.terms.template
+
+    @property
+    def predicted_us(self) -> float:
+        return self.terms.time_us
 
 
 @dataclass(frozen=True)
@@ -64,16 +84,46 @@ def read(paths: Sequence[Path]) -> Records:
 
 
 def _record(r: dict, where: str) -> KernelRecord:
+    field = "device"
     try:
-        gpu, template = str(r["device"]["gpu"]), str(r["template"])
+        dev = r["device"]
+        gpu = str(dev["gpu"])
+        figures = {f.name: dev[f.name] for f in fields(Device)}
+        if not all(_positive(v) for k, v in figures.items() if k not in ("name", "label")):
+            raise ValueError(figures)
+        device = Device(**figures)
+        field = "template, predicted_us or measured_us"
+        template = str(r["template"])
         predicted, measured = float(r["predicted_us"]), float(r["measured_us"])
-    except (KeyError, TypeError, ValueError):
-        raise InputError(
-            f"{where}: lacks device.gpu, template, predicted_us or measured_us"
-        ) from None
+        field = "outputs"
+        outputs = r["outputs"]
+        written = sum(int(np.prod(o["shape"], dtype=np.int64)) for o in outputs)
+        dtype = str(np.dtype(outputs[0]["dtype"])) if outputs else "other"
+        field = "bytes, flops, dot_flops, blocks or model"
+        model = r["model"]
+        terms = Terms(
+            template,
+            dtype,
+            int(r["bytes"]),
+            int(r["flops"]),
+            int(r["dot_flops"]),
+            written,
+            float(model["memory_us"]),
+            float(model["compute_us"]),
+            float(model["latency_us"]),
+            int(r["blocks"]),
+            predicted,
+        )
+    except (KeyError, TypeError, ValueError, IndexError):
+        raise InputError(f"{where}: lacks its {field} (or it is malformed)") from None
     if not (predicted > 0 and measured > 0):
         raise InputError(f"{where}: predicted_us and measured_us must be positive")
-    return KernelRecord(gpu, template, predicted, measured)
+    ident = f"{gpu}/{r.get('spec_hash', '')}/{r.get('timestamp', '')}"
+    return KernelRecord(ident, gpu, device, terms, measured)
+
+
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
 
 
 def text(records: Records) -> str:

@@ -70,7 +70,7 @@ def _rows(gpus: dict[str, float], n: int = 80, slow=None, seed: int = 0) -> list
 def test_training_learns_the_analytic_models_miss_and_the_file_keeps_it(tmp_path):
     found = _rows({"h100": 1.0, "a100": 1.0})
     before = fit([(p.predicted_us, p.measurement.time_us) for p in found])
-    model = learn.train(found, learn.data_hash([p.measurement for p in found]))
+    model = learn.train(learn.samples(found), learn.data_hash([p.measurement for p in found]))
     after = fit([(p.predicted_us, p.measurement.time_us) for p in learn.apply(model, found)])
     assert before.error > 2 and after.error < 1.1, (before, after)
     path = tmp_path / "m.json"
@@ -88,7 +88,7 @@ def test_a_gpu_left_out_is_learnt_from_k_of_its_rows():
     the other GPUs cannot teach (0.25x to 1x there): with k = 20 of its rows
     the error on its other rows falls well below k = 0's."""
     found = _rows({"h100": 1.0, "a100": 0.5, "l4": 4.0, "t4": 0.25}, n=60)
-    points = learn.transfer(found, ks=(0, 20), draws=2)
+    points = learn.transfer(learn.samples(found), ks=(0, 20), draws=2)
     l4 = {p.k: p for p in points if p.gpu == "l4"}
     assert l4[0].n == 60 and l4[20].n == 40
     assert l4[20].error < 1.4 < l4[0].error, l4
@@ -103,7 +103,7 @@ def test_a_gpu_left_out_is_learnt_from_k_of_its_rows():
 
 def _model_file(tmp_path: Path, slow: dict[str, float]) -> Path:
     found = _rows({"h100": 1.0, "a100": 1.0}, slow=slow)
-    model = learn.train(found, learn.data_hash([p.measurement for p in found]))
+    model = learn.train(learn.samples(found), learn.data_hash([p.measurement for p in found]))
     path = tmp_path / "learned.json"
     path.write_text(model.to_json())
     return path
