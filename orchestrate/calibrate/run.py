@@ -70,6 +70,7 @@ def to_json(found: Sequence[Prediction], skipped: Sequence[Skipped]) -> dict:
                 "predicted_us": p.predicted_us,
                 "model_us": p.model_us,
                 "kernels": [asdict(k) for k in p.kernels],
+                "host": asdict(p.host),
             }
             for p in found
         ],
