@@ -76,10 +76,11 @@ def read(paths: Sequence[Path]) -> Records:
                 raise InputError(f"{where}: not a JSON object") from None
             if not isinstance(r, dict) or r.get("schema") != RECORDS_SCHEMA:
                 raise InputError(f"{where}: not an {RECORDS_SCHEMA} record")
+            record = _record(r, where)  # a fake one is checked too: its writer is ours
             if r.get("fake"):
                 fake += 1
-                continue
-            kept.append(_record(r, where))
+            else:
+                kept.append(record)
     return Records(tuple(kept), fake)
 
 

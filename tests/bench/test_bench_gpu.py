@@ -16,9 +16,10 @@ import pytest
 
 from orchestrate.bench import report
 from orchestrate.bench.runtimes import ORCHESTRATE, TORCH_COMPILE, TORCH_EAGER, TORCH_MAX_AUTOTUNE
+from orchestrate.calibrate import records as calibrate_records
 from tools.bench_gpu import costs, install, scope
 from tools.bench_gpu.projection import Counts, Runs, project
-from tools.bench_gpu.run import BUDGET_S, Run, run_child
+from tools.bench_gpu.run import BUDGET_S, Run, log_records, run_child
 from tools.bench_gpu.step import TAG
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -276,6 +277,14 @@ def test_the_bundles_step_times_verifies_and_records_every_distinct_kernel(tmp_p
     assert len({x["spec_hash"] for x in lines}) == len(lines)
     assert all(x["schema"] == "orchestrate-records/1" and x["fake"] for x in lines)
     assert all(x["measured_us"] > 0 and x["predicted_us"] > 0 for x in lines)
+    # calibrate reads every one back (and leaves the interpreter's out of any fit)
+    read = calibrate_records.read([records])
+    assert read.fake == len(lines) and read.kept == ()
+    (tmp_path / "run").mkdir()
+    run = run_state(tmp_path / "run")
+    (run.out / "records.jsonl").write_text(records.read_text())
+    log_records(run)
+    assert f"{len(lines)} fake records left out" in (run.out / "bench.log").read_text()
 
 
 def test_kernels_called_one_by_one_compute_what_the_run_computes():

@@ -14,7 +14,9 @@ and no others:
 ``chart.png``       median latency per model and runtime, with the floor
 ``records.jsonl``   each distinct kernel of the final plans timed alone
 ``projection.json`` the projected time of every step, its cap, and why
-``bench.log``       everything the run and its children printed
+``bench.log``       everything the run and its children printed, and at the
+                    end the records against the model per GPU and template
+                    (``orchestrate calibrate --records``)
 
 In order (``scope.py``): what the machine lacks installed beside its
 packages (``install.py``); every model prepared at once (``prepare.py``:
@@ -600,6 +602,25 @@ def publish(run: Run, projection: Projection, what: str) -> None:
     _replace(run.out / "projection.json", json.dumps(run.extra["projection"], indent=1) + "\n")
 
 
+def log_records(run: Run) -> None:
+    """Our kernels' records against the model, per GPU and template (what
+    ``orchestrate calibrate --records`` prints), into the log."""
+    from orchestrate.calibrate import records
+    from orchestrate.errors import InputError
+
+    path = run.out / "records.jsonl"
+    if not path.exists():
+        run.log("bench-gpu: no kernel records were written")
+        return
+    try:
+        table = records.text(records.read([path]))
+    except InputError as e:
+        run.log(f"bench-gpu: the kernel records do not read back: {e}")
+        return
+    for line in table.splitlines():
+        run.log(line)
+
+
 def finish(run: Run) -> int:
     """The chart and the last results; the folder checked against what
     comes back from a GPU machine."""
@@ -609,6 +630,7 @@ def finish(run: Run) -> int:
     run.log(report.chart(doc, run.out / "chart.png"))
     doc = run.write()
     problems = report.check_document(doc)
+    log_records(run)
     for line in problems:
         run.log(f"bench-gpu: schema: {line}")
     files = sorted(p for p in run.out.iterdir() if p.is_file() and not p.name.startswith("."))
