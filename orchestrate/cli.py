@@ -920,7 +920,13 @@ def calibrate(
                 f"--records alone reports kernel records: not with {others[0]} "
                 "(give --train, --transfer or --pca to learn from them beside the rows)"
             )
-        kernel_records = records.read(records_files)
+        kinds_of_rows = [f for f, v in (("--runtime", runtimes), ("--kind", kinds)) if v]
+        if kinds_of_rows:
+            raise InputError(
+                f"--records: a kernel record has no {kinds_of_rows[0][2:]} to choose by "
+                "(only --gpu chooses records)"
+            )
+        kernel_records = records.read(records_files, gpus)
         if not learning:
             echo(records.text(kernel_records), nl=False)
             return

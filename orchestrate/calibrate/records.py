@@ -57,9 +57,10 @@ class Records:
     fake: int  # records marked fake: read, not fitted
 
 
-def read(paths: Sequence[Path]) -> Records:
-    """The records in ``paths`` (JSON lines); InputError naming the file and
-    line of one that is not a record of this schema."""
+def read(paths: Sequence[Path], gpus: Sequence[str] = ()) -> Records:
+    """The records in ``paths`` (JSON lines) priced for one of the device rows
+    ``gpus`` (all when empty); InputError naming the file and line of one that
+    is not a record of this schema."""
     kept, fake = [], 0
     for path in paths:
         try:
@@ -77,6 +78,8 @@ def read(paths: Sequence[Path]) -> Records:
             if not isinstance(r, dict) or r.get("schema") != RECORDS_SCHEMA:
                 raise InputError(f"{where}: not an {RECORDS_SCHEMA} record")
             record = _record(r, where)  # a fake one is checked too: its writer is ours
+            if gpus and record.device.name not in gpus:
+                continue
             if r.get("fake"):
                 fake += 1
             else:

@@ -127,3 +127,16 @@ def test_what_is_not_a_record_is_refused_naming_its_line(tmp_path):
     assert_user_error(invoke("calibrate", "--records", f), f"{f}:1", "lacks its device")
     f.write_text(good + "\n")
     assert_user_error(invoke("calibrate", "--records", f, "--plot", tmp_path / "p.png"), "--plot")
+    out = tmp_path / "m.json"
+    assert_user_error(
+        invoke("calibrate", "--records", f, "--kind", "matmul", "--train", out), "kind"
+    )
+    assert not out.exists()
+
+
+def test_gpu_chooses_records_by_the_row_that_priced_them(tmp_path):
+    f = tmp_path / "records.jsonl"
+    lines = _lines({}, widths=(128,))
+    f.write_text("\n".join(lines) + "\n")
+    assert len(records.read([f], ("h100",)).kept) == len(lines)
+    assert records.read([f], ("l4",)).kept == ()
