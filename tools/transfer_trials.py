@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -105,13 +104,7 @@ class Offset:
 def _booster(rows: Sequence[Sample], features: Sequence[str], categorical: Sequence[str], **params):
     lgb = learned.lightgbm()
     rounds = params.pop("rounds", learn.ROUNDS)
-    data = lgb.Dataset(
-        np.array([s.x for s in rows]),
-        label=np.array([s.y for s in rows]),
-        feature_name=list(features),
-        categorical_feature=list(categorical),
-        params={"verbose": -1},
-    )
+    data = learn.dataset(lgb, rows, features, categorical)
     return lgb.train({**learn.PARAMS, **params}, data, num_boost_round=rounds)
 
 
@@ -183,11 +176,9 @@ def trial(rows: Sequence[Sample], gpu: str, make: Callable, adapted: Callable):
     mine = [s for s in rows if s.gpu == gpu]
     base = make([s for s in rows if s.gpu != gpu])
     errors, ranks = [], []
-    for draw in range(learn.DRAWS):
-        picked = set(random.Random(1000 * draw + K).sample(range(len(mine)), K))
-        shots = [s for j, s in enumerate(mine) if j in picked]
-        held = [s for j, s in enumerate(mine) if j not in picked]
-        f = fit(corrected(adapted(base, shots, draw), held))
+    for d in range(learn.DRAWS):
+        shots, held = learn.draw(mine, K, d)
+        f = fit(corrected(adapted(base, shots, d), held))
         errors.append(math.log(f.error))
         ranks.append(f.spearman)
     return math.exp(sum(errors) / len(errors)), sum(ranks) / len(ranks)

@@ -117,12 +117,18 @@ def data_hash(rows: Sequence[Measurement], records: Sequence[KernelRecord] = ())
     )
 
 
-def _dataset(lgb, rows: Sequence[Sample]):
+def dataset(
+    lgb,
+    rows: Sequence[Sample],
+    features: Sequence[str] = FEATURES,
+    categorical: Sequence[str] = CATEGORICAL,
+):
+    """LightGBM's dataset of ``rows`` (their features named ``features``)."""
     return lgb.Dataset(
         np.array([s.x for s in rows], dtype=np.float64),
         label=np.array([s.y for s in rows], dtype=np.float64),
-        feature_name=list(FEATURES),
-        categorical_feature=list(CATEGORICAL),
+        feature_name=list(features),
+        categorical_feature=list(categorical),
         free_raw_data=False,
         params={"verbose": -1},
     )
@@ -132,7 +138,7 @@ def fit_booster(rows: Sequence[Sample], seed: int = 0, rounds: int = ROUNDS):
     """LightGBM trained on ``rows`` (the module doc's parameters)."""
     lgb = learned.lightgbm()
     params = {**PARAMS, "seed": seed, "min_data_in_leaf": min(10, max(1, len(rows) // 4))}
-    return lgb.train(params, _dataset(lgb, rows), num_boost_round=rounds)
+    return lgb.train(params, dataset(lgb, rows), num_boost_round=rounds)
 
 
 @dataclass(frozen=True)
@@ -224,6 +230,15 @@ def _mean(xs: Sequence[float | None]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def draw(rows: Sequence[Sample], k: int, d: int) -> tuple[list[Sample], list[Sample]]:
+    """The study's ``d``-th draw of ``k`` of a GPU's rows: (those k, the rest)."""
+    picked = set(random.Random(1000 * d + k).sample(range(len(rows)), k))
+    return (
+        [s for j, s in enumerate(rows) if j in picked],
+        [s for j, s in enumerate(rows) if j not in picked],
+    )
+
+
 def transfer(
     rows: Sequence[Sample], ks: Sequence[int] = KS, draws: int = DRAWS, progress=None
 ) -> list[Point]:
@@ -244,9 +259,7 @@ def transfer(
                 continue
             analytic, learnt = [], []
             for d in range(draws if k else 1):
-                picked = set(random.Random(1000 * d + k).sample(range(len(mine)), k))
-                shots = [s for j, s in enumerate(mine) if j in picked]
-                held = [s for j, s in enumerate(mine) if j not in picked]
+                shots, held = draw(mine, k, d)
                 model = adapt(base, shots, seed=d)
                 analytic.append(fit([(s.predicted_us, s.measured_us) for s in held]))
                 learnt.append(fit(corrected(model, held)))
