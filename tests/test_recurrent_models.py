@@ -37,10 +37,13 @@ class Tagger(torch.nn.Module):
     ids=["lstm-bidirectional-2-layers", "gru", "rnn-bidirectional"],
 )
 def test_torch_exported_recurrent_stacks_optimize_and_verify(tmp_path, cell, bidirectional, layers):
+    """Three steps: each reads the state the step before wrote, and the
+    planner's linear program stays small (at four steps, CBC spent 40 s
+    proving the two-layer LSTM's plan optimal)."""
     torch.manual_seed(0)
     model = Tagger(cell, bidirectional, layers).eval()
     src = tmp_path / "tagger.onnx"
-    torch.onnx.export(model, (torch.randn(4, 2, 8),), str(src), dynamo=False, opset_version=17)
+    torch.onnx.export(model, (torch.randn(3, 2, 8),), str(src), dynamo=False, opset_version=17)
     assert {n.op_type for n in onnx.load(src).graph.node} & {"LSTM", "GRU", "RNN"}
     result = orchestrate.optimize(src, tmp_path / "tagger.orch", trials=2, reproducible=True)
     assert result.report.ok
