@@ -27,7 +27,7 @@ from orchestrate.cost.devices import DEVICES, Device, get_device
 from orchestrate.cost.measured import Measured
 from orchestrate.cost.roofline import Prices, Ranker
 from orchestrate.errors import InputError
-from orchestrate.ilp import alternatives, budget, program
+from orchestrate.ilp import alternatives, budget, program, timeshare
 from orchestrate.ilp.baselines import Priced, greedy, price, unfused
 from orchestrate.ilp.checker import check_plan
 from orchestrate.ilp.neighbours import unfused_neighbours
@@ -261,17 +261,19 @@ def plan(
     fastest: dict[int, program.Solution] = {}
     solutions: dict[int, Chosen] = {}
     fired: list[tuple[alternatives.Fired, int]] = []  # (rule fired, partitions it fired in)
-    for i, (rep, copies) in enumerate(groups.items()):
-        report("solve", i + 1, len(groups))
+    order = [problems[rep.index] for rep in groups]
+    solved = timeshare.solve_all(order, prices, left, options.recompute, report)
+    sizes = [max(1, len(p.kernels)) for p in order]
+    for i, ((rep, copies), sol) in enumerate(zip(groups.items(), solved)):
         prob = problems[rep.index]
-        sol = prob.solve(prices, time_limit=left(), recompute=options.recompute)
         stats.add(sol)
         fastest[rep.index] = sol
         if sol.status != program.GREEDY:  # (out of time: no figures without each rule)
+            until = timeshare.share(left(), sizes[i:])
             fired += [
                 (f, len(copies))
                 for f in alternatives.fired(
-                    prob, sol, prices, time_limit=left(), recompute=options.recompute
+                    prob, sol, prices, time_limit=until(), recompute=options.recompute
                 )
             ]
         for p in copies:
