@@ -7,6 +7,10 @@ Given the whole of the time left instead, one hard program (a recurrent
 stack's: CBC finds its optimum early and then spends the rest proving it)
 took it all, and every program after it kept its greedy plan.
 
+A program that finds no plan at all in its share (one with no greedy
+start to keep: the greedy plan writes a tensor too large to hold) takes
+all the time left instead, as it did before the sharing.
+
 Time still left once every program has run goes back to the programs the
 clock stopped (``FEASIBLE``), the largest gap first: each is solved again
 from the start with an equal share of it, and the better of its two
@@ -49,7 +53,15 @@ def solve_all(
     out = []
     for i, prob in enumerate(problems):
         report("solve", i + 1, len(problems))
-        out.append(prob.solve(prices, time_limit=share(left(), sizes[i:])(), recompute=recompute))
+        try:
+            sol = prob.solve(prices, time_limit=share(left(), sizes[i:])(), recompute=recompute)
+        except program.NoPlanInTime:
+            # no plan at all in its share (no greedy start to keep: one that
+            # writes a tensor too large to hold): it takes what is left
+            if i == len(problems) - 1:
+                raise
+            sol = prob.solve(prices, time_limit=left(), recompute=recompute)
+        out.append(sol)
     stopped = sorted(
         (i for i, s in enumerate(out) if s.status == program.FEASIBLE),
         key=lambda i: (-out[i].gap, i),
@@ -59,7 +71,12 @@ def solve_all(
         if t is None or t < RESOLVE_MIN_S:
             break  # (no limit: nothing was stopped)
         report("re-solve", j + 1, len(stopped))
-        again = problems[i].solve(prices, time_limit=t / (len(stopped) - j), recompute=recompute)
+        try:
+            again = problems[i].solve(
+                prices, time_limit=t / (len(stopped) - j), recompute=recompute
+            )
+        except program.NoPlanInTime:
+            continue  # its first solution stands
         out[i] = _better(out[i], again)
     return out
 

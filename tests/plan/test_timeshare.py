@@ -97,3 +97,32 @@ def test_without_a_limit_every_program_has_none():
 def test_a_share_is_in_proportion_to_the_programs_size(sizes, part):
     clock = timeshare.share(8.0, sizes)
     assert 8.0 * part - 0.5 < clock() <= 8.0 * part
+
+
+class _Program:
+    """A program that needs ``needs`` seconds to find any plan (and then
+    finds the optimum), as ``Problem.solve`` is called."""
+
+    def __init__(self, needs: float, size: int = 10):
+        self.needs, self.kernels, self.limits = needs, [None] * size, []
+
+    def solve(self, prices, *, time_limit, recompute):
+        self.limits.append(time_limit)
+        if time_limit is not None and time_limit < self.needs:
+            raise program.NoPlanInTime(f"no plan in {time_limit:g} s")
+        return program.Solution((), program.OPTIMAL, 1.0, 0.0, 0.0, 1)
+
+
+def _clock(seconds: float):
+    end = time.perf_counter() + seconds
+    return lambda: end - time.perf_counter()
+
+
+def test_a_program_without_a_plan_in_its_share_takes_the_time_left():
+    slow, quick = _Program(needs=5.0), _Program(needs=0.0)
+    solved = timeshare.solve_all([slow, quick], None, _clock(8.0), True, lambda *a: None)
+    assert [s.status for s in solved] == [program.OPTIMAL] * 2
+    assert slow.limits[0] < 5.0 <= slow.limits[1]  # its half, then all of it
+    # the last program has all that is left: no plan there is the user's error
+    with pytest.raises(program.NoPlanInTime):
+        timeshare.solve_all([quick, _Program(needs=60.0)], None, _clock(8.0), True, lambda *a: None)
