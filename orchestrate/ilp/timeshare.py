@@ -19,6 +19,7 @@ solutions stands (CBC cannot resume a search).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -49,7 +50,7 @@ def solve_all(
 ) -> list[program.Solution]:
     """Each program's solution, in the order given (module doc).  ``left``:
     the planning's time left."""
-    sizes = [max(1, len(p.kernels)) for p in problems]
+    sizes = [size(p) for p in problems]
     out = []
     for i, prob in enumerate(problems):
         report("solve", i + 1, len(problems))
@@ -81,14 +82,33 @@ def solve_all(
     return out
 
 
+def size(prob: Problem) -> int:
+    """A program's size, by which it gets its share: its candidate count."""
+    return max(1, len(prob.kernels))
+
+
 def _better(first: program.Solution, again: program.Solution) -> program.Solution:
-    """The better of a program's two solutions, counting both solves."""
+    """The better of a program's two solutions, its gap against the higher
+    of the two solves' lower bounds, counting both solves."""
+    solved = (program.OPTIMAL, program.FEASIBLE)
     best = (
         again
-        if again.status in (program.OPTIMAL, program.FEASIBLE)
-        and again.objective_us < first.objective_us - 1e-9
+        if again.status in solved and again.objective_us < first.objective_us - 1e-9
         else first
     )
-    if again.status == program.OPTIMAL and best is first:
-        best = replace(first, status=program.OPTIMAL, gap=0.0)  # proved so
-    return replace(best, rounds=first.rounds + again.rounds, seconds=first.seconds + again.seconds)
+    bounds = [
+        s.objective_us * (1 - s.gap)
+        for s in (first, again)
+        if s.status in solved and not math.isnan(s.gap)
+    ]
+    gap = best.gap
+    if bounds and best.objective_us > 0:
+        gap = max(0.0, (best.objective_us - max(bounds)) / best.objective_us)
+    status = program.OPTIMAL if again.status == program.OPTIMAL or gap == 0 else best.status
+    return replace(
+        best,
+        status=status,
+        gap=0.0 if status == program.OPTIMAL else gap,
+        rounds=first.rounds + again.rounds,
+        seconds=first.seconds + again.seconds,
+    )

@@ -263,7 +263,7 @@ def plan(
     fired: list[tuple[alternatives.Fired, int]] = []  # (rule fired, partitions it fired in)
     order = [problems[rep.index] for rep in groups]
     solved = timeshare.solve_all(order, prices, left, options.recompute, report)
-    sizes = [max(1, len(p.kernels)) for p in order]
+    sizes = [timeshare.size(p) for p in order]
     for i, ((rep, copies), sol) in enumerate(zip(groups.items(), solved)):
         prob = problems[rep.index]
         stats.add(sol)

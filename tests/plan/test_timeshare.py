@@ -126,3 +126,30 @@ def test_a_program_without_a_plan_in_its_share_takes_the_time_left():
     # the last program has all that is left: no plan there is the user's error
     with pytest.raises(program.NoPlanInTime):
         timeshare.solve_all([quick, _Program(needs=60.0)], None, _clock(8.0), True, lambda *a: None)
+
+
+class _Stopped:
+    """A program the clock stops the first time and once more, with these
+    (objective, gap) figures."""
+
+    def __init__(self, *figures):
+        self.figures, self.kernels = list(figures), [None]
+
+    def solve(self, prices, *, time_limit, recompute):
+        objective, gap = self.figures.pop(0)
+        return program.Solution((), program.FEASIBLE, objective, gap, 0.0, 1)
+
+
+@pytest.mark.parametrize(
+    "first, again, objective, gap",
+    [
+        ((10.0, 0.5), (9.0, 0.1), 9.0, 0.1),  # the re-solve's plan and bound
+        ((9.0, 0.5), (10.0, 0.15), 9.0, 0.5 / 9),  # the first plan, the re-solve's bound
+    ],
+)
+def test_a_re_solved_program_keeps_the_better_plan_and_the_higher_bound(
+    first, again, objective, gap
+):
+    (sol,) = timeshare.solve_all([_Stopped(first, again)], None, _clock(8.0), True, lambda *a: 0)
+    assert sol.status == program.FEASIBLE and sol.rounds == 2
+    assert sol.objective_us == objective and sol.gap == pytest.approx(gap)
