@@ -113,19 +113,18 @@ class _Program:
         return program.Solution((), program.OPTIMAL, 1.0, 0.0, 0.0, 1)
 
 
-def _clock(seconds: float):
-    end = time.perf_counter() + seconds
-    return lambda: end - time.perf_counter()
-
-
 def test_a_program_without_a_plan_in_its_share_takes_the_time_left():
     slow, quick = _Program(needs=5.0), _Program(needs=0.0)
-    solved = timeshare.solve_all([slow, quick], None, _clock(8.0), True, lambda *a: None)
+    solved = timeshare.solve_all(
+        [slow, quick], None, timeshare.share(8.0, [1]), True, lambda *a: None
+    )
     assert [s.status for s in solved] == [program.OPTIMAL] * 2
     assert slow.limits[0] < 5.0 <= slow.limits[1]  # its half, then all of it
     # the last program has all that is left: no plan there is the user's error
     with pytest.raises(program.NoPlanInTime):
-        timeshare.solve_all([quick, _Program(needs=60.0)], None, _clock(8.0), True, lambda *a: None)
+        timeshare.solve_all(
+            [quick, _Program(needs=60.0)], None, timeshare.share(8.0, [1]), True, lambda *a: None
+        )
 
 
 class _Stopped:
@@ -150,6 +149,8 @@ class _Stopped:
 def test_a_re_solved_program_keeps_the_better_plan_and_the_higher_bound(
     first, again, objective, gap
 ):
-    (sol,) = timeshare.solve_all([_Stopped(first, again)], None, _clock(8.0), True, lambda *a: 0)
+    (sol,) = timeshare.solve_all(
+        [_Stopped(first, again)], None, timeshare.share(8.0, [1]), True, lambda *a: 0
+    )
     assert sol.status == program.FEASIBLE and sol.rounds == 2
     assert sol.objective_us == objective and sol.gap == pytest.approx(gap)
