@@ -220,7 +220,7 @@ def solve(
     rounds = 0
     while True:
         rounds += 1
-        status, gap, log = _run_cbc(prob, time_limit, bool(warm))
+        status, gap, log = _run_cbc(prob, time_limit, bool(warm), tight=budget is None)
         if status is None and warm and _fits(warm, kernels, nbytes, budget, budget_exempt):
             # the time ran out first: the warm start (the greedy plan, feasible
             # by construction) is the incumbent, its gap against CBC's bound
@@ -317,17 +317,33 @@ def _set_warm_start(x, w, kernels, warm: Sequence[Choice]) -> None:
         var.setInitialValue(1 if t in chosen.get(k, ()) else 0)
 
 
-def solve_cbc(prob, **options) -> str:
+def cbc_settings(tight: bool) -> dict:
+    """PuLP's CBC options for a program whose relaxation is nearly integral
+    (``tight``: a partition's program without a budget) or not (CBC's own
+    defaults): ``solve_cbc`` says why they differ."""
+    return {"presolve": False, "options": ["preprocess off"]} if tight else {}
+
+
+def solve_cbc(prob, tight: bool = False, **options) -> str:
     """Solve ``prob`` with CBC; return CBC's log.  PuLP's files (model,
     solution, log) go to a private temporary folder that is removed however
     the solve ends, an interrupt included (PuLP itself removes them only when
-    CBC returns)."""
+    CBC returns).
+
+    A ``tight`` program runs without CLP's presolve and without CBC's
+    preprocessing (``cbc_settings``): a partition's relaxation is nearly
+    integral (the cuts of ``_add_computed_cuts``), and both passes cost more
+    than the search.  A program under a memory budget keeps them: its
+    preprocessing is what proves a budget infeasible (9 s for one tiny-UNet
+    frontier step that is not proven in 60 s without it)."""
     import pulp
 
     tmp = tempfile.mkdtemp(prefix="orchestrate-cbc-")
     try:
         log = os.path.join(tmp, "cbc.log")
-        solver = pulp.PULP_CBC_CMD(msg=False, logPath=log, threads=1, gapRel=0, **options)
+        solver = pulp.PULP_CBC_CMD(
+            msg=False, logPath=log, threads=1, gapRel=0, **cbc_settings(tight), **options
+        )
         solver.tmpDir = tmp
         prob.solve(solver)
         if not os.path.exists(log):
@@ -339,11 +355,11 @@ def solve_cbc(prob, **options) -> str:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _run_cbc(prob, time_limit, warm: bool) -> tuple[str | None, float, str]:
+def _run_cbc(prob, time_limit, warm: bool, tight: bool) -> tuple[str | None, float, str]:
     """(status, gap, CBC's log); status None: no integer solution."""
     import pulp
 
-    text = solve_cbc(prob, timeLimit=time_limit, warmStart=warm)
+    text = solve_cbc(prob, tight=tight, timeLimit=time_limit, warmStart=warm)
     if prob.status != pulp.LpStatusOptimal:
         return None, math.inf, text
     if prob.sol_status == pulp.LpSolutionOptimal and "Stopped on time" not in text:
