@@ -182,8 +182,9 @@ def solve(
                 prob += x[k] == 0  # nothing can feed it
             else:
                 prob += written[t] >= x[k]
+    m: dict[str, pulp.LpVariable] = {}  # tensor -> it is materialised (under a budget)
     if budget is not None:
-        terms, m = [], {}
+        terms = []
         for t, ws in sorted(writers.items()):
             # a view aliases its input and materialises nothing
             vs = [v for k, v in ws if kernels[k].template != VIEW]
@@ -215,8 +216,8 @@ def solve(
         for _, vs in sorted(by_node.items()):
             if len(vs) > 1:
                 prob += pulp.lpSum(vs) <= 1
-    _add_computed_cuts(prob, by_node, available, required, edges)
-    _set_warm_start(x, w, kernels, warm)
+    y = _add_computed_cuts(prob, by_node, available, required, edges)
+    _set_warm_start(x, w, y, m, kernels, warm)
     rounds = 0
     while True:
         rounds += 1
@@ -279,8 +280,9 @@ def _written(prob, writers) -> dict:
     return out
 
 
-def _add_computed_cuts(prob, by_node, available, required, edges) -> None:
-    """Valid inequalities that make the LP relaxation tight.
+def _add_computed_cuts(prob, by_node, available, required, edges) -> dict:
+    """Valid inequalities that make the LP relaxation tight; returns their
+    variables y, by primitive.
 
     y[p] says primitive p is computed by some chosen kernel.  If p is, each
     of its inputs q (not available from outside) is computed too, by the same
@@ -301,13 +303,19 @@ def _add_computed_cuts(prob, by_node, available, required, edges) -> None:
     for q, p in sorted(edges):
         if q in y and p in y and q not in available:
             prob += y[q] >= y[p]
+    return y
 
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", name)[:40] or "p"
 
 
-def _set_warm_start(x, w, kernels, warm: Sequence[Choice]) -> None:
+def _set_warm_start(x, w, y, m, kernels, warm: Sequence[Choice]) -> None:
+    """The warm start as a whole assignment of the integer variables: which
+    kernels run and which optional outputs they write, and what follows from
+    that, which primitives are computed (y) and, under a budget, which
+    tensors are materialised (m).  CBC declines a start that leaves any
+    integer variable out (it was left without y, and declined every one)."""
     if not warm:
         return
     chosen = {c.kernel: set(c.writes) for c in warm}
@@ -315,6 +323,17 @@ def _set_warm_start(x, w, kernels, warm: Sequence[Choice]) -> None:
         var.setInitialValue(1 if k in chosen else 0)
     for (k, t), var in w.items():
         var.setInitialValue(1 if t in chosen.get(k, ()) else 0)
+    computed = {n for k in chosen for n in kernels[k].nodes}
+    for n, var in y.items():
+        var.setInitialValue(1 if n in computed else 0)
+    stored = {
+        t
+        for k, writes in chosen.items()
+        if kernels[k].template != VIEW
+        for t in (*kernels[k].outputs, *writes)
+    }
+    for t, var in m.items():
+        var.setInitialValue(1 if t in stored else 0)
 
 
 def cbc_settings(tight: bool) -> dict:

@@ -380,6 +380,29 @@ def test_greedy_warm_start_and_reported_solver_fields():
     assert s.seconds >= 0 and s.examined >= len(p.primitives) and s.solves >= 1
 
 
+def test_cbc_takes_the_warm_start_whole(monkeypatch):
+    """The unfused plan as the warm start: CBC starts from it.  It declines a
+    start that leaves out an integer variable, as every start without the
+    computed-primitive ones was.  (Under a budget, CBC 2.10's preprocessing,
+    which the budgeted programs keep, declines even a whole start.)"""
+    g = graphs.build(graphs.mlp, [(32, 64), (64, 256), (256,), (256, 64)])
+    kernels, costs, write_us, nbytes, available = _problem(g)
+    alone = {k.nodes[0]: i for i, k in enumerate(kernels) if len(k.nodes) == 1}
+    warm = [program.Choice(alone[n.name], ()) for n in g.nodes]
+    logs = []
+    real = program.solve_cbc
+    monkeypatch.setattr(
+        program, "solve_cbc", lambda prob, **o: logs.append(real(prob, **o)) or logs[-1]
+    )
+    edges = [(i, n.name) for n in g.nodes for i in n.inputs if i in alone]
+    sol = program.solve(
+        kernels, costs, write_us, nbytes, available, list(g.outputs), warm=warm, edges=edges
+    )
+    assert sol.status == program.OPTIMAL
+    assert "MIPStart provided solution" in logs[0], logs[0][-2000:]
+    assert "could not be used" not in logs[0]
+
+
 def test_enumeration_stays_tractable_on_a_wide_graph():
     """60 parallel branches joined by one concat have ~2^60 connected sets: the
     budgets stop the search (smallest sets kept), the plan says so, and the
