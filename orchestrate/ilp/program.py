@@ -326,12 +326,7 @@ def _set_warm_start(x, w, y, m, kernels, warm: Sequence[Choice]) -> None:
     computed = {n for k in chosen for n in kernels[k].nodes}
     for n, var in y.items():
         var.setInitialValue(1 if n in computed else 0)
-    stored = {
-        t
-        for k, writes in chosen.items()
-        if kernels[k].template != VIEW
-        for t in (*kernels[k].outputs, *writes)
-    }
+    stored = _stored(warm, kernels)
     for t, var in m.items():
         var.setInitialValue(1 if t in stored else 0)
 
@@ -408,8 +403,12 @@ def _fits(warm, kernels, nbytes, budget, exempt) -> bool:
     """Do the warm start's intermediates fit ``budget`` (None: no budget)?"""
     if budget is None:
         return True
-    written = {t for c in warm if kernels[c.kernel].template != VIEW for t in c.writes}
-    return sum(nbytes[t] for t in written if t not in exempt) <= budget
+    return sum(nbytes[t] for t in _stored(warm, kernels) if t not in exempt) <= budget
+
+
+def _stored(choices: Sequence[Choice], kernels) -> set[str]:
+    """The tensors ``choices`` store (a view aliases its input: nothing)."""
+    return {t for c in choices if kernels[c.kernel].template != VIEW for t in c.writes}
 
 
 def _unsolved(warm, kernels, costs, write_us, available, started: float) -> Solution:

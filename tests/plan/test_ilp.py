@@ -388,7 +388,7 @@ def test_cbc_takes_the_warm_start_whole(monkeypatch):
     g = graphs.build(graphs.mlp, [(32, 64), (64, 256), (256,), (256, 64)])
     kernels, costs, write_us, nbytes, available = _problem(g)
     alone = {k.nodes[0]: i for i, k in enumerate(kernels) if len(k.nodes) == 1}
-    warm = [program.Choice(alone[n.name], ()) for n in g.nodes]
+    warm = [program.Choice(alone[n.name], (n.name,)) for n in g.nodes]
     logs = []
     real = program.solve_cbc
     monkeypatch.setattr(
