@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrate.ilp import program
+from orchestrate.ilp import program, timeshare
 from orchestrate.ilp.partition import Partition, transplant
 from orchestrate.ilp.program import BudgetInfeasible, NoPlanInTime, Solution
 from orchestrate.ir import Graph
@@ -98,21 +98,26 @@ def within_budget(
     fastest: Mapping[int, Solution],
     prices,
     options,
+    left: timeshare.Clock,
     stats: program.Stats,
     report,
 ) -> dict[int, list]:
     """The fastest plan within ``options.memory_budget``: a frontier per
     distinct partition (``problems`` by representative index), then one
-    point per partition.  Returns each partition's (spec, writes) choices."""
+    point per partition.  Returns each partition's (spec, writes) choices.
+    ``left``: the planning's time left, shared among the partitions' frontiers
+    by size (``timeshare``); a frontier its share stops is incomplete."""
     frontiers, complete = {}, True
+    sizes = [timeshare.size(problems[rep.index]) for rep in groups]
     for i, rep in enumerate(groups):
         report("frontier", i + 1, len(groups))
         prob = problems[rep.index]
+        until = timeshare.share(left(), sizes[i:])
 
-        def solve(b, prob=prob):
+        def solve(b, prob=prob, until=until):
             sol = prob.solve(
                 prices,
-                time_limit=options.time_limit,
+                time_limit=until(),
                 recompute=options.recompute,
                 budget=b,
                 budget_exempt=set(graph.outputs),

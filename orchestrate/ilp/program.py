@@ -135,9 +135,12 @@ def solve(
     if any(t in unwritable for c in warm for t in c.writes):
         warm = ()  # the greedy plan writes one: no incumbent to start from
     started = time.perf_counter()
-    if time_limit is not None and time_limit < MIN_SOLVE_S and warm:
-        # the planning's time is spent: the greedy plan stands, unsolved
-        return _unsolved(warm, kernels, costs, write_us, available, started)
+    if time_limit is not None and time_limit < MIN_SOLVE_S:
+        if warm and _fits(warm, kernels, nbytes, budget, budget_exempt):
+            # the planning's time is spent: the greedy plan stands, unsolved
+            return _unsolved(warm, kernels, costs, write_us, available, started)
+        if budget is not None:
+            raise NoPlanInTime(f"--time-limit: no time was left to solve {name} within a budget")
     prob = pulp.LpProblem(_safe(name), pulp.LpMinimize)
     x = [pulp.LpVariable(f"x{k}", cat=pulp.LpBinary) for k in range(len(kernels))]
     w: dict[tuple[int, str], pulp.LpVariable] = {}

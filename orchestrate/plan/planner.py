@@ -264,26 +264,31 @@ def plan(
     order = [problems[rep.index] for rep in groups]
     solved = timeshare.solve_all(order, prices, left, options.recompute, report)
     sizes = [timeshare.size(p) for p in order]
-    for i, ((rep, copies), sol) in enumerate(zip(groups.items(), solved)):
-        prob = problems[rep.index]
+    for (rep, copies), sol in zip(groups.items(), solved):
         stats.add(sol)
         fastest[rep.index] = sol
+        for p in copies:
+            solutions[p.index] = transplant(rep, p, problems[rep.index].chosen(sol))
+    written = [(k.template, ws) for sol in solutions.values() for k, ws in sol]
+    if options.memory_budget is not None and materialized(graph, written) > options.memory_budget:
+        # (a fastest plan that fits is the optimum under the budget too)
+        solutions = budget.within_budget(
+            graph, groups, problems, fastest, prices, options, left, stats, report
+        )
+    # what each rule buys (``explain``), with the time left once the plan is found
+    for i, ((rep, copies), sol) in enumerate(zip(groups.items(), solved)):
         if sol.status != program.GREEDY:  # (out of time: no figures without each rule)
             until = timeshare.share(left(), sizes[i:])
             fired += [
                 (f, len(copies))
                 for f in alternatives.fired(
-                    prob, sol, prices, time_limit=until(), recompute=options.recompute
+                    problems[rep.index],
+                    sol,
+                    prices,
+                    time_limit=until(),
+                    recompute=options.recompute,
                 )
             ]
-        for p in copies:
-            solutions[p.index] = transplant(rep, p, prob.chosen(sol))
-    written = [(k.template, ws) for sol in solutions.values() for k, ws in sol]
-    if options.memory_budget is not None and materialized(graph, written) > options.memory_budget:
-        # (a fastest plan that fits is the optimum under the budget too)
-        solutions = budget.within_budget(
-            graph, groups, problems, fastest, prices, options, stats, report
-        )
     # under --tune, each kernel at the fastest configuration measured
     chosen = [
         (k if tuned is None else tuned.apply(k), ws, p.index)

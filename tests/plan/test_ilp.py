@@ -403,6 +403,28 @@ def test_cbc_takes_the_warm_start_whole(monkeypatch):
     assert "could not be used" not in logs[0]
 
 
+def test_no_time_left_keeps_the_greedy_plan_only_where_it_fits_the_budget():
+    """With the planning's time spent, a program keeps its warm start unsolved;
+    under a budget that start exceeds, it has no plan to keep (a frontier's
+    step then ends, ``ilp/budget.py``), not one that breaks the budget."""
+    g = graphs.build(graphs.mlp, [(32, 64), (64, 256), (256,), (256, 64)])
+    kernels, costs, write_us, nbytes, available = _problem(g)
+    alone = {k.nodes[0]: i for i, k in enumerate(kernels) if len(k.nodes) == 1}
+    warm = [program.Choice(alone[n.name], (n.name,)) for n in g.nodes]
+    args = (kernels, costs, write_us, nbytes, available, list(g.outputs))
+    kept = program.solve(*args, warm=warm, time_limit=0.0)
+    assert kept.status == program.GREEDY and list(kept.choices) == warm
+    stored = sum(nbytes[n.name] for n in g.nodes if n.name not in g.outputs)
+    fits = program.solve(
+        *args, warm=warm, time_limit=0.0, budget=stored, budget_exempt=set(g.outputs)
+    )
+    assert fits.status == program.GREEDY
+    with pytest.raises(program.NoPlanInTime, match="no time was left"):
+        program.solve(
+            *args, warm=warm, time_limit=0.0, budget=stored - 1, budget_exempt=set(g.outputs)
+        )
+
+
 def test_enumeration_stays_tractable_on_a_wide_graph():
     """60 parallel branches joined by one concat have ~2^60 connected sets: the
     budgets stop the search (smallest sets kept), the plan says so, and the

@@ -154,3 +154,37 @@ def test_a_re_solved_program_keeps_the_better_plan_and_the_higher_bound(
     )
     assert sol.status == program.FEASIBLE and sol.rounds == 2
     assert sol.objective_us == objective and sol.gap == pytest.approx(gap)
+
+
+def test_a_memory_budget_plans_within_the_time_limit(monkeypatch):
+    """Under --memory-budget each partition's frontier is a series of
+    programs; they share the planning's time like the rest (each once had
+    the whole --time-limit: n partitions, n times the limit).  Here no
+    budgeted program finds a plan before its time ends: the planning stops
+    near the limit and says the least it found is not proven."""
+    g, n = _graph()
+    real = program.solve_cbc
+    budgeted = []
+
+    def solve(prob, tight=False, **options):
+        if tight:  # the fastest plans, solved as they are
+            return real(prob, tight=tight, **options)
+        budgeted.append(options["timeLimit"])
+        time.sleep(options["timeLimit"])
+        prob.status = pulp.LpStatusNotSolved
+        return "Result - Stopped on time limit\n\nNo feasible solution found\n"
+
+    monkeypatch.setattr(program, "solve_cbc", solve)
+    options = PlanOptions(
+        device="h100",
+        time_limit=LIMIT,
+        limits=Limits(partition_nodes=PIECE),
+        memory_budget=0,
+        recompute=False,
+    )
+    started = time.perf_counter()
+    with pytest.raises(program.BudgetInfeasible, match="not proven least: a search hit"):
+        planner.plan(g, options)
+    assert time.perf_counter() - started < 1.5 * LIMIT
+    # every partition whose fastest plan writes bytes tried its frontier, in its share
+    assert n - 1 <= len(budgeted) <= n and sum(budgeted) <= LIMIT
