@@ -843,7 +843,8 @@ def rules() -> None:
     "--transfer",
     is_flag=True,
     help="Leave each GPU out: train on the others, adapt with k of its rows "
-    "(k = 0, 5, 10, 20, 50) and print the fit on the rest (needs lightgbm).",
+    "(k = 0, 5, 10, 20, 50, chosen to cover its programs) and print the fit on "
+    "the rest (needs lightgbm).",
 )
 @click.option(
     "--curves",

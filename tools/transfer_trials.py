@@ -5,9 +5,12 @@ study's own (``orchestrate calibrate --transfer``, ``calibrate/learn.py``).
     python -m tools.transfer_trials [out/calibrate/predictions.json]
 
 Each trial leaves each GPU out, trains on the others and, where it adapts,
-adapts with k = 20 of the GPU's rows (the study's draws), then gives the
-error factor and Spearman on the GPU's other rows:
+adapts with k = 20 of the GPU's rows (the study's draws: chosen to cover
+its programs, ``learn.covering``), then gives the error factor and Spearman
+on the GPU's other rows:
 
+* ``study, k at random``: the study with the k rows drawn at random, as it
+  was before they were chosen (``learn.at_random``);
 * ``study``: the study's model and adaptation (what the README reports):
   the base model's median miss on the k rows, then small trees on the rest;
 * ``median only``: the study's base model and its median miss alone;
@@ -171,13 +174,13 @@ TRIALS: dict[str, tuple[Callable, Callable]] = {
 }
 
 
-def trial(rows: Sequence[Sample], gpu: str, make: Callable, adapted: Callable):
-    """The study's draws of k = 20 rows: the mean error factor and Spearman."""
+def trial(rows: Sequence[Sample], gpu: str, make: Callable, adapted: Callable, pick=learn.covering):
+    """The study's draws of k = 20 rows (or ``pick``'s): the mean error factor and Spearman."""
     mine = [s for s in rows if s.gpu == gpu]
     base = make([s for s in rows if s.gpu != gpu])
     errors, ranks = [], []
     for d in range(learn.DRAWS):
-        shots, held = learn.draw(mine, K, d)
+        shots, held = learn.draw(mine, K, d, pick)
         f = fit(corrected(adapted(base, shots, d), held))
         errors.append(math.log(f.error))
         ranks.append(f.spearman)
@@ -210,11 +213,15 @@ def main(argv: Sequence[str]) -> int:
     rows = read(path)
     samples = [s for _, _, s in rows]
     gpus = sorted({s.gpu for s in samples} & set(DEVICE_EXTRA))
-    head = [f"{name} k={K}" for name in TRIALS] + ["bound: GPU", "file", "file+kind"]
+    head = [f"{name} k={K}" for name in ("study, k at random", *TRIALS)]
+    head += ["bound: GPU", "file", "file+kind"]
     print("| GPU left out | " + " | ".join(head) + " |")
     print("|---" * (len(head) + 1) + "|")
     for gpu in gpus:
-        cells = [f"{e:.2f}x {r:.2f}" for e, r in (trial(samples, gpu, *t) for t in TRIALS.values())]
+        study = TRIALS["study"]
+        tried = [trial(samples, gpu, *study, pick=learn.at_random)]
+        tried += [trial(samples, gpu, *t) for t in TRIALS.values()]
+        cells = [f"{e:.2f}x {r:.2f}" for e, r in tried]
         cells += [f"{b:.2f}x" for b in bounds(rows, gpu)]
         print(f"| {gpu} | " + " | ".join(cells) + " |", flush=True)
     return 0

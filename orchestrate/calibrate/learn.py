@@ -11,15 +11,18 @@ error factor calibrate reports), on small trees, deterministic.
 are plentiful, adapt with a few from the new GPU).  For each GPU held out:
 
 1. a base model is trained on every other GPU's rows;
-2. k of the held-out GPU's rows (k = 0, 5, 10, 20, 50), drawn at random,
-   adapt it (``adapt``): the base model's median miss on those k rows is
-   added to every prediction, and from 10 rows on, ``ADAPT_ROUNDS`` rounds
-   of small trees are fitted to what is left, so what the GPU does
-   differently is learnt from its own rows while the base trees keep what
-   the GPUs share;
+2. k of the held-out GPU's rows (k = 0, 5, 10, 20, 50), chosen to cover its
+   programs (``covering``: the row nearest each centre of k-means over the
+   program features, never the measured times; ``at_random`` draws them as
+   the study did before), adapt it (``adapt``): the base model's median
+   miss on those k rows is added to every prediction, and from 10 rows on,
+   ``ADAPT_ROUNDS`` rounds of small trees are fitted to what is left, so
+   what the GPU does differently is learnt from its own rows while the base
+   trees keep what the GPUs share;
 3. the adapted model predicts the held-out GPU's other rows; the table gives
    the error factor and Spearman of the corrected predictions, averaged over
-   ``DRAWS`` draws of the k rows, beside the analytic model's on the same rows.
+   ``DRAWS`` choices of the k rows (k-means seeds), beside the analytic
+   model's on the same rows.
 
 The rows of one program at several sizes or runtimes are not independent;
 the held-out GPU's rows are never in its base model, which is what the
@@ -36,6 +39,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from orchestrate.calibrate import choose
 from orchestrate.calibrate.harness import launcher
 from orchestrate.calibrate.predict import Prediction
 from orchestrate.calibrate.records import KernelRecord
@@ -230,9 +234,22 @@ def _mean(xs: Sequence[float | None]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def draw(rows: Sequence[Sample], k: int, d: int) -> tuple[list[Sample], list[Sample]]:
-    """The study's ``d``-th draw of ``k`` of a GPU's rows: (those k, the rest)."""
-    picked = set(random.Random(1000 * d + k).sample(range(len(rows)), k))
+def at_random(rows: Sequence[Sample], k: int, d: int) -> list[int]:
+    """The ``d``-th random draw of ``k`` of a GPU's rows (their indices)."""
+    return sorted(random.Random(1000 * d + k).sample(range(len(rows)), k))
+
+
+def covering(rows: Sequence[Sample], k: int, d: int) -> list[int]:
+    """``k`` of a GPU's rows chosen to cover its programs (``choose.cover``,
+    seeded by ``d``): what the study measures on a new GPU."""
+    return choose.cover([s.x for s in rows], k, seed=d)
+
+
+def draw(
+    rows: Sequence[Sample], k: int, d: int, pick=covering
+) -> tuple[list[Sample], list[Sample]]:
+    """The ``d``-th draw of ``k`` of a GPU's rows by ``pick``: (those k, the rest)."""
+    picked = set(pick(rows, k, d))
     return (
         [s for j, s in enumerate(rows) if j in picked],
         [s for j, s in enumerate(rows) if j not in picked],
@@ -240,10 +257,15 @@ def draw(rows: Sequence[Sample], k: int, d: int) -> tuple[list[Sample], list[Sam
 
 
 def transfer(
-    rows: Sequence[Sample], ks: Sequence[int] = KS, draws: int = DRAWS, progress=None
+    rows: Sequence[Sample],
+    ks: Sequence[int] = KS,
+    draws: int = DRAWS,
+    progress=None,
+    pick=covering,
 ) -> list[Point]:
     """The leave-one-GPU-out study of the module doc over ``rows``
-    (``samples``), one Point per (GPU, k) for each k below the GPU's row count."""
+    (``samples``), one Point per (GPU, k) for each k below the GPU's row
+    count; ``pick`` chooses the k rows (``covering`` or ``at_random``)."""
     gpus = sorted({s.gpu for s in rows})
     points = []
     for i, gpu in enumerate(gpus):
@@ -259,7 +281,7 @@ def transfer(
                 continue
             analytic, learnt = [], []
             for d in range(draws if k else 1):
-                shots, held = draw(mine, k, d)
+                shots, held = draw(mine, k, d, pick)
                 model = adapt(base, shots, seed=d)
                 analytic.append(fit([(s.predicted_us, s.measured_us) for s in held]))
                 learnt.append(fit(corrected(model, held)))

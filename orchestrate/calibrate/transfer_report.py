@@ -24,8 +24,9 @@ def text(points: Sequence[Point]) -> str:
         f" {'k=' + str(k):>12s}" for k in ks
     )
     lines = [
-        "leave one GPU out: trained on the others, adapted with k of its rows; "
-        "error factor and Spearman on its other rows (means over draws)",
+        "leave one GPU out: trained on the others, adapted with k of its rows "
+        "(chosen to cover its programs); error factor and Spearman on its other "
+        "rows (means over the choices of k rows)",
         head,
     ]
     for gpu in gpus:
