@@ -9,19 +9,29 @@ candidates, and the optimum of the same program with them removed.  That is
 one more solve per (distinct partition, rule fired there); partitions where
 no rule fired cost nothing.
 
+The re-solves are independent of each other and of the plan, and most of
+their time is CBC's own process: ``fired_all`` runs them side by side, one
+thread each, up to ``workers`` (the machine's cores) at a time, with the
+planning's time left shared among them by size as ``timeshare`` shares it.
+The figures do not depend on the order they finish in.
+
 Under ``--memory-budget`` the figures are those of the unbudgeted programs
 (the fastest plan per partition), which is what the rules changed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from orchestrate.cost.roofline import Prices
-from orchestrate.ilp import program
+from orchestrate.ilp import program, timeshare
 from orchestrate.ilp.problem import Problem
 from orchestrate.kernels.spec import KernelSpec
+
+MAX_WORKERS = 8  # re-solves at a time (each one CBC process)
 
 
 @dataclass(frozen=True)
@@ -34,39 +44,72 @@ class Fired:
     without_us: float  # the optimum without any of the rule's candidates
 
 
-def fired(
-    prob: Problem, sol: program.Solution, prices: Prices, *, time_limit, recompute: bool
-) -> list[Fired]:
-    """The pattern rules whose candidates ``sol`` (the solution of ``prob``)
-    chose, each with the partition re-solved without that rule's candidates."""
+def fired_all(
+    solved: Sequence[tuple[Problem, program.Solution]],
+    prices: Prices,
+    left: Callable[[], float | None],
+    recompute: bool,
+    workers: int | None = None,
+) -> list[list[Fired]]:
+    """For each (program, its solution): the pattern rules whose candidates
+    the solution chose, each with the program re-solved without that rule's
+    candidates; the re-solves run side by side (module doc).  ``left``: the
+    planning's time left."""
+    jobs = [(i, *used) for i, (prob, sol) in enumerate(solved) for used in _used(prob, sol)]
+    sizes = [timeshare.size(solved[i][0]) for i, *_ in jobs]
+
+    def price(j: int) -> Fired | None:
+        i, rule, drop, used = jobs[j]
+        prob, sol = solved[i]
+        until = timeshare.share(left(), sizes[j:])()
+        return _priced(prob, sol, rule, drop, used, prices, until, recompute)
+
+    workers = max(1, min(len(jobs), workers or os.cpu_count() or 1, MAX_WORKERS))
+    with ThreadPoolExecutor(workers, thread_name_prefix="orchestrate-rule") as pool:
+        found = list(pool.map(price, range(len(jobs))))
+    out: list[list[Fired]] = [[] for _ in solved]
+    for (i, *_), f in zip(jobs, found):
+        if f is not None:
+            out[i].append(f)
+    return out
+
+
+def _used(prob: Problem, sol: program.Solution) -> list[tuple[str, set[int], set[int]]]:
+    """(rule, its candidates, those ``sol`` chose) for each rule ``sol`` uses."""
     by_rule: dict[str, set[int]] = {}
     for rule, i in prob.found.proposed:
         by_rule.setdefault(rule, set()).add(i)
     chosen = {c.kernel for c in sol.choices}
-    out = []
-    for rule in sorted(by_rule):
-        used = by_rule[rule] & chosen
-        if not used:
-            continue
-        try:
-            alt = without(prob, by_rule[rule]).solve(
-                prices, time_limit=time_limit, recompute=recompute
-            )
-        except program.NoPlanInTime:
-            continue  # no figure without the rule in the time (the plan stands)
-        except program.NoPlan:
-            continue  # no plan at all without it (it keeps a tensor too large off memory)
-        if alt.status == program.GREEDY:
-            continue  # only the greedy plan in the time: no fair figure either
-        out.append(
-            Fired(
-                rule,
-                tuple(prob.kernels[i] for i in sorted(used)),
-                sol.objective_us,
-                alt.objective_us,
-            )
-        )
-    return out
+    return [
+        (rule, by_rule[rule], by_rule[rule] & chosen)
+        for rule in sorted(by_rule)
+        if by_rule[rule] & chosen
+    ]
+
+
+def _priced(
+    prob: Problem,
+    sol: program.Solution,
+    rule: str,
+    drop: set[int],
+    used: set[int],
+    prices: Prices,
+    time_limit,
+    recompute: bool,
+) -> Fired | None:
+    """``rule``'s figures: the partition re-solved without ``drop``, or None
+    where there is no fair figure."""
+    try:
+        alt = without(prob, drop).solve(prices, time_limit=time_limit, recompute=recompute)
+    except program.NoPlanInTime:
+        return None  # no figure without the rule in the time (the plan stands)
+    except program.NoPlan:
+        return None  # no plan at all without it (it keeps a tensor too large off memory)
+    if alt.status == program.GREEDY:
+        return None  # only the greedy plan in the time: no fair figure either
+    return Fired(
+        rule, tuple(prob.kernels[i] for i in sorted(used)), sol.objective_us, alt.objective_us
+    )
 
 
 def without(prob: Problem, drop: set[int]) -> Problem:

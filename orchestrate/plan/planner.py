@@ -260,10 +260,8 @@ def plan(
     stats = program.Stats()
     fastest: dict[int, program.Solution] = {}
     solutions: dict[int, Chosen] = {}
-    fired: list[tuple[alternatives.Fired, int]] = []  # (rule fired, partitions it fired in)
     order = [problems[rep.index] for rep in groups]
     solved = timeshare.solve_all(order, prices, left, options.recompute, report)
-    sizes = [timeshare.size(p) for p in order]
     for (rep, copies), sol in zip(groups.items(), solved):
         stats.add(sol)
         fastest[rep.index] = sol
@@ -276,19 +274,13 @@ def plan(
             graph, groups, problems, fastest, prices, options, left, stats, report
         )
     # what each rule buys (``explain``), with the time left once the plan is found
-    for i, ((rep, copies), sol) in enumerate(zip(groups.items(), solved)):
-        if sol.status != program.GREEDY:  # (out of time: no figures without each rule)
-            until = timeshare.share(left(), sizes[i:])
-            fired += [
-                (f, len(copies))
-                for f in alternatives.fired(
-                    problems[rep.index],
-                    sol,
-                    prices,
-                    time_limit=until(),
-                    recompute=options.recompute,
-                )
-            ]
+    # (out of time, a partition kept its greedy plan: no figures without each rule)
+    priced = [(rep, copies, sol) for (rep, copies), sol in zip(groups.items(), solved)]
+    priced = [(rep, copies, sol) for rep, copies, sol in priced if sol.status != program.GREEDY]
+    worth = alternatives.fired_all(
+        [(problems[rep.index], sol) for rep, _, sol in priced], prices, left, options.recompute
+    )
+    fired = [(f, len(copies)) for (_, copies, _), found in zip(priced, worth) for f in found]
     # under --tune, each kernel at the fastest configuration measured
     chosen = [
         (k if tuned is None else tuned.apply(k), ws, p.index)

@@ -93,3 +93,29 @@ def test_no_rewrites_from_the_command_line(tmp_path):
     assert "rewrite rules: off (--no-rewrites)" in r.output
     assert json.loads(out.read_text())["options"]["rewrites"] is False
     assert "rules that fired" not in CliRunner().invoke(cli.main, ["explain", str(out)]).output
+
+
+def test_the_re_solves_side_by_side_give_the_figures_one_at_a_time(graph, planned, monkeypatch):
+    """``alternatives.fired_all`` runs the re-solves in threads; the figures
+    (and the plan) are those of running them one after another."""
+    import threading
+
+    from orchestrate.ilp import alternatives
+
+    threads = set()
+    real = alternatives._priced
+
+    def priced(*args):
+        threads.add(threading.current_thread().name)
+        return real(*args)
+
+    monkeypatch.setattr(alternatives, "_priced", priced)
+    monkeypatch.setattr(alternatives.os, "cpu_count", lambda: 4)
+    side_by_side = plan(graph, OPTIONS).plan
+    assert len(threads) >= 2, threads
+    monkeypatch.setattr(alternatives, "MAX_WORKERS", 1)
+    threads.clear()
+    one_at_a_time = plan(graph, OPTIONS).plan
+    assert len(threads) == 1
+    assert side_by_side.rules == one_at_a_time.rules == planned.rules
+    assert side_by_side.to_json() == one_at_a_time.to_json()
