@@ -26,8 +26,15 @@ on the GPU's other rows:
 Then the ``bound`` columns: the base model (no row of the GPU) corrected by
 the exact median miss of *all* the GPU's rows, of each timing file's, and
 of each timing file's rows of one kind: what any offset adapted from k rows
-could reach at best.  Written for docs/calibration.md ("What limits it");
-a research tool, not part of the package.
+could reach at best.
+
+Last, a second table: each GPU's rows predicted by another GPU's *measured*
+times of the same programs (the runtime, level and sizes), scaled by their
+exact median ratio, from the other GPU that does it best: how well one
+GPU's times tell another's with no model at all.
+
+Written for docs/calibration.md ("What limits it"); a research tool, not
+part of the package.
 """
 
 from __future__ import annotations
@@ -205,6 +212,30 @@ def bounds(rows: Sequence[tuple[str, str, Sample]], gpu: str) -> list[float]:
     return out
 
 
+def program_key(row_id: str) -> tuple[str, ...]:
+    """A row's program on any GPU: its runtime, level and program (with sizes)."""
+    return tuple(row_id.split("/")[2:5])
+
+
+def measured_neighbour(rows: Sequence[tuple[str, str, Sample]], gpu: str):
+    """The GPU's rows predicted by another GPU's *measured* times of the same
+    programs, scaled by their exact median ratio, for the other GPU that does
+    best: (that GPU, programs shared, error factor, Spearman), or None."""
+    times: dict[str, dict[tuple[str, ...], float]] = {}
+    for i, _, s in rows:
+        times.setdefault(s.gpu, {})[program_key(i)] = s.measured_us
+    mine, best = times[gpu], None
+    for other, theirs in sorted(times.items()):
+        shared = sorted(set(mine) & set(theirs))
+        if other == gpu or len(shared) < 40:
+            continue
+        ratio = float(np.median([math.log(mine[c] / theirs[c]) for c in shared]))
+        f = fit([(theirs[c] * math.exp(ratio), mine[c]) for c in shared])
+        if best is None or f.error < best[2]:
+            best = (other, len(shared), f.error, f.spearman)
+    return best
+
+
 def main(argv: Sequence[str]) -> int:
     path = Path(argv[0] if argv else "out/calibrate/predictions.json")
     if not path.exists():
@@ -224,6 +255,14 @@ def main(argv: Sequence[str]) -> int:
         cells = [f"{e:.2f}x {r:.2f}" for e, r in tried]
         cells += [f"{b:.2f}x" for b in bounds(rows, gpu)]
         print(f"| {gpu} | " + " | ".join(cells) + " |", flush=True)
+    print()
+    print("| GPU | predicted by the measured times of | programs shared | error | Spearman |")
+    print("|---|---|---|---|---|")
+    for gpu in gpus:
+        found = measured_neighbour(rows, gpu)
+        if found is not None:
+            other, n, error, rank = found
+            print(f"| {gpu} | {other} | {n} | {error:.2f}x | {rank:.2f} |")
     return 0
 
 
