@@ -9,10 +9,10 @@ candidates, and the optimum of the same program with them removed.  That is
 one more solve per (distinct partition, rule fired there); partitions where
 no rule fired cost nothing.
 
-The re-solves are independent of each other and of the plan, and most of
+The re-solves are independent of each other and of the plan, and much of
 their time is CBC's own process: ``fired_all`` runs them side by side, one
-thread each, up to ``workers`` (the machine's cores) at a time, with the
-planning's time left shared among them by size as ``timeshare`` shares it.
+thread each, up to one per core (at most ``MAX_WORKERS``) at a time, each
+with its share of the planning's time left by size, as ``timeshare`` shares it.
 The figures do not depend on the order they finish in.
 
 Under ``--memory-budget`` the figures are those of the unbudgeted programs
@@ -49,7 +49,6 @@ def fired_all(
     prices: Prices,
     left: Callable[[], float | None],
     recompute: bool,
-    workers: int | None = None,
 ) -> list[list[Fired]]:
     """For each (program, its solution): the pattern rules whose candidates
     the solution chose, each with the program re-solved without that rule's
@@ -64,7 +63,7 @@ def fired_all(
         until = timeshare.share(left(), sizes[j:])()
         return _priced(prob, sol, rule, drop, used, prices, until, recompute)
 
-    workers = max(1, min(len(jobs), workers or os.cpu_count() or 1, MAX_WORKERS))
+    workers = max(1, min(len(jobs), os.cpu_count() or 1, MAX_WORKERS))
     with ThreadPoolExecutor(workers, thread_name_prefix="orchestrate-rule") as pool:
         found = list(pool.map(price, range(len(jobs))))
     out: list[list[Fired]] = [[] for _ in solved]
