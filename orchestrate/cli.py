@@ -452,7 +452,8 @@ def plan_options(fn):
         show_default=True,
         metavar="S",
         help="Seconds for planning: enumeration (at most half) and every linear "
-        "program together (the best plan found so far is kept, at worst the greedy one).",
+        "program together, a --memory-budget's included (the best plan found so far "
+        "is kept, at worst the greedy one).",
     )(fn)
     fn = click.option(
         "--memory-budget",
