@@ -36,11 +36,12 @@ def standardised(xs: Sequence[Sequence[float]]) -> np.ndarray:
 def _seeds(x: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
     """k-means++: each next centre drawn with probability ~ its squared distance."""
     centres = [x[rng.integers(len(x))]]
+    d = ((x - centres[0]) ** 2).sum(axis=1)  # each row's squared distance to its nearest centre
     for _ in range(1, k):
-        d = ((x[:, None, :] - np.array(centres)[None]) ** 2).sum(-1).min(axis=1)
         total = d.sum()
         j = rng.choice(len(x), p=d / total) if total > 0 else rng.integers(len(x))
         centres.append(x[j])
+        d = np.minimum(d, ((x - x[j]) ** 2).sum(axis=1))
     return np.array(centres)
 
 
