@@ -217,13 +217,19 @@ def program_key(row_id: str) -> tuple[str, ...]:
     return tuple(row_id.split("/")[2:5])
 
 
-def measured_neighbour(rows: Sequence[tuple[str, str, Sample]], gpu: str):
-    """The GPU's rows predicted by another GPU's *measured* times of the same
-    programs, scaled by their exact median ratio, for the other GPU that does
-    best: (that GPU, programs shared, error factor, Spearman), or None."""
+def measured_times(rows: Sequence[tuple[str, str, Sample]]) -> dict:
+    """Each GPU's measured time of each program (``program_key``)."""
     times: dict[str, dict[tuple[str, ...], float]] = {}
     for i, _, s in rows:
         times.setdefault(s.gpu, {})[program_key(i)] = s.measured_us
+    return times
+
+
+def measured_neighbour(times: dict, gpu: str):
+    """The GPU's rows predicted by another GPU's *measured* times of the same
+    programs (``measured_times``), scaled by their exact median ratio, for the
+    other GPU that does best: (that GPU, programs shared, error factor,
+    Spearman), or None."""
     mine, best = times[gpu], None
     for other, theirs in sorted(times.items()):
         shared = sorted(set(mine) & set(theirs))
@@ -258,8 +264,9 @@ def main(argv: Sequence[str]) -> int:
     print()
     print("| GPU | predicted by the measured times of | programs shared | error | Spearman |")
     print("|---|---|---|---|---|")
+    times = measured_times(rows)
     for gpu in gpus:
-        found = measured_neighbour(rows, gpu)
+        found = measured_neighbour(times, gpu)
         if found is not None:
             other, n, error, rank = found
             print(f"| {gpu} | {other} | {n} | {error:.2f}x | {rank:.2f} |")
