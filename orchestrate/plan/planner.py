@@ -275,8 +275,11 @@ def plan(
         )
     # what each rule buys (``explain``), with the time left once the plan is found
     # (out of time, a partition kept its greedy plan: no figures without each rule)
-    priced = [(rep, copies, sol) for (rep, copies), sol in zip(groups.items(), solved)]
-    priced = [(rep, copies, sol) for rep, copies, sol in priced if sol.status != program.GREEDY]
+    priced = [
+        (rep, copies, sol)
+        for (rep, copies), sol in zip(groups.items(), solved)
+        if sol.status != program.GREEDY
+    ]
     worth = alternatives.fired_all(
         [(problems[rep.index], sol) for rep, _, sol in priced], prices, left, options.recompute
     )
