@@ -6,7 +6,8 @@ priced like any plan; which plan stands for the runtime:
 
 * ``eager`` (PyTorch running the program op by op): the plan's *unfused*
   baseline with library kernels only (``--gemm-backends library``): one
-  kernel per ONNX op, cuBLAS for matmuls, cuDNN for convolutions in TF32 (as
+  kernel per PyTorch op (an ONNX node, or the nodes the exporter wrote for
+  one op: ``torch_ops.py``), cuBLAS for matmuls, cuDNN for convolutions in TF32 (as
   PyTorch lets cuDNN by default; matmuls stay IEEE fp32, its other default;
   the plan stays at TF32 for convolutions under torch.compile too);
 * ``torch.compile:cudagraphs`` (eager's kernels replayed from a CUDA graph,
@@ -35,6 +36,7 @@ from dataclasses import dataclass, replace
 
 import onnx
 
+from orchestrate.calibrate import torch_ops
 from orchestrate.calibrate.harness import Host, host, runtime_class
 from orchestrate.cost import learned, measurements
 from orchestrate.cost.learned import Terms
@@ -99,16 +101,17 @@ def program_key(m: Measurement) -> str:
 
 
 class Graphs:
-    """Each program's primitive graph, made once for all its rows."""
+    """Each program's primitive graph and the ops PyTorch ran its nodes as
+    (``torch_ops.groups``), made once for all its rows."""
 
     def __init__(self):
-        self.made: dict[str, Graph] = {}
+        self.made: dict[str, tuple[Graph, dict[str, str]]] = {}
 
-    def __call__(self, m: Measurement) -> Graph:
+    def __call__(self, m: Measurement) -> tuple[Graph, dict[str, str]]:
         key = program_key(m)
         if key not in self.made:
             model: onnx.ModelProto = measurements.model(m)
-            self.made[key] = pipeline.fission_model(model, None, m.program)
+            self.made[key] = pipeline.fission_model(model, None, m.program), torch_ops.groups(model)
         return self.made[key]
 
 
@@ -126,11 +129,11 @@ def priced(m: Measurement, graphs: Graphs, cost: str) -> tuple[Terms, ...] | str
         return f"weights of {weights:,} elements: more than calibrate rebuilds (2**27)"
     options = replace(options_for(m), cost=cost)
     try:
-        graph = graphs(m)
+        graph, ops = graphs(m)
         target = options.target()
         prices = options.prices(graph, target.device)
-        if op_by_op(m.runtime):  # one kernel per op, library GEMMs
-            chosen = [(p.kernel, p.time_us) for p in unfused(graph, target, prices)]
+        if op_by_op(m.runtime):  # one kernel per PyTorch op, library GEMMs
+            chosen = [(p.kernel, p.time_us) for p in unfused(graph, target, prices, ops)]
         else:
             planned = pipeline.plan_graph(graph, options)
             chosen = [(s, k.predicted_us) for s, k in zip(planned.specs, planned.plan.kernels)]

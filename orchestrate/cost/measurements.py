@@ -327,8 +327,13 @@ def model(m: Measurement, seed: int = 0) -> onnx.ModelProto:
         for t in g["initializers"]
     ]
     nodes = []
-    for n in g["nodes"]:
-        node = helper.make_node(n["op"], n["inputs"], n["outputs"], domain=n.get("domain", ""))
+    # each node named by its op and place (fission's label for an unnamed one), so
+    # that the name survives the frontend folding the constants before it
+    for i, n in enumerate(g["nodes"]):
+        name = f"{n['op']}_{i}"
+        node = helper.make_node(
+            n["op"], n["inputs"], n["outputs"], name=name, domain=n.get("domain", "")
+        )
         node.attribute.extend(_attribute(k, v, rng) for k, v in n.get("attrs", {}).items())
         nodes.append(node)
     graph = helper.make_graph(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrate.cost.roofline import Prices
@@ -143,29 +143,37 @@ def greedy(graph: Graph, nodes: Sequence[str], target: Target, prices: Prices) -
     return sorted(groups.values(), key=lambda p: order[p.kernel.nodes[0]])
 
 
-def unfused(graph: Graph, target: Target, prices: Prices) -> list[Priced]:
-    """One kernel per ONNX node of the original model."""
+def unfused(
+    graph: Graph, target: Target, prices: Prices, ops: Mapping[str, str] | None = None
+) -> list[Priced]:
+    """One kernel per ONNX node of the original model; ``ops``: the op that
+    several nodes were exported from, where a runtime ran them as one
+    (``calibrate/torch_ops.py``; by default each node is its own op)."""
     return [
         p
-        for members in origins(graph).values()
+        for members in origins(graph, ops).values()
         for p in onnx_node_kernels(graph, members, target, prices)
     ]
 
 
-def origins(graph: Graph) -> dict[str, list[str]]:
-    """Primitive names grouped by the ONNX node they were split from."""
+def origins(graph: Graph, ops: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+    """Primitive names grouped by the ONNX node they were split from (by the
+    op that node was exported from, where ``ops`` names one)."""
+    ops = ops or {}
     by_origin: dict[str, list[str]] = {}
     for n in graph.nodes:
-        by_origin.setdefault(n.origin or n.name, []).append(n.name)
+        origin = n.origin or n.name
+        by_origin.setdefault(ops.get(origin, origin), []).append(n.name)
     return by_origin
 
 
 def onnx_node_kernels(
     graph: Graph, members: Sequence[str], target: Target, prices: Prices
 ) -> list[Priced]:
-    """How an op-by-op runtime runs one ONNX node: one kernel when a template
-    can run all its primitives, else the fewest kernels that can (greedy
-    fusion inside the node; e.g. ONNX Attention's two matmuls)."""
+    """How an op-by-op runtime runs one ONNX node (or one op's nodes): one
+    kernel when a template can run all its primitives, else the fewest
+    kernels that can (greedy fusion inside the node; e.g. ONNX Attention's
+    two matmuls)."""
     p = fused_no_recompute(graph, members, target, prices)
     if not isinstance(p, Rejection):
         return [p]
