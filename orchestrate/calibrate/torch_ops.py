@@ -137,7 +137,9 @@ SHAPES: Sequence[Callable[[_Model, onnx.NodeProto], list[onnx.NodeProto] | None]
 def groups(model: onnx.ModelProto) -> dict[str, str]:
     """For each node (by its label, as fission names origins) of a shape
     PyTorch ran as one op, the label of that shape's first node; nodes of
-    no shape are left out (each its own op)."""
+    no shape are left out (each its own op).  The nodes must be named
+    (``cost/measurements.model`` names each): an unnamed node's label is its
+    place, which the frontend's folding of constants changes."""
     m = _Model(model)
     out: dict[str, str] = {}
     for node in m.nodes:
