@@ -30,7 +30,7 @@ from orchestrate.decompose import node_label
 
 
 class _Model:
-    """A model's nodes, each value's producer and readers, and its scalar constants."""
+    """A model's nodes, each value's producer and readers, and its constants of one element."""
 
     def __init__(self, model: onnx.ModelProto):
         g = model.graph
@@ -42,10 +42,18 @@ class _Model:
             for i in n.input:
                 self.readers.setdefault(i, []).append(n)
         self.outputs = {o.name for o in g.output}
-        self.constants = {t.name: numpy_helper.to_array(t) for t in g.initializer}
-        for n in self.nodes:
-            if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
-                self.constants[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+        # the tensors of one element only: a weight is never read into numpy here
+        tensors = [(t.name, t) for t in g.initializer]
+        tensors += [
+            (n.output[0], n.attribute[0].t)
+            for n in self.nodes
+            if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"
+        ]
+        self.scalars = {
+            name: float(numpy_helper.to_array(t).reshape(-1)[0])
+            for name, t in tensors
+            if math.prod(t.dims) == 1
+        }
 
     def only_reader(self, value: str, op: str) -> onnx.NodeProto | None:
         """The one node that reads ``value``, if it is an ``op`` and ``value`` is
@@ -54,11 +62,6 @@ class _Model:
         if value in self.outputs or len(readers) != 1 or readers[0].op_type != op:
             return None
         return readers[0]
-
-    def scalar(self, value: str) -> float | None:
-        """``value``'s number where it is a constant of one element."""
-        v = self.constants.get(value)
-        return float(v.reshape(-1)[0]) if v is not None and v.size == 1 else None
 
     def other(self, node: onnx.NodeProto, value: str) -> str | None:
         """The input of a binary ``node`` that is not ``value``."""
@@ -70,7 +73,7 @@ class _Model:
     def is_scalar(self, node: onnx.NodeProto, value: str, want: float) -> bool:
         """Whether ``node``'s input other than ``value`` is the constant ``want``."""
         c = self.other(node, value)
-        v = None if c is None else self.scalar(c)
+        v = None if c is None else self.scalars.get(c)
         return v is not None and math.isclose(v, want, rel_tol=1e-6)
 
 
