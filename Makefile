@@ -33,7 +33,7 @@ demo: install
 	$(BIN)/orchestrate verify out/tiny_bert.orch --model $(DEMO)
 
 test: install
-	$(PY) -m pytest -n $(JOBS) -q
+	$(PY) -m pytest -n $(JOBS) --dist worksteal -q
 
 test-slow: install
 	$(PY) -m pytest -n $(JOBS) -q -m slow

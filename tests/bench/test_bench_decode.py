@@ -1,12 +1,20 @@
 """``make bench-decode`` (``tools/bench_decode.py``) end to end on the tiny
 decode step in the interpreter: the three ways decode, the bundle's two agree
-token for token, and decode.json holds what the docs say it does."""
+token for token, and decode.json holds what the docs say it does.
+
+A long end-to-end run (30-40 s, most of it optimizing the range bundle and
+its in-place step), so in ``make test-slow``: the decoding it drives is
+``tests/run/test_generate.py``'s, in ``make test``."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from tools import bench_decode
+
+pytestmark = pytest.mark.slow
 
 
 def test_the_tiny_decode_runs_three_ways_and_writes_its_figures(tmp_path, monkeypatch, capsys):
