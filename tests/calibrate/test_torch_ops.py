@@ -104,3 +104,63 @@ def test_only_the_exporters_own_shape_is_one_op():
     assert set(found.values()) == {"Div_1"}
     assert torch_ops.groups(_gelu_graph(2.0, erf_also_out=False)) == {}
     assert torch_ops.groups(_gelu_graph(math.sqrt(2), erf_also_out=True)) == {}
+
+
+def _losses() -> onnx.ModelProto:
+    """KernelBench's cosine-similarity and KL-divergence losses, added, as
+    torch.onnx.export writes them at opset 17: 29 nodes for seven PyTorch ops
+    (cosine_similarity, rsub, mean; log, kl_div, div; add)."""
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+
+    class Net(torch.nn.Module):
+        def forward(self, a, b):
+            cosine = torch.mean(1 - F.cosine_similarity(a, b, dim=1))
+            return cosine + F.kl_div(torch.log(a), b, reduction="batchmean")
+
+    buf = io.BytesIO()
+    args = (torch.rand(4, 32) + 0.1, torch.rand(4, 32) + 0.1)
+    torch.onnx.export(Net(), args, buf, opset_version=17, dynamo=False)
+    return onnx.load_from_string(buf.getvalue())
+
+
+def test_the_exporters_cosine_similarity_and_kl_div_are_one_op_each():
+    rebuilt = measurements.model(_as_row(_losses(), "eager"))
+    by_op: dict[str, list[str]] = {}
+    for node, op in torch_ops.groups(rebuilt).items():
+        by_op.setdefault(op, []).append(node.rsplit("_", 1)[0])
+    shapes = sorted(sorted(nodes) for nodes in by_op.values())
+    cosine = ["Div", "Max", "Mul", "Mul", "Mul", "Mul", "ReduceSum", "ReduceSum", "ReduceSum"]
+    kl_div = ["ConstantOfShape", "Greater", "Log", "Mul", "ReduceSum", "Shape", "Sub", "Where"]
+    assert shapes == [sorted(kl_div), sorted(cosine + ["Sqrt"])]
+    eager = predict.predict(_as_row(_losses(), "eager"))
+    assert isinstance(eager, predict.Prediction)
+    assert len(eager.kernels) <= 8  # one kernel per node would be 20 or more
+
+
+def _kl_graph(value_out: bool) -> onnx.ModelProto:
+    """F.kl_div's exported shape by hand; ``value_out``: t * (log t - x) is
+    also a graph output (then PyTorch computed it by itself)."""
+    c = lambda name, v: helper.make_node(
+        "Constant", [], [name], value=helper.make_tensor(name, TensorProto.FLOAT, [], [v])
+    )
+    nodes = [
+        helper.make_node("Log", ["t"], ["lt"]),
+        helper.make_node("Sub", ["lt", "x"], ["d"]),
+        helper.make_node("Mul", ["t", "d"], ["m"]),
+        helper.make_node("Shape", ["m"], ["s"]),
+        helper.make_node("ConstantOfShape", ["s"], ["z"]),
+        c("zero", 0.0),
+        helper.make_node("Greater", ["t", "zero"], ["g"]),
+        helper.make_node("Where", ["g", "m", "z"], ["w"]),
+        helper.make_node("ReduceSum", ["w"], ["y"], keepdims=0),
+    ]
+    vi = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+    outputs = [vi("y", [])] + ([vi("m", [4, 8])] if value_out else [])
+    graph = helper.make_graph(nodes, "g", [vi("x", [4, 8]), vi("t", [4, 8])], outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_kl_div_is_one_op_only_where_its_inner_values_are_its_own():
+    assert len(torch_ops.groups(_kl_graph(value_out=False))) == 8
+    assert torch_ops.groups(_kl_graph(value_out=True)) == {}
