@@ -21,7 +21,7 @@ own count.  ATen's composite ``kl_div`` (an xlogy, a product, a difference,
 a sum) and cosine similarity (norms, clamps, divisions, a product, a sum)
 launch more, from C++ inside one dispatch; the rows say these cost less than
 a dispatch each: KernelBench's eager KLDivLoss comes out within 1.25x, its
-CosineSimilarityLoss at 0.5-0.7x of the measured times (11 rows each).
+CosineSimilarityLoss at 0.50-0.76x of the measured times (11 rows each).
 
 ``groups`` finds these exported shapes in a model and names, for each node
 of one, the op it came from; ``ilp.baselines.unfused`` then runs each op's
