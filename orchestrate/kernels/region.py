@@ -12,7 +12,7 @@ its boundary once, for all the rules:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from orchestrate import ir
@@ -89,6 +89,73 @@ def convexity(graph: Graph, inside: frozenset[str] | set[str]) -> str | None:
                 return f"not convex: {v} leaves the set and feeds {c.name} back into it"
             frontier.append(c.name)
     return None
+
+
+@dataclass(frozen=True)
+class ConvexSets:
+    """Convexity of subsets of a fixed list of nodes (``convex_sets``), each
+    subset given by its indices in that list: worked out once over the
+    graph, then a test costs a few integer operations per member of the set.
+    A set is not convex when one of its members feeds a node outside it
+    from which one of its members is reached."""
+
+    # per member: the members reached from its consumers outside the list
+    beyond: tuple[int, ...]
+    # per member: (its consumer in the list as a bit, the members reached from it)
+    within: tuple[tuple[tuple[int, int], ...], ...]
+
+    def convex(self, indices: Iterable[int]) -> bool:
+        """Whether the members at ``indices`` form a convex set (as
+        ``convexity`` says of their names)."""
+        indices = tuple(indices)
+        mask = 0
+        for i in indices:
+            mask |= 1 << i
+        for i in indices:
+            if self.beyond[i] & mask:
+                return False
+            for bit, reached in self.within[i]:
+                if not bit & mask and reached & mask:
+                    return False
+        return True
+
+
+def convex_sets(graph: Graph, members: Sequence[str]) -> ConvexSets:
+    """The convexity test of subsets of ``members`` (distinct nodes of
+    ``graph``).  A path that leaves a set and comes back runs between its
+    first and last member in graph order, so only the nodes there are
+    walked, once, in reverse order: each gets the members reachable from it."""
+    if not members:
+        return ConvexSets((), ())
+    index = {n: i for i, n in enumerate(members)}
+    position = graph.position
+    consumers = graph.consumers
+    first = min(position[n] for n in members)
+    last = max(position[n] for n in members)
+    reached: dict[str, int] = {}  # node -> the members reachable from it (not itself)
+    for n in reversed(graph.nodes[first : last + 1]):
+        mask = 0
+        for c in consumers.get(n.name, ()):
+            if position[c.name] <= last:
+                j = index.get(c.name)
+                mask |= reached[c.name] | (0 if j is None else 1 << j)
+        reached[n.name] = mask
+    beyond = []
+    within = []
+    for n in members:
+        out = 0
+        inner = []
+        for c in consumers.get(n, ()):
+            if position[c.name] > last:
+                continue
+            j = index.get(c.name)
+            if j is None:
+                out |= reached[c.name]
+            else:
+                inner.append((1 << j, reached[c.name]))
+        beyond.append(out)
+        within.append(tuple(inner))
+    return ConvexSets(tuple(beyond), tuple(within))
 
 
 def reduce_axes(n: Node) -> tuple[int, ...]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from orchestrate.errors import UnsupportedError
 from orchestrate.ir import Graph, Node
-from orchestrate.kernels.region import ANCHORS, ROW_REDUCTIONS, reduce_axes
+from orchestrate.kernels.region import ANCHORS, ROW_REDUCTIONS, convex_sets, reduce_axes
 from orchestrate.kernels.spec import KernelSpec, Rejection, Target
 from orchestrate.templates import match_all, pattern_rules
 
@@ -84,8 +84,12 @@ def enumerate_kernels(
         for n in nodes_by_index
     ]
     result = Enumeration([])
+    convex = convex_sets(graph, members)
 
     def consider(s: frozenset[int]) -> None:
+        if not convex.convex(s):  # as region() refuses it, without walking the graph
+            result.rejected += 1
+            return
         k = match_all(graph, (members[i] for i in sorted(s)), target)
         if isinstance(k, Rejection):
             result.rejected += 1

@@ -1,0 +1,95 @@
+"""The precomputed convexity test (``kernels/region.convex_sets``) that
+enumeration asks before matching a set agrees with ``region.convexity``,
+which walks the graph from the set each time."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from orchestrate import ir
+from orchestrate.cost.devices import get_device
+from orchestrate.ir import Op
+from orchestrate.kernels.region import convex_sets, convexity
+from orchestrate.kernels.spec import Target
+from orchestrate.plan import candidates
+from orchestrate.plan.candidates import enumerate_kernels
+from tests import graphs
+
+DEVICE = get_device("h100")
+T = ir.TensorType((4,), "float32")
+
+
+def _dag(seed: int, n_nodes: int) -> ir.Graph:
+    """A random DAG of adds and exps over one input, wired to any earlier
+    node (long edges make paths that leave a set and come back)."""
+    rng = random.Random(seed)
+    names = ["x"]
+    nodes = []
+    for i in range(n_nodes):
+        k = 1 if rng.random() < 0.3 else 2
+        inputs = tuple(rng.choice(names) for _ in range(k))
+        nodes.append(ir.Node(Op.EXP if k == 1 else Op.ADD, f"n{i}", inputs, T))
+        names.append(f"n{i}")
+    return ir.Graph(tuple(nodes), (ir.Input("x", T),), (f"n{n_nodes - 1}",), {})
+
+
+def _chain_with_bypass() -> ir.Graph:
+    """a -> b -> c and a -> c: {a, c} leaves through b and comes back."""
+    return ir.Graph(
+        (
+            ir.Node(Op.EXP, "a", ("x",), T),
+            ir.Node(Op.EXP, "b", ("a",), T),
+            ir.Node(Op.ADD, "c", ("a", "b"), T),
+        ),
+        (ir.Input("x", T),),
+        ("c",),
+        {},
+    )
+
+
+def test_a_set_with_a_path_out_and_back_is_not_convex():
+    g = _chain_with_bypass()
+    members = ["a", "b", "c"]
+    sets = convex_sets(g, members)
+    assert not sets.convex([0, 2])
+    assert convexity(g, {"a", "c"}) is not None
+    assert sets.convex([0, 1, 2]) and sets.convex([0, 1]) and sets.convex([1, 2])
+    # b outside the members (another partition's): the path still leaves {a, c}
+    assert not convex_sets(g, ["a", "c"]).convex([0, 1])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_agrees_with_convexity_on_every_subset(seed):
+    g = _dag(seed, 9)
+    rng = random.Random(seed)
+    names = [n.name for n in g.nodes]
+    # the members: all nodes, or a random part (paths may leave through the rest)
+    members = names if seed % 2 else rng.sample(names, 6)
+    sets = convex_sets(g, members)
+    refused = 0
+    for k in range(1, len(members) + 1):
+        for combo in itertools.combinations(range(len(members)), k):
+            expected = convexity(g, {members[i] for i in combo}) is None
+            assert sets.convex(combo) == expected, [members[i] for i in combo]
+            refused += not expected
+    assert refused > 0 or seed % 2 == 0  # every full random DAG here has a non-convex set
+
+
+class _Everything:
+    def convex(self, indices) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_enumeration_is_the_same_without_the_shortcut(seed, monkeypatch):
+    """Skipping the non-convex sets before matching them counts them as
+    rejected, as matching them did: the same kernels, the same counts."""
+    g = graphs.random_dag(seed, 8)
+    names = [n.name for n in g.nodes]
+    fast = enumerate_kernels(g, names, Target(DEVICE))
+    monkeypatch.setattr(candidates, "convex_sets", lambda graph, members: _Everything())
+    slow = enumerate_kernels(g, names, Target(DEVICE))
+    assert fast == slow
