@@ -73,11 +73,14 @@ def region(graph: Graph, names: Iterable[str]) -> Region | Rejection:
 
 
 def convexity(graph: Graph, inside: frozenset[str] | set[str]) -> str | None:
-    """Why ``inside`` is not convex (a path leaves it and comes back), or None."""
+    """Why ``inside`` is not convex (a path leaves it and comes back), or None.
+    The set is walked in graph order, so the path named is the same in every
+    run (a set's own order follows the process's string hashing)."""
     consumers = graph.consumers
     order = graph.position
-    last = max(order[n] for n in inside)
-    frontier = [c.name for n in inside for c in consumers.get(n, ()) if c.name not in inside]
+    members = sorted(inside, key=order.__getitem__)
+    last = order[members[-1]]
+    frontier = [c.name for n in members for c in consumers.get(n, ()) if c.name not in inside]
     seen: set[str] = set()
     while frontier:
         v = frontier.pop()

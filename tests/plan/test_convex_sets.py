@@ -93,3 +93,17 @@ def test_enumeration_is_the_same_without_the_shortcut(seed, monkeypatch):
     monkeypatch.setattr(candidates, "convex_sets", lambda graph, members: _Everything())
     slow = enumerate_kernels(g, names, Target(DEVICE))
     assert fast == slow
+
+
+def test_the_path_named_does_not_depend_on_string_hashing():
+    """``convexity`` names the same path whatever order the set iterates in
+    (a set of names iterates in an order of the process's string hashing:
+    plan.json's declined reasons were different from run to run).  Each
+    order is played by a dict's keys, which iterate as inserted."""
+    g = _dag(3, 12)
+    names = [n.name for n in g.nodes]
+    refused = [c for c in itertools.combinations(names, 4) if convexity(g, set(c)) is not None]
+    assert refused
+    for combo in refused:
+        reasons = {convexity(g, dict.fromkeys(p).keys()) for p in itertools.permutations(combo)}
+        assert len(reasons) == 1, reasons
