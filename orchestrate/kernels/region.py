@@ -97,7 +97,7 @@ def convexity(graph: Graph, inside: frozenset[str] | set[str]) -> str | None:
 @dataclass(frozen=True)
 class ConvexSets:
     """Convexity of subsets of a fixed list of nodes (``convex_sets``), each
-    subset given by its indices in that list: worked out once over the
+    subset given as a bit mask over that list: worked out once over the
     graph, then a test costs a few integer operations per member of the set.
     A set is not convex when one of its members feeds a node outside it
     from which one of its members is reached."""
@@ -107,14 +107,14 @@ class ConvexSets:
     # per member: (its consumer in the list as a bit, the members reached from it)
     within: tuple[tuple[tuple[int, int], ...], ...]
 
-    def convex(self, indices: Iterable[int]) -> bool:
-        """Whether the members at ``indices`` form a convex set (as
-        ``convexity`` says of their names)."""
-        indices = tuple(indices)
-        mask = 0
-        for i in indices:
-            mask |= 1 << i
-        for i in indices:
+    def convex(self, mask: int) -> bool:
+        """Whether the members at the set bits of ``mask`` form a convex
+        set (as ``convexity`` says of their names)."""
+        rest = mask
+        while rest:
+            low = rest & -rest
+            rest ^= low
+            i = low.bit_length() - 1
             if self.beyond[i] & mask:
                 return False
             for bit, reached in self.within[i]:

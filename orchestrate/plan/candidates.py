@@ -24,7 +24,7 @@ A set can be run by a generated kernel and by a library call
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from orchestrate.errors import UnsupportedError
@@ -71,13 +71,13 @@ def enumerate_kernels(
 
     members = list(nodes)
     index = {n: i for i, n in enumerate(members)}
-    adj: list[set[int]] = [set() for _ in members]
+    adj = [0] * len(members)  # each member's neighbours in the partition, as a bit mask
     for i, n in enumerate(members):
         for inp in graph.producer[n].inputs:
             j = index.get(inp)
             if j is not None and j != i:
-                adj[i].add(j)
-                adj[j].add(i)
+                adj[i] |= 1 << j
+                adj[j] |= 1 << i
     nodes_by_index = [graph.producer[n] for n in members]
     row_keys = [
         (graph.types[n.inputs[0]].shape, reduce_axes(n)) if n.op in ROW_REDUCTIONS else None
@@ -86,19 +86,20 @@ def enumerate_kernels(
     result = Enumeration([])
     convex = convex_sets(graph, members)
 
-    def consider(s: frozenset[int]) -> None:
+    def consider(s: int) -> None:
         if not convex.convex(s):  # as region() refuses it, without walking the graph
             result.rejected += 1
             return
-        k = match_all(graph, (members[i] for i in sorted(s)), target)
+        k = match_all(graph, (members[i] for i in bits(s)), target)
         if isinstance(k, Rejection):
             result.rejected += 1
         else:
             result.kernels += k
 
-    level: dict[frozenset[int], _State] = {}
+    # a set is a bit mask over ``members``, with its state and its members' neighbours
+    level: dict[int, tuple[_State, int]] = {}
     for i in range(len(members)):  # singletons first: a plan always exists
-        level[frozenset((i,))] = _State().add(nodes_by_index[i], row_keys[i], limits)
+        level[1 << i] = (_State().add(nodes_by_index[i], row_keys[i], limits), adj[i])
         alone = match_all(graph, (members[i],), target)
         if isinstance(alone, Rejection):
             n = nodes_by_index[i]
@@ -110,18 +111,17 @@ def enumerate_kernels(
         result.kernels += alone
     result.examined = len(members)
     for _ in range(2, limits.max_nodes + 1):
-        grown: dict[frozenset[int], _State] = {}
-        for s, state in level.items():
-            around = set().union(*(adj[i] for i in s)) - s
-            for v in sorted(around):
-                t = s | {v}
+        grown: dict[int, tuple[_State, int]] = {}
+        for s, (state, near) in level.items():
+            for v in bits(near & ~s):  # its neighbours, in index order
+                t = s | 1 << v
                 if t in grown:
                     continue
                 nxt = state.add(nodes_by_index[v], row_keys[v], limits)
                 if nxt is None:
                     result.pruned += 1
                     continue
-                grown[t] = nxt
+                grown[t] = (nxt, near | adj[v])
             if result.examined + len(grown) >= limits.max_sets:
                 result.truncated = True
                 break
@@ -147,6 +147,14 @@ def enumerate_kernels(
                 result.proposed += [(rule.name, len(result.kernels) + j) for j in range(len(k))]
                 result.kernels += k
     return result
+
+
+def bits(mask: int) -> Iterator[int]:
+    """The indices of the set bits of ``mask``, smallest first."""
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
 
 
 @dataclass(frozen=True)
