@@ -21,7 +21,10 @@ MAX would hold the largest shape's memory for every shape and still need a
 graph per shape.  The Programs of the ``cache`` most recently used bindings
 are kept (least recently used dropped first, its buffers and graph freed),
 so memory is bounded by ``cache`` shapes' buffers, and a workload cycling
-through a few shapes replays graphs without recapturing.
+through a few shapes replays graphs without recapturing.  The weights are
+not a shape's: each stored constant becomes a tensor (on the device) once,
+for the first Program that needs it, and every later Program uses that one;
+only the constants cut or computed for a binding are its Program's own.
 """
 
 from __future__ import annotations
@@ -136,6 +139,9 @@ class DynamicProgram:
         self.module, self.source = kernels_module, source
         self.interpret, self.cuda_graph, self.cache = interpret, cuda_graph, cache
         self._programs: OrderedDict[Binding, Program] = OrderedDict()
+        # each stored constant as a tensor, made by the first Program that
+        # needs it and shared by every later one: one copy of the weights
+        self._resident: dict[str, object] = {}
         self._lock = threading.Lock()
         self.made = 0  # Programs made (a binding seen again after eviction counts again)
 
@@ -147,6 +153,10 @@ class DynamicProgram:
                 return found
         inst = instance(self.plan, self.family, self.constants, binding, self.source)
         codes = dict(zip(self.family.codes, binding))
+        # the stored constants, not those cut or computed for this binding
+        stored = [k for k, v in inst.graph.constants.items() if v is self.constants.get(k)]
+        with self._lock:
+            shared = {k: self._resident[k] for k in stored if k in self._resident}
         made = Program(
             inst.planned,
             inst.graph,
@@ -155,9 +165,12 @@ class DynamicProgram:
             cuda_graph=self.cuda_graph,
             indices=IndexChecks(inst.graph, inst.planned),
             dims=codes,
+            shared=shared,
         )
         with self._lock:
             self.made += 1
+            for k in stored:
+                self._resident.setdefault(k, made.constants[k])
             self._programs[binding] = made
             while len(self._programs) > self.cache:
                 self._programs.popitem(last=False)

@@ -305,6 +305,7 @@ class Program:
         indices: IndexChecks | None = None,
         dims: Mapping[str, int] | None = None,
         gpu_blocks: bool = False,
+        shared: Mapping[str, object] | None = None,
     ):
         import torch
 
@@ -324,7 +325,12 @@ class Program:
         self.input_types = {i.name: (i.shape, i.dtype) for i in plan.graph.inputs}
         self.outputs = list(plan.graph.outputs)
         self.indices = indices or IndexChecks(graph, planned)
-        self.constants = {k: self._tensor(v) for k, v in graph.constants.items()}
+        # ``shared``: constants another Program of the same bundle already
+        # holds as tensors (a range's weights, the same at every binding)
+        given = shared or {}
+        self.constants = {
+            k: given[k] if k in given else self._tensor(v) for k, v in graph.constants.items()
+        }
         # the index error flags: one int32 slot per kernel that checks on the device
         checked = list(self.indices.kernels)
         self._flags = torch.zeros(max(1, len(checked)), dtype=torch.int32, device=self.device)

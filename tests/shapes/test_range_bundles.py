@@ -303,6 +303,67 @@ def test_program_cache_is_bounded_and_reused(built):
     assert program.made == 4 and len(program.cached) == 2
 
 
+def test_every_program_shares_the_weights_made_once(built):
+    """The weights are the same at every binding: the Program of a second
+    binding (made after the first was evicted) holds the first one's
+    tensors, not copies (one copy of the weights, on a GPU too)."""
+    program = orchestrate.load(built[1]).program
+    program.cache = 1
+    first = program.program((1, 3)).constants
+    again = program.program((2, 5)).constants
+    assert program.made == 2 and program.cached == ((2, 5),)
+    assert set(first) == set(again) and {"w", "gamma", "beta"} <= set(first)
+    assert all(first[k] is again[k] for k in first)
+
+
+def _sliced_model() -> onnx.ModelProto:
+    """x[batch, seq, 16] + table[:seq] (a position table cut to the
+    sequence), @ w."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((9, 16)).astype(np.float32), "table"),
+        numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "w"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"),
+    ]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shp"]),
+        helper.make_node("Gather", ["shp", "one"], ["len"], axis=0),
+        helper.make_node("Slice", ["table", "zero", "len", "zero"], ["pos"]),
+        helper.make_node("Add", ["x", "pos"], ["h"]),
+        helper.make_node("MatMul", ["h", "w"], ["y"]),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 16])
+    m = helper.make_model(
+        helper.make_graph(nodes, "sliced", [x], [y], initializer=inits),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    m.ir_version = 8
+    return m
+
+
+def test_a_constant_cut_for_a_binding_is_its_programs_own(tmp_path):
+    """A constant cut to a binding's length differs between bindings: each
+    Program has its own, and the shared weight beside it stays shared; both
+    still compute what onnxruntime does."""
+    src, out = tmp_path / "s.onnx", tmp_path / "s.orch"
+    onnx.save(_sliced_model(), src)
+    orchestrate.optimize(src, out, shapes={"x": "1..2x2..9@5x16"}, trials=0)
+    bundle = orchestrate.load(out)
+    assert list(bundle.program.family.sliced) == ["pos"]
+    session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    programs = []
+    for batch, seq in ((1, 3), (2, 5)):
+        x = np.random.default_rng(seq).standard_normal((batch, seq, 16)).astype(np.float32)
+        (want,) = session.run(None, {"x": x})
+        np.testing.assert_allclose(bundle.run({"x": x})["y"], want, rtol=1e-4, atol=1e-5)
+        programs.append(bundle.program.program((batch, seq)).constants)
+    one, two = programs
+    assert tuple(one["pos"].shape) == (3, 16) and tuple(two["pos"].shape) == (5, 16)
+    assert one["w"] is two["w"]
+
+
 def test_program_cache_size_is_checked():
     from orchestrate.run.ranged import DynamicProgram
 
