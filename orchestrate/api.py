@@ -374,7 +374,16 @@ def _optimize_range(
         if in_place_cache:
             try:
                 said, in_place = _in_place_step(
-                    model, model_path, family, staging, options, trials, rtol, atol, progress
+                    model,
+                    model_path,
+                    family,
+                    staging,
+                    options,
+                    trials,
+                    rtol,
+                    atol,
+                    progress,
+                    made.constants,
                 )
             except OrchestrateError as e:  # the bundle stands without it: said, not fatal
                 shutil.rmtree(staging.path / bundle.IN_PLACE, ignore_errors=True)
@@ -433,12 +442,22 @@ PAD_CHECK = 5  # masked slots the in-place step is checked not to be moved by
 
 
 def _in_place_step(
-    model, model_path: Path, family: Family, staging, options, trials, rtol, atol, progress
+    model,
+    model_path: Path,
+    family: Family,
+    staging,
+    options,
+    trials,
+    rtol,
+    atol,
+    progress,
+    outer: Mapping[str, np.ndarray],
 ) -> tuple[str, dict | None]:
     """For a decode step: the step over caches kept in place
     (``frontend/decode.py``) planned for the same range, verified, and
-    written to ``bundle.IN_PLACE`` inside the staged bundle; (what to say,
-    the manifest's ``in_place`` field). Not a decode step: ("", None)."""
+    written to ``bundle.IN_PLACE`` inside the staged bundle, storing only
+    the constants that differ from ``outer`` (the outer bundle's); (what to
+    say, the manifest's ``in_place`` field). Not a decode step: ("", None)."""
     inputs = {i.name: i for i in graph_inputs(model)}
     outputs = {o.name: o for o in model.graph.output}
     try:
@@ -486,7 +505,7 @@ def _in_place_step(
     }
     dims_json = made.family.to_json()
     plan = made.plan
-    staging.write(plan, made.source, made.constants, "", info, dims_json, folder)
+    staging.write(plan, made.source, made.constants, "", info, dims_json, folder, outer)
     result = _verify_staged(
         rewritten.model,
         staging.path / folder,
@@ -499,7 +518,7 @@ def _in_place_step(
         steps,
     )
     report = _report_md(plan, result, made.family)
-    staging.write(plan, made.source, made.constants, report, info, dims_json, folder)
+    staging.write(plan, made.source, made.constants, report, info, dims_json, folder, outer)
     written = sum(k.bytes for k in plan.kernels)
     field = {
         "manifest": staging.manifest_sha256(folder),

@@ -15,7 +15,11 @@
                      a bundle of its own; the manifest's ``in_place`` holds
                      the sha256 of its manifest.json, the buffers' capacity,
                      each cache's growing axis, and the bucket past lengths
-                     are rounded up to (1: none)
+                     are rounded up to (1: none).  Its weights.npz holds only
+                     the constants that differ from the outer bundle's; its
+                     manifest's ``outer_constants`` names those it takes from
+                     the outer weights.npz (checked against the outer
+                     manifest), so the weights are stored and loaded once
 
 numpy has no bfloat16 of its own (orchestrate uses ml_dtypes' in memory), and
 an .npz of ml_dtypes arrays loads as raw bytes without pickles: a bfloat16
@@ -188,21 +192,28 @@ class Staging:
         info: dict,
         dims: dict | None = None,
         folder: str = "",
+        outer: Mapping[str, np.ndarray] | None = None,
     ) -> None:
         """``dims``: a dynamic bundle's family (``Family.to_json``);
         ``folder``: a bundle inside this one (``IN_PLACE``), whose manifest
-        ``info`` of the outer one then names by its sha256."""
+        ``info`` of the outer one then names by its sha256; ``outer``: the
+        outer bundle's constants, which the inner one does not store again
+        where it has the same (name and bytes)."""
         try:
-            self._write(plan, kernels_py, constants, report, info, dims, folder)
+            self._write(plan, kernels_py, constants, report, info, dims, folder, outer)
         except OSError as e:
             raise InputError(f"{self.out}: cannot write the bundle ({e.strerror})") from None
 
     def manifest_sha256(self, folder: str) -> str:
         return sha256(self.path / folder / "manifest.json")
 
-    def _write(self, plan, kernels_py, constants, report, info, dims, folder) -> None:
+    def _write(self, plan, kernels_py, constants, report, info, dims, folder, outer) -> None:
         path = self.path / folder
         path.mkdir(mode=folder_mode(), exist_ok=True)
+        taken = sorted(
+            k for k, v in constants.items() if outer and k in outer and same(v, outer[k])
+        )
+        constants = {k: v for k, v in constants.items() if k not in taken}
         keys = {name: f"c{i}" for i, name in enumerate(sorted(constants))}
         (path / "plan.json").write_text(json.dumps(plan.to_json(), indent=1) + "\n")
         (path / "kernels.py").write_text(kernels_py)
@@ -217,6 +228,7 @@ class Staging:
             "format": BUNDLE_FORMAT,
             **info,
             "constants": keys,
+            **({"outer_constants": taken} if taken else {}),
             "bfloat16": sorted(k for k, v in constants.items() if v.dtype == BFLOAT16),
             "files": {name: sha256(path / name) for name in files},
         }
@@ -251,6 +263,15 @@ class Staging:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
+def same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two constants are stored as the same bytes (dtype, shape and
+    every bit: a NaN equals itself, 0.0 differs from -0.0)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    bits = [_c_order(stored(x)).reshape(-1).view(np.uint8) for x in (a, b)]
+    return np.array_equal(*bits)
+
+
 def stored(arr: np.ndarray) -> np.ndarray:
     """``arr`` as weights.npz holds it: a bfloat16 array as its uint16 bit
     patterns, anything else as it is."""
@@ -274,10 +295,13 @@ class Contents:
     dims: dict | None = None  # a dynamic bundle's family, as dims.json holds it
 
 
-def read(folder: str | os.PathLike) -> Contents:
+def read(folder: str | os.PathLike, outer: Mapping[str, np.ndarray] | None = None) -> Contents:
     """The contents of a bundle.  Every file is read once, its bytes checked
     against the manifest's sha256 and then parsed (so what is checked is what
-    is used); anything malformed is an InputError naming the file."""
+    is used); anything malformed is an InputError naming the file.  An
+    in-place bundle's ``outer_constants`` are taken from ``outer`` (the outer
+    bundle's constants, read and checked already) or else read from the
+    bundle around it, checked as ``read`` checks it."""
     folder = Path(folder)
     if not folder.is_dir():
         raise InputError(f"{folder}: no such bundle folder")
@@ -307,6 +331,8 @@ def read(folder: str | os.PathLike) -> Contents:
         _json(data["plan.json"], folder, "plan.json"), templates.NAMES, f"{folder}/plan.json"
     )
     constants = _weights(data["weights.npz"], manifest["constants"], manifest["bfloat16"], folder)
+    if "outer_constants" in manifest:
+        constants.update(_outer(folder, manifest["outer_constants"], constants, outer))
     try:
         kernels_py = data["kernels.py"].decode("ascii")
     except UnicodeDecodeError:
@@ -394,12 +420,49 @@ _OPTIONAL = {
         'an object {"manifest": sha256, "past": name, "capacity": rows, "axes": {cache: axis}, '
         '"bucket": rows}',
     ),
+    # an in-place bundle's constants that are the outer bundle's (IN_PLACE)
+    "outer_constants": (
+        lambda v: (
+            isinstance(v, list)
+            and all(isinstance(x, str) for x in v)
+            and v == sorted(set(v))
+            and len(v) > 0
+        ),
+        "a sorted list of constant names",
+    ),
     # inputs bound to values by --const (frontend/constants.py)
     "bound_inputs": (
         lambda v: isinstance(v, dict) and all(_values(x) for x in v.values()),
         "an object of input name -> value",
     ),
 }
+
+
+def _outer(
+    folder: Path, names: list[str], own: Mapping[str, np.ndarray], outer
+) -> dict[str, np.ndarray]:
+    """The constants an in-place bundle at ``folder`` takes from the bundle
+    around it (its manifest's ``outer_constants``)."""
+    if folder.name != IN_PLACE:
+        raise InputError(
+            f"{folder}: manifest.json takes constants from an outer bundle, but the "
+            f"folder is not a bundle's {IN_PLACE}/"
+        )
+    twice = sorted(set(names) & set(own))
+    if twice:
+        raise InputError(
+            f"{folder}: constant '{text.shown(twice[0])}' is both in weights.npz and "
+            "among the manifest's outer_constants"
+        )
+    if outer is None:
+        outer = read(folder.parent).constants
+    missing = sorted(set(names) - set(outer))
+    if missing:
+        raise InputError(
+            f"{folder}: manifest.json takes constant '{text.shown(missing[0])}' from "
+            f"{folder.parent}, which holds no such constant"
+        )
+    return {name: outer[name] for name in names}
 
 
 def _check_manifest(manifest: dict, folder: Path) -> None:

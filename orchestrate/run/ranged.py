@@ -132,6 +132,7 @@ class DynamicProgram:
         interpret: bool,
         cuda_graph: bool = True,
         cache: int = DEFAULT_CACHE,
+        resident: dict[int, tuple[np.ndarray, object]] | None = None,
     ):
         if not isinstance(cache, int) or isinstance(cache, bool) or cache < 1:
             raise InputError(f"cache={cache!r}: expected a number of shapes >= 1")
@@ -140,8 +141,10 @@ class DynamicProgram:
         self.interpret, self.cuda_graph, self.cache = interpret, cuda_graph, cache
         self._programs: OrderedDict[Binding, Program] = OrderedDict()
         # each stored constant as a tensor, made by the first Program that
-        # needs it and shared by every later one: one copy of the weights
-        self._resident: dict[str, object] = {}
+        # needs it and used by every later one (one copy of the weights), by
+        # the identity of its array, which the entry keeps alive; a decode
+        # step's in-place bundle shares the outer bundle's (same arrays)
+        self._resident = {} if resident is None else resident
         self._lock = threading.Lock()
         self.made = 0  # Programs made (a binding seen again after eviction counts again)
 
@@ -154,9 +157,8 @@ class DynamicProgram:
         inst = instance(self.plan, self.family, self.constants, binding, self.source)
         codes = dict(zip(self.family.codes, binding))
         # the stored constants, not those cut or computed for this binding
-        stored = [k for k, v in inst.graph.constants.items() if v is self.constants.get(k)]
-        with self._lock:
-            shared = {k: self._resident[k] for k in stored if k in self._resident}
+        stored = {k: v for k, v in inst.graph.constants.items() if v is self.constants.get(k)}
+        shared = {k: self._resident[id(v)][1] for k, v in stored.items() if id(v) in self._resident}
         made = Program(
             inst.planned,
             inst.graph,
@@ -169,8 +171,8 @@ class DynamicProgram:
         )
         with self._lock:
             self.made += 1
-            for k in stored:
-                self._resident.setdefault(k, made.constants[k])
+            for k, v in stored.items():
+                self._resident.setdefault(id(v), (v, made.constants[k]))
             self._programs[binding] = made
             while len(self._programs) > self.cache:
                 self._programs.popitem(last=False)
@@ -205,10 +207,12 @@ class DynamicBundle:
         constants,
         source: str,
         interpret: bool | None,
+        resident: dict[int, tuple[np.ndarray, object]] | None = None,
     ):
         self.path, self.manifest, self.plan, self.family = path, manifest, plan, family
         self.interpret = (not gpu_available()) if interpret is None else interpret
         self._constants, self._source = constants, source
+        self._resident = {} if resident is None else resident  # DynamicProgram's
         self._program: DynamicProgram | None = None
         self._in_place: DynamicBundle | None = None
         self._making = threading.Lock()
@@ -242,6 +246,7 @@ class DynamicBundle:
                     module,
                     str(self.path),
                     interpret=self.interpret,
+                    resident=self._resident,
                 )
         return self._program
 
@@ -300,13 +305,14 @@ class DynamicBundle:
         with self._making:
             if self._in_place is None:
                 folder = self.path / bundle.IN_PLACE
-                contents = bundle.read(folder)
+                # the weights it shares with this bundle are this bundle's arrays
+                contents = bundle.read(folder, outer=self._constants)
                 if bundle.sha256(folder / "manifest.json") != field["manifest"]:
                     raise InputError(
                         f"{folder}: manifest.json is not the one {self.path}/manifest.json names "
                         "(the in-place step was replaced or changed); optimize the model again"
                     )
-                self._in_place = load_dynamic(folder, contents, self.interpret)
+                self._in_place = load_dynamic(folder, contents, self.interpret, self._resident)
         return self._in_place
 
     def generate(
@@ -394,9 +400,15 @@ class DynamicBundle:
         return list(self.plan.graph.outputs)
 
 
-def load_dynamic(out_dir: Path, contents: bundle.Contents, interpret: bool | None) -> DynamicBundle:
+def load_dynamic(
+    out_dir: Path,
+    contents: bundle.Contents,
+    interpret: bool | None,
+    resident: dict[int, tuple[np.ndarray, object]] | None = None,
+) -> DynamicBundle:
     """The dynamic bundle in ``contents``, its kernels printed again and
-    compared with the shipped kernels.py (as ``api.load``)."""
+    compared with the shipped kernels.py (as ``api.load``); ``resident``: the
+    constants' tensors it shares with another bundle (``DynamicProgram``)."""
     family = Family.from_json(contents.dims, f"{out_dir}/{bundle.DIMS}")
     mismatch = family.stored_mismatch(contents.constants)
     if mismatch is not None:  # a re-hashed dims.json claiming a range beyond what was built
@@ -421,4 +433,5 @@ def load_dynamic(out_dir: Path, contents: bundle.Contents, interpret: bool | Non
         contents.constants,
         made.source,
         interpret,
+        resident,
     )

@@ -297,6 +297,56 @@ def test_the_in_place_step_is_checked_as_part_of_the_bundle(llama, tmp_path):
         orchestrate.load(copy).in_place()
 
 
+def test_the_in_place_step_stores_and_loads_the_weights_once(llama):
+    """in_place/ keeps none of the outer bundle's constants again: its
+    manifest takes them from the outer weights.npz, loading gives the outer
+    bundle's arrays, and both steps' Programs run on the same tensors."""
+    _, out = llama
+    outer = bundle_files.read(out)
+    inner_manifest = json.loads((out / bundle_files.IN_PLACE / "manifest.json").read_text())
+    taken = inner_manifest["outer_constants"]
+    assert taken and set(taken) <= set(outer.constants)
+    assert not set(taken) & set(inner_manifest["constants"])
+    # the weights: every matmul's weight is the outer bundle's, not a copy
+    big = [k for k in taken if outer.constants[k].size >= 256]
+    assert len(big) >= 4
+    bundle = orchestrate.load(out)
+    step = bundle.in_place()
+    assert all(step._constants[k] is bundle._constants[k] for k in taken)
+    opt = bundle.program.program(bundle.family.at("opt")).constants
+    here = step.program.program(step.family.at("opt")).constants
+    assert all(here[k] is opt[k] for k in big)
+
+
+def test_weights_taken_from_the_outer_bundle_are_checked(llama, tmp_path):
+    """The outer weights.npz an in-place step reads is checked against the
+    outer manifest; a name it lacks, or the field outside an in_place/
+    folder, is refused by name."""
+    _, out = llama
+    copy = tmp_path / "copy.orch"
+    shutil.copytree(out, copy)
+    inner = copy / bundle_files.IN_PLACE
+    assert bundle_files.read(inner).constants.keys() >= set(
+        json.loads((inner / "manifest.json").read_text())["outer_constants"]
+    )
+    raw = bytearray((copy / "weights.npz").read_bytes())
+    raw[-40] ^= 1
+    (copy / "weights.npz").write_bytes(bytes(raw))
+    with pytest.raises(InputError, match="weights.npz was modified"):
+        bundle_files.read(inner)
+    shutil.copy(out / "weights.npz", copy / "weights.npz")
+    manifest = json.loads((inner / "manifest.json").read_text())
+    manifest["outer_constants"] = sorted([*manifest["outer_constants"], "zz_not_there"])
+    (inner / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match="'zz_not_there' from .* holds no such constant"):
+        bundle_files.read(inner)
+    top = json.loads((copy / "manifest.json").read_text())
+    top["outer_constants"] = ["a"]
+    (copy / "manifest.json").write_text(json.dumps(top))
+    with pytest.raises(InputError, match="not a bundle's in_place/"):
+        bundle_files.read(copy)
+
+
 def test_a_failed_in_place_step_leaves_the_bundle_without_it(tmp_path, monkeypatch):
     """Where the in-place step cannot be made, the bundle is written without
     it and optimize says why in one line; generate decodes over the concat."""
