@@ -22,7 +22,9 @@ priced like any plan; which plan stands for the runtime:
 
 The model prices a plan replayed from a CUDA graph.  A measured time also
 holds the host's time around the call, which ``harness.py`` adds: once per
-call, and per kernel where the GPU would otherwise wait for the host.  Every
+call, and per kernel where the GPU would otherwise wait for the host; and,
+in torch.compile's CUDA-graph modes, the copy of the call's inputs into the
+graph's buffers (``harness.input_copy``).  Every
 figure here is a prediction, set against a published measurement.
 """
 
@@ -37,7 +39,7 @@ from dataclasses import dataclass, replace
 import onnx
 
 from orchestrate.calibrate import torch_ops
-from orchestrate.calibrate.harness import Host, host, runtime_class
+from orchestrate.calibrate.harness import Host, host, input_copy, runtime_class
 from orchestrate.cost import learned, measurements
 from orchestrate.cost.learned import Terms
 from orchestrate.cost.measurements import Measurement
@@ -57,7 +59,9 @@ class Prediction:
     measurement: Measurement
     predicted_us: float  # as the runtime would run it (see the module doc)
     model_us: float  # the plan's own time (CUDA-graph replay)
-    kernels: tuple[Terms, ...]  # of the plan standing for the runtime, as priced
+    # what the runtime runs, as priced: the plan standing for it, after the copy
+    # of the inputs where it makes one (``harness.input_copy``)
+    kernels: tuple[Terms, ...]
     host: Host  # the harness's host time around the call (calibrate/harness.py)
 
 
@@ -161,7 +165,8 @@ def prediction(
         return Skipped(m, kernels)
     h = host(m, floors)
     model_us = sum(k.time_us for k in kernels)
-    return Prediction(m, h.total(k.time_us for k in kernels), model_us, kernels, h)
+    ran = input_copy(m) + kernels
+    return Prediction(m, h.total(k.time_us for k in ran), model_us, ran, h)
 
 
 def predict(

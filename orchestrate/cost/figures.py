@@ -170,6 +170,12 @@ HARNESS_PER_KERNEL = {"eager": 1.0, "compile": 0.25, "graph": 0.02}
 # 100; B200's max-autotune: 36 µs, then 142 and up), times no harness of that
 # mode reaches twice; the 10th percentile passes over them.
 FLOOR_QUANTILE = 0.1
+# ATen's multi-tensor kernels (``torch._foreach_copy_``, which torch.compile's
+# CUDA-graph trees run before each replay to copy a call's inputs into the
+# graph's own buffers): 65,536 elements a block of 512 threads
+# (``kChunkSize``, ``kBlockSize`` in ATen/native/cuda/MultiTensorApply.cuh).
+FOREACH_CHUNK = 65536
+FOREACH_THREADS = 512
 # A program whose tensors together are smaller than this is "small": its GPU
 # time is a few µs on any GPU of devices.py (16 MB at 1.5-8 TB/s is 2-11 µs,
 # at the slowest, a T4's 320 GB/s, 50 µs), so what was measured is mostly

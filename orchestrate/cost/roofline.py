@@ -55,6 +55,10 @@ flight, fuller waves) and each block a chain 1/S as long.  What it costs:
 
 A ``view`` (reshapes only) costs nothing and launches nothing.
 
+A ``copy`` is no kernel of a plan: it is what torch.compile runs before
+each CUDA-graph replay to copy the call's inputs into the graph's buffers,
+priced as a streaming kernel for calibrate (``calibrate/harness.py``).
+
 Library kernels (``library_matmul``, ``library_conv``, ``library_attention``:
 cuBLAS, cuDNN and SDPA through torch) have no launch configuration; their
 terms, with the library's own efficiency figures and what torch launches
@@ -92,6 +96,8 @@ from orchestrate.cost.figures import (
     BYTES_IN_FLIGHT_PER_SM,
     DRAM_LATENCY_US,
     FIXUP_LATENCIES,
+    FOREACH_CHUNK,
+    FOREACH_THREADS,
     LAUNCH_US,
     WARPS_PER_SM,
 )
@@ -268,6 +274,21 @@ def cost(graph: Graph, spec: KernelSpec, device: Device) -> Cost:
     if split_k(spec.config) > 1:  # the last program's atomic, then its loads of the partials
         latency_us += FIXUP_LATENCIES * DRAM_LATENCY_US
     return Cost(nbytes, dots + other, memory_us, compute_us, LAUNCH_US, latency_us, blocks)
+
+
+def copy(nbytes: int, elements: int, device: Device) -> Cost:
+    """A device-to-device copy of ``elements`` elements (``nbytes`` bytes) as
+    ATen's multi-tensor copy runs it (``FOREACH_CHUNK`` elements a block of
+    ``FOREACH_THREADS``): every byte read once and written once at the
+    achievable bandwidth, each wave of blocks waiting for one dependent
+    access, and a launch.  Not a kernel of a plan: torch.compile runs it
+    before a CUDA-graph replay (``calibrate/harness.py``)."""
+    blocks = max(1, math.ceil(elements / FOREACH_CHUNK))
+    waves = math.ceil(blocks / (device.sms * max(1, WARPS_PER_SM * 32 // FOREACH_THREADS)))
+    moved = 2 * nbytes
+    return Cost(
+        moved, 0, us_for_bytes(moved, device), 0.0, LAUNCH_US, waves * DRAM_LATENCY_US, blocks
+    )
 
 
 # per graph: the bytes a set moves, which do not depend on the configuration

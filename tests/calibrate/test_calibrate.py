@@ -15,10 +15,11 @@ from click.testing import CliRunner
 from orchestrate import cli
 from orchestrate.calibrate import harness, sanity
 from orchestrate.calibrate.harness import launcher, runtime_class
-from orchestrate.calibrate.predict import Prediction, options_for
+from orchestrate.calibrate.predict import Prediction, options_for, predict_all
 from orchestrate.calibrate.run import calibrate, choose
 from orchestrate.calibrate.stats import fit, ranks, spearman
 from orchestrate.cost import measurements
+from orchestrate.cost.devices import get_device
 from orchestrate.cost.figures import HARNESS_FLOOR_US, HARNESS_PER_KERNEL
 
 FIXTURE = Path(__file__).resolve().parents[1] / "cost" / "data" / "measurements.jsonl"
@@ -207,3 +208,53 @@ def test_the_command_prints_tables_and_writes_its_rows(tmp_path):
     assert r.exit_code == 2 and "no measurement row matches" in r.output
     r = CliRunner().invoke(cli.main, ["calibrate", str(tmp_path / "missing.jsonl")])
     assert r.exit_code == 2 and "missing.jsonl" in r.output and "Traceback" not in r.output
+
+
+def _program(m, inputs, initializers, nodes, runtime):
+    graph = {
+        "opsets": {"": 17},
+        "inputs": inputs,
+        "outputs": [{"name": "y", "dtype": "float32", "shape": [4096, 4096]}],
+        "initializers": initializers,
+        "nodes": nodes,
+    }
+    return replace(m, id=f"{m.id}/{runtime}", runtime=runtime, graph=graph)
+
+
+def test_cuda_graph_modes_copy_the_inputs_before_the_replay_not_the_weights():
+    """torch.compile's CUDA-graph modes copy each input into the graph's
+    buffers before the replay: one more streaming kernel, over the inputs'
+    bytes (read and written) and not the weights'; eager, the default mode and
+    max-autotune without CUDA graphs copy nothing.  Rows of one program under
+    the default mode and reduce-overhead share a plan, not the copy."""
+    base = next(m for m in measurements.load(FIXTURE) if m.gpu == "h100")
+    x = {"name": "x", "dtype": "float32", "shape": [4096, 4096]}
+    relu = [{"op": "Relu", "inputs": ["x"], "outputs": ["y"]}]
+    runtimes = (
+        "eager",
+        "torch.compile:default",
+        "torch.compile:max-autotune-no-cudagraphs",
+        "torch.compile:reduce-overhead",
+        "torch.compile:max-autotune",
+        "torch.compile:cudagraphs",
+    )
+    rows = [_program(base, [x], [], relu, r) for r in runtimes]
+    found = dict(zip(runtimes, predict_all(rows)))
+    streamed = 2 * 4096 * 4096 * 4  # read once, written once
+    for runtime, p in found.items():
+        copies = runtime in runtimes[3:]
+        assert len(p.kernels) == 1 + copies, runtime
+        if copies:
+            copy = p.kernels[0]
+            assert copy.bytes == streamed and copy.flops == 0
+            # no faster than the datasheet's bandwidth allows
+            assert copy.time_us >= streamed / (get_device("h100").bandwidth_gbs * 1e3)
+            assert p.predicted_us == pytest.approx(p.host.total(k.time_us for k in p.kernels))
+    plain, graphed = found["torch.compile:default"], found["torch.compile:reduce-overhead"]
+    assert graphed.kernels[1:] == plain.kernels and graphed.model_us == plain.model_us
+    # a weight is the module's own: only the input is copied
+    w = {"name": "w", "dtype": "float32", "shape": [4096, 4096]}
+    matmul = [{"op": "MatMul", "inputs": ["x", "w"], "outputs": ["y"]}]
+    (p,) = predict_all([_program(base, [x], [w], matmul, "torch.compile:reduce-overhead")])
+    assert p.kernels[0].bytes == streamed
+    assert harness.input_copy(replace(rows[0], runtime="orchestrate")) == ()
