@@ -10,17 +10,24 @@ under torch.compile's default mode and 69.8 µs under reduce-overhead, and
 the same programs took 2-3 times as long on Modal's hosts, so no one figure
 fits every timing file.
 
-So each timing file's **floor** is read from the file itself: the time of
-its fastest *small* programs (every tensor of one together under
-``SMALL_BYTES``, so its GPU time is a few microseconds on any GPU here and
-what was measured is almost all host), their 10th percentile
-(``FLOOR_QUANTILE``), past a few outliers.  A file without a small program (the
-post-2025-07-02 sizes, where everything takes milliseconds) takes the
-default floor of its launcher (``figures.HARNESS_FLOOR_US``: together.ai's
-H100 figures).  Of a floor, ``figures.HARNESS_PER_KERNEL`` recurs per
+So each timing file's **floor** is read from the file itself, from its
+*small* programs (every tensor of one together under ``SMALL_BYTES``, so
+its GPU time is a few microseconds on any GPU here and what was measured is
+almost all host).  Of a floor, ``figures.HARNESS_PER_KERNEL`` recurs per
 kernel (a launch, a dispatch) and the rest is paid once per call:
 
     predicted = floor x (1 - share) + sum over kernels of max(kernel, floor x share)
+
+Each small program, with the kernels its plan has, implies a floor (its time
+over ``1 - share + share x kernels``); the file's floor is the one of these
+with which the formula above misses the file's small programs least (the
+sum of ``|log(predicted / measured)|``): about their median, so neither the
+few programs far below the rest (a file's 6 µs outliers among 100 µs
+programs) nor a slow tail moves it, and an eager program of three ops is not
+taken for a slower host.  A file without a small program (the
+post-2025-07-02 sizes, where everything takes milliseconds) takes the
+default floor of its launcher (``figures.HARNESS_FLOOR_US``: together.ai's
+H100 figures).
 
 Eager's share is 1 (each op pays the whole dispatch), torch.compile's 0.25
 (a Triton launch per kernel after the guards), a CUDA graph's 0.02 (a graph
@@ -42,13 +49,12 @@ H100_PCIe files).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from orchestrate.cost import roofline
 from orchestrate.cost.devices import get_device
 from orchestrate.cost.figures import (
-    FLOOR_QUANTILE,
     HARNESS_FLOOR_US,
     HARNESS_PER_KERNEL,
     SMALL_BYTES,
@@ -152,20 +158,38 @@ def _itemsize(dtype: str) -> int:
     return np.dtype(dtype).itemsize
 
 
-def floors(rows: Iterable[Measurement]) -> dict[tuple[str, str, str], float]:
-    """Each timing file's floor: the ``FLOOR_QUANTILE`` of its small programs'
-    times (module doc)."""
-    small: dict[tuple[str, str, str], list[float]] = {}
-    for m in rows:
-        if m.source.timing and nbytes(m) < SMALL_BYTES:
-            small.setdefault(timing_file(m), []).append(m.time_us)
-    return {key: _low(times) for key, times in small.items()}
+def small(m: Measurement) -> bool:
+    """Whether row ``m`` is one its timing file's floor is read from (the
+    module doc): a small program, from a timing file, launched by a host."""
+    return bool(m.source.timing) and host(m) is not NONE and nbytes(m) < SMALL_BYTES
 
 
-def _low(times: list[float]) -> float:
-    """The ``FLOOR_QUANTILE`` of ``times`` (the fastest of fewer than ten)."""
-    ordered = sorted(times)
-    return ordered[int(FLOOR_QUANTILE * len(ordered))]
+def floors(
+    rows: Iterable[tuple[Measurement, Sequence[float]]],
+) -> dict[tuple[str, str, str], float]:
+    """Each timing file's floor (the module doc), from its small programs:
+    ``rows`` are (row, the GPU times of the kernels it runs); rows that are
+    not ``small`` are passed over."""
+    by_file: dict[tuple[str, str, str], list[tuple[float, Sequence[float], float]]] = {}
+    for m, kernels in rows:
+        if small(m) and kernels:
+            share = HARNESS_PER_KERNEL[launcher(m.runtime)]
+            by_file.setdefault(timing_file(m), []).append((m.time_us, kernels, share))
+    return {key: _fit(programs) for key, programs in by_file.items()}
+
+
+def _fit(programs: Sequence[tuple[float, Sequence[float], float]]) -> float:
+    """Of the floors the programs (time, kernel times, share) imply, the one
+    that misses them least (the module doc); ties to the lowest."""
+    implied = sorted({t / (1 - share + share * len(k)) for t, k, share in programs})
+
+    def miss(floor: float) -> float:
+        return sum(
+            abs(math.log(Host(floor * (1 - share), floor * share).total(k) / t))
+            for t, k, share in programs
+        )
+
+    return min(implied, key=miss)
 
 
 def host(m: Measurement, floors_us: dict[tuple[str, str, str], float] | None = None) -> Host:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 
 import onnx
 
-from orchestrate.calibrate import torch_ops
+from orchestrate.calibrate import harness, torch_ops
 from orchestrate.calibrate.harness import Host, host, input_copy, runtime_class
 from orchestrate.cost import learned, measurements
 from orchestrate.cost.learned import Terms
@@ -156,6 +156,12 @@ def _plan_key(m: Measurement) -> tuple[str, str, bool, bool]:
     return program_key(m), m.gpu, op_by_op(m.runtime), generated_gemms(m.runtime)
 
 
+def ran(m: Measurement, kernels: tuple[Terms, ...]) -> tuple[Terms, ...]:
+    """What row ``m``'s runtime runs of its plan's ``kernels``: the copy of
+    its inputs first, where the runtime makes one (``harness.input_copy``)."""
+    return input_copy(m) + kernels
+
+
 def prediction(
     m: Measurement, kernels: tuple[Terms, ...] | str, floors: dict | None = None
 ) -> Prediction | Skipped:
@@ -165,8 +171,8 @@ def prediction(
         return Skipped(m, kernels)
     h = host(m, floors)
     model_us = sum(k.time_us for k in kernels)
-    ran = input_copy(m) + kernels
-    return Prediction(m, h.total(k.time_us for k in ran), model_us, ran, h)
+    runs = ran(m, kernels)
+    return Prediction(m, h.total(k.time_us for k in runs), model_us, runs, h)
 
 
 def predict(
@@ -188,13 +194,21 @@ def predict_all(
     progress=None,
     cost: str = "analytic",
     jobs: int = 1,
-    floors: dict | None = None,
+    among: Iterable[Measurement] = (),
 ) -> list[Prediction | Skipped]:
     """Every row's prediction (``progress(done, total)`` over the distinct
-    plans); each program is made once, and planned once per standing plan (``_plan_key``), in ``jobs`` processes."""
+    plans); each program is made once, and planned once per standing plan
+    (``_plan_key``), in ``jobs`` processes.  Each timing file's floor
+    (``harness.floors``) is read from its small programs among ``rows`` and
+    ``among`` (the rest of the files' rows), which are planned too."""
     rows = list(rows)
+    files = {harness.timing_file(m) for m in rows}
+    ids = {m.id for m in rows}
+    floor_rows = [m for m in rows if harness.small(m)] + [
+        m for m in among if m.id not in ids and harness.timing_file(m) in files and harness.small(m)
+    ]
     first: dict[tuple, Measurement] = {}
-    for m in rows:
+    for m in rows + floor_rows:
         first.setdefault(_plan_key(m), m)
     # a worker takes whole programs, so that each fission is made once
     by_program: dict[str, list[Measurement]] = {}
@@ -220,4 +234,9 @@ def predict_all(
             done += len(batch[0])
             if progress is not None:
                 progress(done, len(first))
+    floors = harness.floors(
+        (m, [k.time_us for k in ran(m, kernels)])
+        for m in floor_rows
+        if not isinstance(kernels := found[_plan_key(m)], str)
+    )
     return [prediction(m, found[_plan_key(m)], floors) for m in rows]

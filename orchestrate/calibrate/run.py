@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from orchestrate.calibrate import harness, sanity
+from orchestrate.calibrate import sanity
 from orchestrate.calibrate.harness import runtime_class
 from orchestrate.calibrate.predict import Prediction, Skipped, predict_all
 from orchestrate.cost import measurements
@@ -52,7 +52,7 @@ def calibrate(
     chosen = choose(rows, gpus, runtimes, kinds)
     if not chosen:
         raise InputError("no measurement row matches the --gpu, --runtime and --kind given")
-    done = predict_all(chosen, progress, jobs=jobs, floors=harness.floors(rows))
+    done = predict_all(chosen, progress, jobs=jobs, among=rows)
     found, suspect = sanity.set_aside([p for p in done if isinstance(p, Prediction)], rows)
     return found, [s for s in done if isinstance(s, Skipped)] + suspect
 

@@ -151,7 +151,7 @@ LIBRARY_HOST_US = 7.0
 # A published time includes the host's time around the call: Python, the
 # dispatcher, torch.compile's guards, a CUDA graph's bookkeeping; the GPU
 # waits meanwhile (calibrate/harness.py).  Each timing file's floor is read
-# from its own small programs (FLOOR_QUANTILE); these are the defaults for a
+# from its own small programs (harness.floors); these are the defaults for a
 # file without one, microseconds, by who launches the kernels.  Source: the
 # fastest level-1 program in KernelBench's H100_together timing files
 # (commit a6dea99): eager 12.5 µs (22_Tanh), torch.compile default 39.6 µs
@@ -163,13 +163,6 @@ HARNESS_FLOOR_US = {"eager": 12.5, "compile": 39.6, "graph": 69.8}
 # about 14 µs more per op (1.0 of its floor), torch.compile default about
 # 10 µs per kernel (0.25), the CUDA-graph modes 1-2 µs (0.02).
 HARNESS_PER_KERNEL = {"eager": 1.0, "compile": 0.25, "graph": 0.02}
-# Which of a timing file's small programs' times is its floor: the 10th
-# percentile, not the fastest.  Measured: most files' small programs start
-# within 5% of each other, but a few files hold outliers far below the rest
-# (RTX_3090_Ti's torch.compile default: 6, 6, 10, 13, 16 µs, then a median of
-# 100; B200's max-autotune: 36 µs, then 142 and up), times no harness of that
-# mode reaches twice; the 10th percentile passes over them.
-FLOOR_QUANTILE = 0.1
 # ATen's multi-tensor kernels (``torch._foreach_copy_``, which torch.compile's
 # CUDA-graph trees run before each replay to copy a call's inputs into the
 # graph's own buffers): 65,536 elements a block of 512 threads

@@ -52,24 +52,24 @@ def test_runtimes_and_who_launches_their_kernels():
 
 
 def test_the_harness_floor_is_read_from_each_timing_files_small_programs():
-    """The h100 eager row's file has one small program (0.25 ms): its floor;
-    a row of a file with no small program takes the launcher's default, and a
-    row timed alone (runtime orchestrate) has no host time."""
+    """The h100 eager row's file has one small program (0.25 ms, one op): its
+    floor, read through the real caller; a row of a file with no small
+    program takes the launcher's default, and a row timed alone (runtime
+    orchestrate) has no host time."""
     rows = measurements.load(FIXTURE)
     eager = next(m for m in rows if m.runtime == "eager" and m.gpu == "h100")
-    floors = harness.floors(rows)
-    assert floors[harness.timing_file(eager)] == pytest.approx(250.0)
-    h = harness.host(eager, floors)
-    assert (h.call_us, h.per_kernel_us) == (0.0, 250.0)  # eager: every op pays it
-    assert h.total([10.0, 300.0]) == 550.0
+    (p,) = predict_all([eager])
+    assert (p.host.call_us, p.host.per_kernel_us) == (0.0, 250.0)  # eager: every op pays it
+    assert p.predicted_us == pytest.approx(250.0)
+    assert p.host.total([10.0, 300.0]) == 550.0
     compiled = replace(
         eager, runtime="torch.compile:default", source=replace(eager.source, timing="x")
     )
-    h = harness.host(compiled, floors)
+    h = harness.host(compiled, harness.floors([(eager, [1.0])]))
     share = HARNESS_PER_KERNEL["compile"]
     assert h.per_kernel_us == pytest.approx(HARNESS_FLOOR_US["compile"] * share)
     assert h.call_us + h.per_kernel_us == pytest.approx(HARNESS_FLOOR_US["compile"])
-    assert harness.host(replace(eager, runtime="orchestrate"), floors).total([3.0]) == 3.0
+    assert harness.host(replace(eager, runtime="orchestrate")).total([3.0]) == 3.0
 
 
 def _copies(m, times, timing="t.json", gpu=None):
@@ -86,13 +86,38 @@ def _copies(m, times, timing="t.json", gpu=None):
     ]
 
 
-def test_the_floor_passes_over_a_few_outliers_below_the_rest():
-    """Twenty small programs, two far below the rest: the floor is the 10th
-    percentile (the third fastest), not the fastest."""
+def test_the_floor_passes_over_a_few_outliers_and_a_slow_tail():
+    """Twenty small one-op programs, two far below the rest and two far
+    above: the floor is the one that misses them least, between the two
+    middle times (47 and 48 µs), whatever the outliers."""
     eager = next(m for m in measurements.load(FIXTURE) if m.runtime == "eager")
-    rows = _copies(eager, [5.0, 6.0] + [40.0 + i for i in range(18)])
-    assert harness.floors(rows) == {harness.timing_file(rows[0]): 40.0}
-    assert harness.floors(rows[:3]) == {harness.timing_file(rows[0]): 5.0}
+    times = [5.0, 6.0] + [40.0 + i for i in range(16)] + [400.0, 900.0]
+    rows = _copies(eager, times)
+    floor = harness.floors((m, [1.0]) for m in rows)[harness.timing_file(rows[0])]
+    assert 47.0 <= floor <= 48.0
+    calmer = _copies(eager, [45.0, 46.0] + times[2:18] + [60.0, 61.0])
+    assert harness.floors((m, [1.0]) for m in calmer)[harness.timing_file(rows[0])] == floor
+
+
+def test_the_floor_is_per_op_for_eager_and_per_call_for_a_graph():
+    """Eager pays the floor for every op: one-op programs at 20 µs and
+    three-op programs at 60 µs imply one floor of 20 µs, and each is then
+    predicted exactly.  A CUDA graph pays it once per call (2% per kernel):
+    the same times imply two floors, and the fit takes the one that the
+    larger group of programs implies (three at 60 µs against two at 20)."""
+    eager = next(m for m in measurements.load(FIXTURE) if m.runtime == "eager")
+    rows = _copies(eager, [20.0, 20.0, 60.0, 60.0, 60.0])
+    kernels = [[1.0], [1.0], [1.0] * 3, [1.0] * 3, [1.0] * 3]
+    floor = harness.floors(zip(rows, kernels))[harness.timing_file(rows[0])]
+    assert floor == pytest.approx(20.0)
+    for m, k in zip(rows, kernels):
+        assert harness.host(m, {harness.timing_file(m): floor}).total(k) == pytest.approx(m.time_us)
+    graphed = [replace(m, runtime="torch.compile:reduce-overhead") for m in rows]
+    floor = harness.floors(zip(graphed, kernels))[harness.timing_file(rows[0])]
+    assert floor == pytest.approx(60.0 / (0.98 + 0.06))
+    # a row not from a timing file sets no floor
+    big = replace(rows[0], source=replace(rows[0].source, timing=""))
+    assert harness.floors([(big, [1.0])]) == {}
 
 
 def _predicted(rows):
