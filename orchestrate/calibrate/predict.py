@@ -17,7 +17,15 @@ priced like any plan; which plan stands for the runtime:
   epilogue): the plan with library GEMMs and convolutions only;
 * ``torch.compile:max-autotune*`` (Inductor also tries Triton GEMM and
   convolution templates with fused epilogues): the plan itself, generated
-  kernels and library calls competing;
+  kernels and library calls competing; but a program with a convolution
+  stays with library calls, as under the default mode.  Inductor has no
+  Triton template for transposed, dilated or 1-D convolutions, and its 2-D
+  and 3-D templates are not this project's convolution kernel: where they
+  compete, on the H100 and the L4, every level-1 convolution measured
+  within 4% of the default mode's time (cuDNN), while this project's
+  generated convolution is priced 2-4x faster than that (a prediction no GPU
+  has checked), so it cannot stand for Inductor's templates
+  (docs/calibration.md);
 * anything else (``orchestrate``, a kernel timed alone): the plan.
 
 The model prices a plan replayed from a CUDA graph.  A measured time also
@@ -78,22 +86,28 @@ def op_by_op(runtime: str) -> bool:
     return runtime_class(runtime) in ("eager", "cudagraphs")
 
 
-def generated_gemms(runtime: str) -> bool:
-    """Whether the runtime may run a GEMM or convolution as a generated kernel
-    (torch.compile's max-autotune modes) rather than a library call."""
-    return runtime_class(runtime) == "compile" and "max-autotune" in runtime
+def _convolves(m: Measurement) -> bool:
+    return any(n["op"] in CONVS for n in m.graph["nodes"])
+
+
+def generated_gemms(m: Measurement) -> bool:
+    """Whether row ``m``'s runtime may run a GEMM or attention as a generated
+    kernel rather than a library call: torch.compile's max-autotune modes,
+    in a program without a convolution (the module doc)."""
+    return (
+        runtime_class(m.runtime) == "compile" and "max-autotune" in m.runtime and not _convolves(m)
+    )
 
 
 def options_for(m: Measurement) -> PlanOptions:
     """The plan options standing for the row's runtime (see the module doc):
     TF32 where the program has a convolution, as PyTorch lets cuDNN by default
     (eager and torch.compile alike: Inductor calls cuDNN for convolutions)."""
-    ops = {n["op"] for n in m.graph["nodes"]}
-    backends = ("triton", "library") if generated_gemms(m.runtime) else ("library",)
+    backends = ("triton", "library") if generated_gemms(m) else ("library",)
     return PlanOptions(
         device=m.gpu,
         gemm_backends=backends,
-        tf32=bool(ops & CONVS),
+        tf32=_convolves(m),
         time_limit=30.0,
         reproducible=True,
     )
@@ -153,7 +167,7 @@ def priced(m: Measurement, graphs: Graphs, cost: str) -> tuple[Terms, ...] | str
 def _plan_key(m: Measurement) -> tuple[str, str, bool, bool]:
     """Rows whose kernels are the same: one program, one GPU, op by op or
     not, generated GEMMs or not."""
-    return program_key(m), m.gpu, op_by_op(m.runtime), generated_gemms(m.runtime)
+    return program_key(m), m.gpu, op_by_op(m.runtime), generated_gemms(m)
 
 
 def ran(m: Measurement, kernels: tuple[Terms, ...]) -> tuple[Terms, ...]:
