@@ -165,10 +165,10 @@ HARNESS_FLOOR_US = {"eager": 12.5, "compile": 39.6, "graph": 69.8}
 HARNESS_PER_KERNEL = {"eager": 1.0, "compile": 0.25, "graph": 0.02}
 # ATen's multi-tensor kernels (``torch._foreach_copy_``, which torch.compile's
 # CUDA-graph trees run before each replay to copy a call's inputs into the
-# graph's own buffers): 65,536 elements a block of 512 threads
-# (``kChunkSize``, ``kBlockSize`` in ATen/native/cuda/MultiTensorApply.cuh).
+# graph's own buffers): 65,536 elements a block (``kChunkSize`` in
+# ATen/native/cuda/MultiTensorApply.cuh)
 FOREACH_CHUNK = 65536
-# (the same header's ``kBlockSize``)
+# of 512 threads (the same header's ``kBlockSize``)
 FOREACH_THREADS = 512
 # A program whose tensors together are smaller than this is "small": its GPU
 # time is a few µs on any GPU of devices.py (16 MB at 1.5-8 TB/s is 2-11 µs,
