@@ -1,4 +1,5 @@
-"""What the timing harness adds to a measured program: the host's time.
+"""What a measured program's time holds besides its kernels: the host's
+time around the call, and the copy of its inputs a CUDA graph makes.
 
 A published time is what a harness measured around one call of the program
 (KernelBench: CUDA events around ``model(*inputs)``, mean of 100 trials).
@@ -40,10 +41,10 @@ every input of the call that is not a parameter or buffer of the module
 into the graph's own buffers before each replay (``CUDAGraphNode.run``, one
 ``torch._foreach_copy_``).  That is GPU time, not host time: an elementwise
 program over a 6.4 GB input moves twice the bytes it moves eager.
-``input_copy`` is that kernel, priced by ``cost/roofline.copy``.  Measured: the H100 PCIe's
-level-1 elementwise programs at 4096 x 393216 fp32 take 6.95-6.99 ms eager and
-under the default mode, 14.9-15.0 ms under reduce-overhead (KernelBench's
-H100_PCIe files).
+``input_copy`` is that kernel, priced by ``cost/roofline.copy``.  Measured:
+the H100 PCIe's level-1 elementwise programs at 4096 x 393216 fp32 take
+6.95-6.99 ms eager and under the default mode, 14.9-15.0 ms under
+reduce-overhead (KernelBench's H100_PCIe files).
 """
 
 from __future__ import annotations
