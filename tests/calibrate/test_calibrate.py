@@ -291,3 +291,21 @@ def test_cuda_graph_modes_copy_the_inputs_before_the_replay_not_the_weights():
     (p,) = predict_all([_program(base, [x], [w], matmul, "torch.compile:reduce-overhead")])
     assert p.kernels[0].bytes == streamed
     assert harness.input_copy(replace(rows[0], runtime="orchestrate")) == ()
+
+
+def test_a_rows_floor_does_not_depend_on_which_rows_were_chosen():
+    """``calibrate --kind`` or ``--gpu`` predicts some rows of a timing file;
+    the file's floor still comes from all its small programs, which
+    ``predict_all`` plans for the purpose (``among``), not from the chosen
+    rows only, and not the launcher's default."""
+    small = next(m for m in measurements.load(FIXTURE) if m.runtime == "eager" and m.gpu == "h100")
+    x = {"name": "x", "dtype": "float32", "shape": [4096, 4096]}
+    relu = [{"op": "Relu", "inputs": ["x"], "outputs": ["y"]}]
+    large = replace(_program(small, [x], [], relu, "eager"), id="large")
+    assert harness.small(small) and not harness.small(large)
+    (alone,) = predict_all([large])
+    (chosen,) = predict_all([large], among=[small, large])
+    both = dict(zip(("large", "small"), predict_all([large, small])))
+    assert alone.host.per_kernel_us == HARNESS_FLOOR_US["eager"]
+    assert chosen.host == both["large"].host and chosen.host.per_kernel_us == pytest.approx(250.0)
+    assert chosen.predicted_us == pytest.approx(both["large"].predicted_us)
