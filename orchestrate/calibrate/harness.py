@@ -102,9 +102,8 @@ def input_copy(m: Measurement) -> tuple[Terms, ...]:
     inputs = m.graph["inputs"]
     if not copies_inputs(m.runtime) or not inputs:
         return ()
-    sizes = [math.prod(int(d) for d in t["shape"]) for t in inputs]
-    nbytes = sum(n * _itemsize(t["dtype"]) for n, t in zip(sizes, inputs))
-    cost = roofline.copy(nbytes, sum(sizes), get_device(m.gpu))
+    sizes = [_elements(t) for t in inputs]
+    cost = roofline.copy(sum(map(_bytes, inputs)), sum(sizes), get_device(m.gpu))
     dtype = max(zip(sizes, (t["dtype"] for t in inputs)))[1]
     return (
         Terms(
@@ -145,12 +144,16 @@ def timing_file(m: Measurement) -> tuple[str, str, str]:
 
 def nbytes(m: Measurement) -> int:
     """Every tensor of the program (inputs, outputs, weights) together."""
-    g = m.graph
-    return sum(
-        math.prod(int(d) for d in t["shape"] if isinstance(d, int)) * _itemsize(t["dtype"])
-        for part in ("inputs", "outputs", "initializers")
-        for t in g[part]
-    )
+    return sum(_bytes(t) for part in ("inputs", "outputs", "initializers") for t in m.graph[part])
+
+
+def _elements(t: dict) -> int:
+    """A described tensor's elements (its fixed dimensions)."""
+    return math.prod(int(d) for d in t["shape"] if isinstance(d, int))
+
+
+def _bytes(t: dict) -> int:
+    return _elements(t) * _itemsize(t["dtype"])
 
 
 def _itemsize(dtype: str) -> int:
