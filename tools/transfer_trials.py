@@ -26,7 +26,10 @@ on the GPU's other rows:
 Then the ``bound`` columns: the base model (no row of the GPU) corrected by
 the exact median miss of *all* the GPU's rows, of each timing file's, and
 of each timing file's rows of one kind: what any offset adapted from k rows
-could reach at best.
+could reach at best.  And ``own rows``: no GPU left out, the model trained
+on the other GPUs' rows and four fifths of the GPU's own, scored on the
+fifth left (5-fold, every row scored once): what the features can tell of
+that GPU's rows given far more than k of them.
 
 Last, a second table: each GPU's rows predicted by another GPU's *measured*
 times of the same programs (the runtime, level and sizes), scaled by their
@@ -212,6 +215,25 @@ def bounds(rows: Sequence[tuple[str, str, Sample]], gpu: str) -> list[float]:
     return out
 
 
+FOLDS = 5
+
+
+def own_rows(rows: Sequence[Sample], gpu: str, folds: int = FOLDS) -> tuple[float, float]:
+    """The error factor and Spearman on the GPU's rows of models trained on
+    the other GPUs' rows and the rest of its own (``folds``-fold, each row
+    scored once, by a model that did not see it)."""
+    mine = [s for s in rows if s.gpu == gpu]
+    rest = [s for s in rows if s.gpu != gpu]
+    order = np.random.default_rng(0).permutation(len(mine))
+    pairs = []
+    for f in range(folds):
+        scored = set(order[f::folds].tolist())
+        trained = rest + [s for j, s in enumerate(mine) if j not in scored]
+        pairs += corrected(fit_booster(trained), [s for j, s in enumerate(mine) if j in scored])
+    found = fit(pairs)
+    return found.error, found.spearman
+
+
 def program_key(row_id: str) -> tuple[str, ...]:
     """A row's program on any GPU: its runtime, level and program (with sizes)."""
     return tuple(row_id.split("/")[2:5])
@@ -251,7 +273,7 @@ def main(argv: Sequence[str]) -> int:
     samples = [s for _, _, s in rows]
     gpus = sorted({s.gpu for s in samples} & set(DEVICE_EXTRA))
     head = [f"{name} k={K}" for name in ("study, k at random", *TRIALS)]
-    head += ["bound: GPU", "file", "file+kind"]
+    head += ["bound: GPU", "file", "file+kind", f"own rows ({FOLDS}-fold)"]
     print("| GPU left out | " + " | ".join(head) + " |")
     print("|---" * (len(head) + 1) + "|")
     for gpu in gpus:
@@ -260,6 +282,7 @@ def main(argv: Sequence[str]) -> int:
         tried += [trial(samples, gpu, *t) for t in TRIALS.values()]
         cells = [f"{e:.2f}x {r:.2f}" for e, r in tried]
         cells += [f"{b:.2f}x" for b in bounds(rows, gpu)]
+        cells.append("{:.2f}x {:.2f}".format(*own_rows(samples, gpu)))
         print(f"| {gpu} | " + " | ".join(cells) + " |", flush=True)
     print()
     print("| GPU | predicted by the measured times of | programs shared | error | Spearman |")
