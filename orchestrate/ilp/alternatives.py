@@ -9,11 +9,14 @@ candidates, and the optimum of the same program with them removed.  That is
 one more solve per (distinct partition, rule fired there); partitions where
 no rule fired cost nothing.
 
-The re-solves are independent of each other and of the plan, and much of
-their time is CBC's own process: ``fired_all`` runs them side by side, one
-thread each, up to one per core (at most ``MAX_WORKERS``) at a time, each
-with its share of the planning's time left by size, as ``timeshare`` shares it.
-The figures do not depend on the order they finish in.
+A partition's program is built once for all its rules and re-solved with
+each rule's candidates barred in turn (``program.solve_each_without``):
+building it in PuLP took as long as CBC's search.  The partitions are
+independent of each other and of the plan, and much of their time is CBC's
+own process: ``fired_all`` runs them side by side, one thread each, up to
+one per core (at most ``MAX_WORKERS``) at a time, each re-solve with its
+share of the planning's time left by size, as ``timeshare`` shares it.  The
+figures do not depend on the order they finish in.
 
 Under ``--memory-budget`` the figures are those of the unbudgeted programs
 (the fastest plan per partition), which is what the rules changed.
@@ -22,9 +25,9 @@ Under ``--memory-budget`` the figures are those of the unbudgeted programs
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from orchestrate.cost.roofline import Prices
 from orchestrate.ilp import program, timeshare
@@ -52,24 +55,31 @@ def fired_all(
 ) -> list[list[Fired]]:
     """For each (program, its solution): the pattern rules whose candidates
     the solution chose, each with the program re-solved without that rule's
-    candidates; the re-solves run side by side (module doc).  ``left``: the
-    planning's time left."""
+    candidates (module doc).  ``left``: the planning's time left."""
     jobs = [(i, *used) for i, (prob, sol) in enumerate(solved) for used in _used(prob, sol)]
     sizes = [timeshare.size(solved[i][0]) for i, *_ in jobs]
+    mine = {
+        i: [j for j, job in enumerate(jobs) if job[0] == i] for i in sorted({i for i, *_ in jobs})
+    }
 
-    def price(j: int) -> Fired | None:
-        i, rule, drop, used = jobs[j]
+    def price(i: int) -> list[Fired | None]:
+        """The figures of program ``i``'s rules, from one program re-solved."""
         prob, sol = solved[i]
-        until = timeshare.share(left(), sizes[j:])()
-        return _priced(prob, sol, rule, drop, used, prices, until, recompute)
+        at = mine[i]
+        found = prob.solve_each_without(
+            prices,
+            [jobs[j][2] for j in at],
+            lambda n: timeshare.share(left(), sizes[at[n] :])(),
+            recompute=recompute,
+        )
+        return [_priced(prob, sol, jobs[j][1], jobs[j][3], f) for j, f in zip(at, found)]
 
-    workers = max(1, min(len(jobs), os.cpu_count() or 1, MAX_WORKERS))
+    workers = max(1, min(len(mine), os.cpu_count() or 1, MAX_WORKERS))
     with ThreadPoolExecutor(workers, thread_name_prefix="orchestrate-rule") as pool:
-        found = list(pool.map(price, range(len(jobs))))
+        figures = dict(zip(mine, pool.map(price, mine)))
     out: list[list[Fired]] = [[] for _ in solved]
-    for (i, *_), f in zip(jobs, found):
-        if f is not None:
-            out[i].append(f)
+    for i, found in figures.items():
+        out[i] = [f for f in found if f is not None]
     return out
 
 
@@ -90,36 +100,18 @@ def _priced(
     prob: Problem,
     sol: program.Solution,
     rule: str,
-    drop: set[int],
     used: set[int],
-    prices: Prices,
-    time_limit,
-    recompute: bool,
+    alt: program.Solution | Exception,
 ) -> Fired | None:
-    """``rule``'s figures: the partition re-solved without ``drop``, or None
-    where there is no fair figure."""
-    try:
-        alt = without(prob, drop).solve(prices, time_limit=time_limit, recompute=recompute)
-    except program.NoPlanInTime:
-        return None  # no figure without the rule in the time (the plan stands)
-    except program.NoPlan:
-        return None  # no plan at all without it (it keeps a tensor too large off memory)
+    """``rule``'s figures from ``alt``, the partition re-solved without its
+    candidates, or None where there is no fair figure."""
+    if isinstance(alt, (program.NoPlanInTime, program.NoPlan)):
+        return None  # no figure in the time, or no plan at all without it (it
+        # keeps a tensor too large off memory): the plan stands
+    if isinstance(alt, Exception):
+        raise alt
     if alt.status == program.GREEDY:
         return None  # only the greedy plan in the time: no fair figure either
     return Fired(
         rule, tuple(prob.kernels[i] for i in sorted(used)), sol.objective_us, alt.objective_us
-    )
-
-
-def without(prob: Problem, drop: set[int]) -> Problem:
-    """``prob`` without the candidates at ``drop`` (the warm start is kept
-    when it uses none of them)."""
-    keep = [i for i in range(len(prob.kernels)) if i not in drop]
-    moved: Mapping[int, int] = {old: new for new, old in enumerate(keep)}
-    warm = [program.Choice(moved[c.kernel], c.writes) for c in prob.warm if c.kernel in moved]
-    return replace(
-        prob,
-        kernels=[prob.kernels[i] for i in keep],
-        costs=[prob.costs[i] for i in keep],
-        warm=warm if len(warm) == len(prob.warm) else [],
     )

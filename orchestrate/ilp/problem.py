@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from orchestrate.cost.roofline import Cost, Prices
+from orchestrate.errors import InputError
 from orchestrate.ilp import program
 from orchestrate.ilp.baselines import Priced
 from orchestrate.ilp.partition import Partition
@@ -47,14 +48,8 @@ class Problem:
     def solve(
         self, prices: Prices, *, time_limit, recompute, budget=None, budget_exempt=frozenset()
     ) -> program.Solution:
-        graph = prices.graph
         return program.solve(
-            self.kernels,
-            self.costs,
-            {t: prices.write_us(t) for k in self.kernels for t in k.optional},
-            {t: graph.types[t].nbytes for k in self.kernels for t in (*k.outputs, *k.optional)},
-            set(self.part.inputs),
-            list(self.part.outputs),
+            *self._data(prices),
             warm=self.warm,
             time_limit=time_limit,
             recompute=recompute,
@@ -62,7 +57,36 @@ class Problem:
             name=f"partition {self.part.index}",
             budget=budget,
             budget_exempt=budget_exempt,
-            unwritable=unwritable(graph, self.kernels),
+            unwritable=unwritable(prices.graph, self.kernels),
+        )
+
+    def solve_each_without(
+        self, prices: Prices, drops: Sequence[set[int]], clock, *, recompute
+    ) -> list[program.Solution | InputError]:
+        """The program re-solved once per set of candidates in ``drops``,
+        each barred in turn (``program.solve_each_without``)."""
+        return program.solve_each_without(
+            *self._data(prices),
+            drops,
+            clock,
+            warm=self.warm,
+            recompute=recompute,
+            edges=self.edges,
+            name=f"partition {self.part.index}",
+            unwritable=unwritable(prices.graph, self.kernels),
+        )
+
+    def _data(self, prices: Prices) -> tuple:
+        """(kernels, costs, write times, sizes, available, required): what
+        every solve of the program reads."""
+        graph = prices.graph
+        return (
+            self.kernels,
+            self.costs,
+            {t: prices.write_us(t) for k in self.kernels for t in k.optional},
+            {t: graph.types[t].nbytes for k in self.kernels for t in (*k.outputs, *k.optional)},
+            set(self.part.inputs),
+            list(self.part.outputs),
         )
 
     def chosen(self, sol: program.Solution) -> list[tuple[KernelSpec, tuple[str, ...]]]:

@@ -39,7 +39,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrate.cost.roofline import Cost
@@ -129,138 +129,283 @@ def solve(
     large to hold in memory: attention's scores at a long sequence, which
     only a kernel keeping them on chip may make); a plan that cannot avoid
     writing one raises NoPlan naming it."""
-    import pulp  # here, not at the top: loading and running a bundle needs no PuLP
-
+    started = time.perf_counter()
     unwritable = dict(unwritable or {})
     if any(t in unwritable for c in warm for t in c.writes):
         warm = ()  # the greedy plan writes one: no incumbent to start from
-    started = time.perf_counter()
     if time_limit is not None and time_limit < MIN_SOLVE_S:
         if warm and _fits(warm, kernels, nbytes, budget, budget_exempt):
             # the planning's time is spent: the greedy plan stands, unsolved
             return _unsolved(warm, kernels, costs, write_us, available, started)
         if budget is not None:
             raise NoPlanInTime(f"--time-limit: no time was left to solve {name} within a budget")
-    prob = pulp.LpProblem(_safe(name), pulp.LpMinimize)
-    x = [pulp.LpVariable(f"x{k}", cat=pulp.LpBinary) for k in range(len(kernels))]
-    w: dict[tuple[int, str], pulp.LpVariable] = {}
-    # tensor -> (kernel, variable that says the kernel writes it)
-    writers: dict[str, list[tuple[int, pulp.LpVariable]]] = {}
-    objective = []
-    for k, (kern, c) in enumerate(zip(kernels, costs)):
-        for t in kern.outputs:
-            writers.setdefault(t, []).append((k, x[k]))
-        if kern.optional:
-            tk = pulp.LpVariable(f"T{k}", lowBound=0)
-            extra = []
-            for j, t in enumerate(kern.optional):
-                v = pulp.LpVariable(f"w{k}_{j}", cat=pulp.LpBinary)
-                w[k, t] = v
-                writers.setdefault(t, []).append((k, v))
-                prob += v <= x[k]
-                extra.append(write_us[t] * v)
-            prob += tk >= c.memory_us * x[k] + pulp.lpSum(extra)
-            prob += tk >= c.compute_us * x[k]
-            prob += tk >= c.latency_us * x[k]
-            objective.append(tk + c.launch_us * x[k])
-        else:
-            objective.append(c.time_us * x[k])
-    prob += pulp.lpSum(objective)
-    for t in sorted(unwritable):
-        for _, v in writers.get(t, ()):
-            prob += v == 0
-    written = _written(prob, writers)
-    for t in required:
-        if t not in writers:
-            raise AssertionError(f"no candidate writes required tensor {t}")
-        prob += written[t] >= 1
-    for t, ws in sorted(writers.items()):  # each tensor has one buffer and one writer: two
-        if len(ws) > 1:  # kernels that both recompute a value may not both store it
-            prob += written[t] <= 1
-    for k, kern in enumerate(kernels):
-        for t in kern.inputs:
-            if t in available:
-                continue
-            if t not in writers:
-                prob += x[k] == 0  # nothing can feed it
+    model = _Model.build(
+        kernels,
+        costs,
+        write_us,
+        nbytes,
+        available,
+        required,
+        budget,
+        budget_exempt,
+        recompute,
+        edges,
+        name,
+        unwritable,
+    )
+    return model.search(warm, time_limit, started)
+
+
+def solve_each_without(
+    kernels: Sequence[KernelSpec],
+    costs: Sequence[Cost],
+    write_us: dict[str, float],
+    nbytes: dict[str, int],
+    available: set[str],
+    required: Sequence[str],
+    drops: Sequence[set[int]],
+    clock: Callable[[int], float | None],
+    *,
+    warm: Sequence[Choice] = (),
+    recompute: bool = True,
+    edges: Sequence[tuple[str, str]] = (),
+    name: str = "partition",
+    unwritable: Mapping[str, str] | None = None,
+) -> list[Solution | InputError]:
+    """``solve`` once for each set of candidates in ``drops``, with those
+    candidates barred (their variables held at 0): the same optimum as the
+    program without them, from one linear program built once and re-solved
+    (what a rule's candidates are worth, ``ilp.alternatives``).  ``clock(i)``:
+    the time limit of the i-th, asked as it starts.  Each result is the
+    Solution, or the NoPlanInTime or NoPlan that solve would raise.  The warm
+    start is used where it takes none of the barred candidates; the cycle
+    cuts found along the way stay, valid for every subset of the candidates."""
+    unwritable = dict(unwritable or {})
+    if any(t in unwritable for c in warm for t in c.writes):
+        warm = ()
+    model = _Model.build(
+        kernels,
+        costs,
+        write_us,
+        nbytes,
+        available,
+        required,
+        None,
+        frozenset(),
+        recompute,
+        edges,
+        name,
+        unwritable,
+    )
+    out: list[Solution | InputError] = []
+    for i, drop in enumerate(drops):
+        started = time.perf_counter()
+        start = () if any(c.kernel in drop for c in warm) else warm
+        time_limit = clock(i)
+        for k in drop:
+            model.x[k].upBound = 0
+        try:
+            if start and time_limit is not None and time_limit < MIN_SOLVE_S:
+                out.append(_unsolved(start, kernels, costs, write_us, available, started))
             else:
-                prob += written[t] >= x[k]
-    m: dict[str, pulp.LpVariable] = {}  # tensor -> it is materialised (under a budget)
-    if budget is not None:
-        terms = []
-        for t, ws in sorted(writers.items()):
-            # a view aliases its input and materialises nothing
-            vs = [v for k, v in ws if kernels[k].template != VIEW]
-            if t in budget_exempt or not vs:
-                continue
-            m[t] = pulp.LpVariable(f"m_{len(terms)}", cat=pulp.LpBinary)
-            for v in vs:
-                prob += m[t] >= v
-            terms.append(nbytes[t] * m[t])
-        prob += pulp.lpSum(terms) <= budget
-        # valid cuts that make the relaxation see the budget: a tensor that
-        # must be output, or that a chosen kernel reads, is materialised
-        # (when only real kernels can write it; a view's reader is not)
-        only_real = {
-            t for t, ws in writers.items() if all(kernels[k].template != VIEW for k, _ in ws)
-        }
+                out.append(model.search(start, time_limit, started))
+        except (NoPlanInTime, NoPlan) as e:
+            out.append(e)
+        finally:
+            for k in drop:
+                model.x[k].upBound = 1
+    return out
+
+
+@dataclass
+class _Model:
+    """One partition's binary linear program, built (module doc) and ready
+    to search: PuLP's problem and its variables, with what ``search`` reads."""
+
+    prob: object  # pulp.LpProblem
+    x: list
+    w: dict
+    y: dict
+    m: dict
+    writers: dict
+    kernels: Sequence[KernelSpec]
+    costs: Sequence[Cost]
+    write_us: dict[str, float]
+    nbytes: dict[str, int]
+    available: set[str]
+    budget: int | None
+    budget_exempt: set[str]
+    name: str
+    unwritable: Mapping[str, str]
+
+    @classmethod
+    def build(
+        cls,
+        kernels,
+        costs,
+        write_us,
+        nbytes,
+        available,
+        required,
+        budget,
+        budget_exempt,
+        recompute,
+        edges,
+        name,
+        unwritable,
+    ) -> _Model:
+        import pulp  # here, not at the top: loading and running a bundle needs no PuLP
+
+        prob = pulp.LpProblem(_safe(name), pulp.LpMinimize)
+        x = [pulp.LpVariable(f"x{k}", cat=pulp.LpBinary) for k in range(len(kernels))]
+        w: dict[tuple[int, str], pulp.LpVariable] = {}
+        # tensor -> (kernel, variable that says the kernel writes it)
+        writers: dict[str, list[tuple[int, pulp.LpVariable]]] = {}
+        objective = []
+        for k, (kern, c) in enumerate(zip(kernels, costs)):
+            for t in kern.outputs:
+                writers.setdefault(t, []).append((k, x[k]))
+            if kern.optional:
+                tk = pulp.LpVariable(f"T{k}", lowBound=0)
+                extra = []
+                for j, t in enumerate(kern.optional):
+                    v = pulp.LpVariable(f"w{k}_{j}", cat=pulp.LpBinary)
+                    w[k, t] = v
+                    writers.setdefault(t, []).append((k, v))
+                    prob += v <= x[k]
+                    extra.append(write_us[t] * v)
+                prob += tk >= c.memory_us * x[k] + pulp.lpSum(extra)
+                prob += tk >= c.compute_us * x[k]
+                prob += tk >= c.latency_us * x[k]
+                objective.append(tk + c.launch_us * x[k])
+            else:
+                objective.append(c.time_us * x[k])
+        prob += pulp.lpSum(objective)
+        for t in sorted(unwritable):
+            for _, v in writers.get(t, ()):
+                prob += v == 0
+        written = _written(prob, writers)
         for t in required:
-            if t in m and t in only_real:
-                prob += m[t] == 1
+            if t not in writers:
+                raise AssertionError(f"no candidate writes required tensor {t}")
+            prob += written[t] >= 1
+        for t, ws in sorted(writers.items()):  # each tensor has one buffer and one writer: two
+            if len(ws) > 1:  # kernels that both recompute a value may not both store it
+                prob += written[t] <= 1
         for k, kern in enumerate(kernels):
             for t in kern.inputs:
+                if t in available:
+                    continue
+                if t not in writers:
+                    prob += x[k] == 0  # nothing can feed it
+                else:
+                    prob += written[t] >= x[k]
+        m: dict[str, pulp.LpVariable] = {}  # tensor -> it is materialised (under a budget)
+        if budget is not None:
+            terms = []
+            for t, ws in sorted(writers.items()):
+                # a view aliases its input and materialises nothing
+                vs = [v for k, v in ws if kernels[k].template != VIEW]
+                if t in budget_exempt or not vs:
+                    continue
+                m[t] = pulp.LpVariable(f"m_{len(terms)}", cat=pulp.LpBinary)
+                for v in vs:
+                    prob += m[t] >= v
+                terms.append(nbytes[t] * m[t])
+            prob += pulp.lpSum(terms) <= budget
+            # valid cuts that make the relaxation see the budget: a tensor that
+            # must be output, or that a chosen kernel reads, is materialised
+            # (when only real kernels can write it; a view's reader is not)
+            only_real = {
+                t for t, ws in writers.items() if all(kernels[k].template != VIEW for k, _ in ws)
+            }
+            for t in required:
                 if t in m and t in only_real:
-                    prob += m[t] >= x[k]
-    by_node: dict[str, list[pulp.LpVariable]] = {}
-    for k, kern in enumerate(kernels):
-        for n in kern.nodes:
-            by_node.setdefault(n, []).append(x[k])
-    if not recompute:
-        for _, vs in sorted(by_node.items()):
-            if len(vs) > 1:
-                prob += pulp.lpSum(vs) <= 1
-    y = _add_computed_cuts(prob, by_node, available, required, edges)
-    _set_warm_start(x, w, y, m, kernels, warm)
-    rounds = 0
-    while True:
-        rounds += 1
-        status, gap, log = _run_cbc(prob, time_limit, bool(warm), tight=budget is None)
-        if status is None and warm and _fits(warm, kernels, nbytes, budget, budget_exempt):
-            # the time ran out first: the warm start (the greedy plan, feasible
-            # by construction) is the incumbent, its gap against CBC's bound
-            choices = list(warm)
-            objective = _objective(choices, kernels, costs, write_us)
-            status, gap = GREEDY, _incumbent_gap(objective, log)
-        elif status is None and prob.status != pulp.LpStatusInfeasible:
-            raise NoPlanInTime(
-                f"--time-limit: the solver found no plan for {name} in the {time_limit:g} s "
-                "left to it; raise the limit"
-            )
-        elif status is None and budget is not None:
-            raise BudgetInfeasible(f"--memory-budget {budget}: no plan fits")
-        elif status is None and unwritable:
-            t, why = next(iter(sorted(unwritable.items())))
-            raise NoPlan(f"{name}: no plan keeps {t} out of memory ({why})")
-        elif status is None:
-            raise AssertionError(f"{name}: the linear program is infeasible")
-        else:
-            choices = _read(x, w, kernels)
-        order, stuck = schedule(
-            [kernels[c.kernel] for c in choices], [c.writes for c in choices], available
+                    prob += m[t] == 1
+            for k, kern in enumerate(kernels):
+                for t in kern.inputs:
+                    if t in m and t in only_real:
+                        prob += m[t] >= x[k]
+        by_node: dict[str, list[pulp.LpVariable]] = {}
+        for k, kern in enumerate(kernels):
+            for n in kern.nodes:
+                by_node.setdefault(n, []).append(x[k])
+        if not recompute:
+            for _, vs in sorted(by_node.items()):
+                if len(vs) > 1:
+                    prob += pulp.lpSum(vs) <= 1
+        y = _add_computed_cuts(prob, by_node, available, required, edges)
+        return cls(
+            prob,
+            x,
+            w,
+            y,
+            m,
+            writers,
+            kernels,
+            costs,
+            write_us,
+            nbytes,
+            available,
+            budget,
+            budget_exempt,
+            name,
+            unwritable,
         )
-        if not stuck:
-            ordered = tuple(choices[i] for i in order)
-            return Solution(
-                ordered,
-                status,
-                objective if status == GREEDY else float(pulp.value(prob.objective) or 0.0),
-                gap,
-                time.perf_counter() - started,
-                rounds,
+
+    def search(self, warm: Sequence[Choice], time_limit: float | None, started: float) -> Solution:
+        """Solve from ``warm`` (the greedy plan, or nothing), cutting each
+        cycle the solution holds, until it has none."""
+        import pulp
+
+        prob, kernels, budget = self.prob, self.kernels, self.budget
+        _set_warm_start(self.x, self.w, self.y, self.m, kernels, warm)
+        rounds = 0
+        while True:
+            rounds += 1
+            status, gap, log = _run_cbc(prob, time_limit, bool(warm), tight=budget is None)
+            if (
+                status is None
+                and warm
+                and _fits(warm, kernels, self.nbytes, budget, self.budget_exempt)
+            ):
+                # the time ran out first: the warm start (the greedy plan, feasible
+                # by construction) is the incumbent, its gap against CBC's bound
+                choices = list(warm)
+                objective = _objective(choices, kernels, self.costs, self.write_us)
+                status, gap = GREEDY, _incumbent_gap(objective, log)
+            elif status is None and prob.status != pulp.LpStatusInfeasible:
+                raise NoPlanInTime(
+                    f"--time-limit: the solver found no plan for {self.name} in the "
+                    f"{time_limit:g} s left to it; raise the limit"
+                )
+            elif status is None and budget is not None:
+                raise BudgetInfeasible(f"--memory-budget {budget}: no plan fits")
+            elif status is None and self.unwritable:
+                t, why = next(iter(sorted(self.unwritable.items())))
+                raise NoPlan(f"{self.name}: no plan keeps {t} out of memory ({why})")
+            elif status is None:
+                raise AssertionError(f"{self.name}: the linear program is infeasible")
+            else:
+                choices = _read(self.x, self.w, kernels)
+            order, stuck = schedule(
+                [kernels[c.kernel] for c in choices], [c.writes for c in choices], self.available
             )
-        if rounds >= MAX_CYCLE_ROUNDS:
-            raise AssertionError(f"{name}: cycle cuts did not converge")
-        _cut_cycle(prob, x, writers, kernels, [choices[i] for i in stuck], available)
+            if not stuck:
+                ordered = tuple(choices[i] for i in order)
+                return Solution(
+                    ordered,
+                    status,
+                    objective if status == GREEDY else float(pulp.value(prob.objective) or 0.0),
+                    gap,
+                    time.perf_counter() - started,
+                    rounds,
+                )
+            if rounds >= MAX_CYCLE_ROUNDS:
+                raise AssertionError(f"{self.name}: cycle cuts did not converge")
+            _cut_cycle(
+                prob, self.x, self.writers, kernels, [choices[i] for i in stuck], self.available
+            )
 
 
 def _written(prob, writers) -> dict:

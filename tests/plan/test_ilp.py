@@ -99,6 +99,44 @@ def test_ilp_equals_brute_force(seed, recompute):
     assert sol.objective_us == pytest.approx(want, rel=1e-9, abs=1e-9)
 
 
+@pytest.mark.parametrize("seed", SEEDS[:4])
+def test_one_program_resolved_without_candidates_equals_each_built_without_them(seed):
+    """``solve_each_without`` (what a rule's candidates are worth) re-solves
+    one built program with candidates barred in turn: each optimum equals
+    that of the program built from the candidates left, its choices avoid
+    the barred ones, and the order of the re-solves does not matter."""
+    g = graphs.random_dag(seed)
+    kernels, costs, write_us, nbytes, available = _problem(g)
+    fused = [k for k, kern in enumerate(kernels) if len(kern.nodes) > 1]
+    if not fused:
+        pytest.skip("no fused candidate to bar")
+    rng = np.random.default_rng(seed)
+    drops = [set(fused), {fused[0]}, set(rng.choice(fused, (len(fused) + 1) // 2).tolist())]
+    want = []
+    for drop in drops:
+        keep = [k for k in range(len(kernels)) if k not in drop]
+        want.append(
+            program.solve(
+                [kernels[k] for k in keep],
+                [costs[k] for k in keep],
+                write_us,
+                nbytes,
+                available,
+                list(g.outputs),
+            ).objective_us
+        )
+    for order in (drops, drops[::-1]):
+        found = program.solve_each_without(
+            kernels, costs, write_us, nbytes, available, list(g.outputs), order, lambda i: None
+        )
+        got = [f.objective_us for f in found]
+        assert got == pytest.approx(want if order is drops else want[::-1], rel=1e-9, abs=1e-9)
+        for drop, sol in zip(order, found):
+            assert not {c.kernel for c in sol.choices} & drop
+    best = program.solve(kernels, costs, write_us, nbytes, available, list(g.outputs))
+    assert min(want) >= best.objective_us - 1e-9
+
+
 @pytest.mark.parametrize("seed", SEEDS[:12])
 def test_ilp_equals_brute_force_under_a_memory_budget(seed):
     g = graphs.random_dag(seed)
