@@ -497,14 +497,20 @@ def solve_cbc(prob, tight: bool = False, **options) -> str:
     integral (the cuts of ``_add_computed_cuts``), and both passes cost more
     than the search.  A program under a memory budget keeps them: its
     preprocessing is what proves a budget infeasible (9 s for one tiny-UNet
-    frontier step that is not proven in 60 s without it)."""
+    frontier step that is not proven in 60 s without it).
+
+    CBC runs serially, without ``-threads``: PuLP's CBC 2.10.3 given
+    ``-threads 1`` starts one worker thread, and about one solve in fifteen
+    waited 10 s for it to start ("Thread 0 used 0 times, waiting to start
+    10.000081"; 0.00 s of CPU), trivial programs included, every such wait
+    counted against ``--time-limit``."""
     import pulp
 
     tmp = tempfile.mkdtemp(prefix="orchestrate-cbc-")
     try:
         log = os.path.join(tmp, "cbc.log")
         solver = pulp.PULP_CBC_CMD(
-            msg=False, logPath=log, threads=1, gapRel=0, **cbc_settings(tight), **options
+            msg=False, logPath=log, gapRel=0, **cbc_settings(tight), **options
         )
         solver.tmpDir = tmp
         prob.solve(solver)

@@ -441,6 +441,23 @@ def test_cbc_takes_the_warm_start_whole(monkeypatch):
     assert "could not be used" not in logs[0]
 
 
+def test_cbc_runs_without_a_thread_to_wait_for():
+    """CBC 2.10.3 with ``-threads 1`` waited 10 s for its worker thread to
+    start in about one solve of fifteen; run serially, it starts none (its
+    log's thread report is absent) and a trivial program takes no such wait."""
+    import pulp
+
+    for _ in range(3):
+        prob = pulp.LpProblem("p", pulp.LpMinimize)
+        x, y = (pulp.LpVariable(n, cat=pulp.LpBinary) for n in "xy")
+        prob += x + 2 * y
+        prob += x + y >= 1
+        log = program.solve_cbc(prob, tight=True)
+        assert prob.status == pulp.LpStatusOptimal and pulp.value(prob.objective) == 1
+        assert "Objective value:" in log
+        assert "Thread 0 used" not in log and "-threads" not in log, log[:1500]
+
+
 def test_no_time_left_keeps_the_greedy_plan_only_where_it_fits_the_budget():
     """With the planning's time spent, a program keeps its warm start unsolved;
     under a budget that start exceeds, it has no plan to keep (a frontier's
