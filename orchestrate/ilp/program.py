@@ -503,7 +503,9 @@ def solve_cbc(prob, tight: bool = False, **options) -> str:
     ``-threads 1`` starts one worker thread, and about one solve in fifteen
     waited 10 s for it to start ("Thread 0 used 0 times, waiting to start
     10.000081"; 0.00 s of CPU), trivial programs included, every such wait
-    counted against ``--time-limit``."""
+    counted against ``--time-limit``.  Its threaded search also called a
+    program's incumbent optimal where the serial search had found a plan
+    2% cheaper (a 16-step LSTM's: 67.2 against 65.6 µs)."""
     import pulp
 
     tmp = tempfile.mkdtemp(prefix="orchestrate-cbc-")
