@@ -66,9 +66,9 @@ class Problem:
         """The program re-solved once per set of candidates in ``drops``,
         each barred in turn (``program.solve_each_without``)."""
         return program.solve_each_without(
-            *self._data(prices),
             drops,
             clock,
+            *self._data(prices),
             warm=self.warm,
             recompute=recompute,
             edges=self.edges,

@@ -139,64 +139,39 @@ def solve(
             return _unsolved(warm, kernels, costs, write_us, available, started)
         if budget is not None:
             raise NoPlanInTime(f"--time-limit: no time was left to solve {name} within a budget")
+    data = (kernels, costs, write_us, nbytes, available, required)
     model = _Model.build(
-        kernels,
-        costs,
-        write_us,
-        nbytes,
-        available,
-        required,
-        budget,
-        budget_exempt,
-        recompute,
-        edges,
-        name,
-        unwritable,
+        *data,
+        budget=budget,
+        budget_exempt=budget_exempt,
+        recompute=recompute,
+        edges=edges,
+        name=name,
+        unwritable=unwritable,
     )
     return model.search(warm, time_limit, started)
 
 
 def solve_each_without(
-    kernels: Sequence[KernelSpec],
-    costs: Sequence[Cost],
-    write_us: dict[str, float],
-    nbytes: dict[str, int],
-    available: set[str],
-    required: Sequence[str],
     drops: Sequence[set[int]],
     clock: Callable[[int], float | None],
-    *,
+    *data,
     warm: Sequence[Choice] = (),
-    recompute: bool = True,
-    edges: Sequence[tuple[str, str]] = (),
-    name: str = "partition",
-    unwritable: Mapping[str, str] | None = None,
+    **options,
 ) -> list[Solution | InputError]:
     """``solve`` once for each set of candidates in ``drops``, with those
     candidates barred (their variables held at 0): the same optimum as the
     program without them, from one linear program built once and re-solved
-    (what a rule's candidates are worth, ``ilp.alternatives``).  ``clock(i)``:
-    the time limit of the i-th, asked as it starts.  Each result is the
-    Solution, or the NoPlanInTime or NoPlan that solve would raise.  The warm
-    start is used where it takes none of the barred candidates; the cycle
-    cuts found along the way stay, valid for every subset of the candidates."""
-    unwritable = dict(unwritable or {})
-    if any(t in unwritable for c in warm for t in c.writes):
+    (what a rule's candidates are worth, ``ilp.alternatives``).  ``data``,
+    ``warm`` and ``options`` as ``solve`` takes them (no budget);
+    ``clock(i)``: the time limit of the i-th, asked as it starts.  Each
+    result is the Solution, or the NoPlanInTime or NoPlan that solve would
+    raise.  The warm start is used where it takes none of the barred
+    candidates; the cycle cuts found along the way stay, valid for every
+    subset of the candidates."""
+    model = _Model.build(*data, **options)
+    if any(t in model.unwritable for c in warm for t in c.writes):
         warm = ()
-    model = _Model.build(
-        kernels,
-        costs,
-        write_us,
-        nbytes,
-        available,
-        required,
-        None,
-        frozenset(),
-        recompute,
-        edges,
-        name,
-        unwritable,
-    )
     out: list[Solution | InputError] = []
     for i, drop in enumerate(drops):
         started = time.perf_counter()
@@ -206,7 +181,7 @@ def solve_each_without(
             model.x[k].upBound = 0
         try:
             if start and time_limit is not None and time_limit < MIN_SOLVE_S:
-                out.append(_unsolved(start, kernels, costs, write_us, available, started))
+                out.append(model.unsolved(start, started))
             else:
                 out.append(model.search(start, time_limit, started))
         except (NoPlanInTime, NoPlan) as e:
@@ -247,14 +222,18 @@ class _Model:
         nbytes,
         available,
         required,
-        budget,
-        budget_exempt,
-        recompute,
-        edges,
-        name,
-        unwritable,
+        *,
+        budget=None,
+        budget_exempt=frozenset(),
+        recompute=True,
+        edges=(),
+        name="partition",
+        unwritable=None,
     ) -> _Model:
+        """The program of ``solve``'s arguments (the module doc)."""
         import pulp  # here, not at the top: loading and running a bundle needs no PuLP
+
+        unwritable = dict(unwritable or {})
 
         prob = pulp.LpProblem(_safe(name), pulp.LpMinimize)
         x = [pulp.LpVariable(f"x{k}", cat=pulp.LpBinary) for k in range(len(kernels))]
@@ -352,6 +331,10 @@ class _Model:
             name,
             unwritable,
         )
+
+    def unsolved(self, warm: Sequence[Choice], started: float) -> Solution:
+        """The warm start as the solution, unsolved (``_unsolved``)."""
+        return _unsolved(warm, self.kernels, self.costs, self.write_us, self.available, started)
 
     def search(self, warm: Sequence[Choice], time_limit: float | None, started: float) -> Solution:
         """Solve from ``warm`` (the greedy plan, or nothing), cutting each

@@ -127,7 +127,7 @@ def test_one_program_resolved_without_candidates_equals_each_built_without_them(
         )
     for order in (drops, drops[::-1]):
         found = program.solve_each_without(
-            kernels, costs, write_us, nbytes, available, list(g.outputs), order, lambda i: None
+            order, lambda i: None, kernels, costs, write_us, nbytes, available, list(g.outputs)
         )
         got = [f.objective_us for f in found]
         assert got == pytest.approx(want if order is drops else want[::-1], rel=1e-9, abs=1e-9)
