@@ -60,7 +60,7 @@ from orchestrate.cost.figures import (
     HARNESS_PER_KERNEL,
     SMALL_BYTES,
 )
-from orchestrate.cost.learned import Terms
+from orchestrate.cost.learned import Terms, cost_terms
 from orchestrate.cost.measurements import Measurement
 
 
@@ -105,21 +105,7 @@ def input_copy(m: Measurement) -> tuple[Terms, ...]:
     sizes = [_elements(t) for t in inputs]
     cost = roofline.copy(sum(map(_bytes, inputs)), sum(sizes), get_device(m.gpu))
     dtype = max(zip(sizes, (t["dtype"] for t in inputs)))[1]
-    return (
-        Terms(
-            "pointwise",
-            dtype,
-            cost.bytes,
-            0,
-            0,
-            sum(sizes),
-            cost.memory_us,
-            cost.compute_us,
-            cost.latency_us,
-            cost.blocks,
-            cost.time_us,
-        ),
-    )
+    return (cost_terms("pointwise", dtype, cost, 0, sum(sizes)),)
 
 
 @dataclass(frozen=True)

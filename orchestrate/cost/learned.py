@@ -125,13 +125,28 @@ def terms(graph: Graph, spec: KernelSpec, cost, time_us: float | None = None) ->
     from orchestrate.cost.roofline import split_flops
 
     dots, _ = split_flops(graph, spec)
-    return Terms(
+    return cost_terms(
         spec.template,
         str(np.dtype(graph.types[spec.outputs[0]].dtype)) if spec.outputs else "other",
+        cost,
+        dots,
+        sum(graph.types[t].size for t in spec.outputs),
+        time_us,
+    )
+
+
+def cost_terms(
+    template: str, dtype: str, cost, dots: int, outputs: int, time_us: float | None = None
+) -> Terms:
+    """The terms of a kernel priced as ``cost`` (a ``roofline.Cost``), of
+    ``dots`` dot flops, writing ``outputs`` elements of ``dtype``."""
+    return Terms(
+        template,
+        dtype,
         cost.bytes,
         cost.flops,
         dots,
-        sum(graph.types[t].size for t in spec.outputs),
+        outputs,
         cost.memory_us,
         cost.compute_us,
         cost.latency_us,
