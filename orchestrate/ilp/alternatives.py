@@ -28,6 +28,7 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import accumulate
 
 from orchestrate.cost.roofline import Prices
 from orchestrate.ilp import program, timeshare
@@ -56,27 +57,25 @@ def fired_all(
     """For each (program, its solution): the pattern rules whose candidates
     the solution chose, each with the program re-solved without that rule's
     candidates (module doc).  ``left``: the planning's time left."""
-    jobs = [(i, *used) for i, (prob, sol) in enumerate(solved) for used in _used(prob, sol)]
-    sizes = [timeshare.size(solved[i][0]) for i, *_ in jobs]
-    mine = {
-        i: [j for j, job in enumerate(jobs) if job[0] == i] for i in sorted({i for i, *_ in jobs})
-    }
+    used = {i: found for i, (prob, sol) in enumerate(solved) if (found := _used(prob, sol))}
+    # each re-solve's size, in the order the planning's time is shared among them
+    sizes = [timeshare.size(solved[i][0]) for i, rules in used.items() for _ in rules]
+    first = dict(zip(used, accumulate((len(rules) for rules in used.values()), initial=0)))
 
     def price(i: int) -> list[Fired | None]:
         """The figures of program ``i``'s rules, from one program re-solved."""
         prob, sol = solved[i]
-        at = mine[i]
         found = prob.solve_each_without(
             prices,
-            [jobs[j][2] for j in at],
-            lambda n: timeshare.share(left(), sizes[at[n] :])(),
+            [drop for _, drop, _ in used[i]],
+            lambda n: timeshare.share(left(), sizes[first[i] + n :])(),
             recompute=recompute,
         )
-        return [_priced(prob, sol, jobs[j][1], jobs[j][3], f) for j, f in zip(at, found)]
+        return [_priced(prob, sol, rule, chosen, f) for (rule, _, chosen), f in zip(used[i], found)]
 
-    workers = max(1, min(len(mine), os.cpu_count() or 1, MAX_WORKERS))
+    workers = max(1, min(len(used), os.cpu_count() or 1, MAX_WORKERS))
     with ThreadPoolExecutor(workers, thread_name_prefix="orchestrate-rule") as pool:
-        figures = dict(zip(mine, pool.map(price, mine)))
+        figures = dict(zip(used, pool.map(price, used)))
     out: list[list[Fired]] = [[] for _ in solved]
     for i, found in figures.items():
         out[i] = [f for f in found if f is not None]
@@ -101,15 +100,13 @@ def _priced(
     sol: program.Solution,
     rule: str,
     used: set[int],
-    alt: program.Solution | Exception,
+    alt: program.Solution | program.NoPlanInTime | program.NoPlan,
 ) -> Fired | None:
     """``rule``'s figures from ``alt``, the partition re-solved without its
     candidates, or None where there is no fair figure."""
-    if isinstance(alt, (program.NoPlanInTime, program.NoPlan)):
+    if not isinstance(alt, program.Solution):
         return None  # no figure in the time, or no plan at all without it (it
         # keeps a tensor too large off memory): the plan stands
-    if isinstance(alt, Exception):
-        raise alt
     if alt.status == program.GREEDY:
         return None  # only the greedy plan in the time: no fair figure either
     return Fired(
