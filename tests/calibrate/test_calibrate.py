@@ -139,12 +139,20 @@ def test_a_level_with_rows_faster_than_the_datasheet_is_set_aside():
     )
 
 
+def _large(m):
+    """Row ``m`` with a 64 MiB input: a program whose time is its GPU's."""
+    graph = {**m.graph, "inputs": [{**m.graph["inputs"][0], "shape": [4096, 4096]}]}
+    big = replace(m, graph=graph)
+    assert not harness.small(big)
+    return big
+
+
 def test_a_level_that_disagrees_with_the_same_programs_elsewhere_is_set_aside():
     """One program timed at 100 µs on an H100 in three files and at 50 ms on
     an H200 in a fourth: no datasheet lets an H200 be 500x slower, so the
     H200 row disagrees with its peers and theirs agree; a level of such rows
     is set aside, naming the factor."""
-    eager = next(m for m in measurements.load(FIXTURE) if m.runtime == "eager")
+    eager = _large(next(m for m in measurements.load(FIXTURE) if m.runtime == "eager"))
     peers = [_copies(eager, [100.0], timing=f"{t}.json")[0] for t in "abc"]
     odd = _copies(eager, [50_000.0], timing="d.json", gpu="h200")[0]
     near = _copies(eager, [60.0], timing="e.json", gpu="h200")[0]  # an H200 a bit faster
@@ -153,6 +161,21 @@ def test_a_level_that_disagrees_with_the_same_programs_elsewhere_is_set_aside():
     kept, skipped = sanity.set_aside(_predicted(peers + group), peers + group)
     assert {p.measurement.id for p in kept} == {p.id for p in peers}
     assert len(skipped) == 3 and "disagree with the same programs elsewhere" in skipped[0].reason
+
+
+def test_a_fast_host_is_not_read_as_other_sizes():
+    """A small program's time is its host's: two rows of one timed at 5 µs
+    on a desktop against 100 µs on five cloud hosts are not compared, and
+    their level is kept; the same program at a size whose time is the GPU's
+    is compared, and the desktop's level set aside."""
+    eager = next(m for m in measurements.load(FIXTURE) if m.runtime == "eager")
+    assert harness.small(eager)
+    for program, kept_all in ((eager, True), (_large(eager), False)):
+        peers = [_copies(program, [100.0], timing=f"{t}.json")[0] for t in "abcde"]
+        fast = _copies(program, [5.0] * 2, timing="desktop.json", gpu="h200")
+        assert sanity.disagreeing(peers + fast) == (set() if kept_all else {m.id for m in fast})
+        kept, skipped = sanity.set_aside(_predicted(peers + fast), peers + fast)
+        assert (len(kept), len(skipped)) == ((7, 0) if kept_all else (5, 2))
 
 
 def test_a_level_whose_trials_were_unsteady_is_set_aside():
