@@ -19,7 +19,7 @@ is impossible when
   timed at those sizes.  Small programs (``harness.small``) take no part:
   what was measured of them is their host's time, and hosts differ more
   than GPUs (a ReLU of 16 x 16,384 fp32, eager: 5.2 µs on the RTX 3090 Ti's
-  desktop, 13-60 µs on the cloud hosts, 40-250 µs under torch.compile's
+  desktop, 13-60 µs on the cloud hosts, 32-250 µs under torch.compile's
   guards), so their ratios say nothing of the sizes.
 
 A timing file's level is also set aside when its trials were unsteady: its
